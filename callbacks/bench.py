@@ -1,0 +1,75 @@
+"""GRASP-Bench reports: after each validation or test, ``results.json``, a Markdown table laid out
+like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard.
+
+The numbers come from ``module.bench_metric`` (a torchmetrics metric synced across ranks) and the
+per-item records from every rank (gathered here). ``validate`` prints the table to the terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import lightning as L
+import torch.distributed as dist
+
+from grasp_lightning.reports import category_bar_chart, markdown_table, write_results_json
+
+log = logging.getLogger(__name__)
+
+
+class GraspBenchReport(L.Callback):
+    """Write bench reports into ``<log_dir>/bench/step_<N>/`` and ``<log_dir>/bench/latest/``.
+
+    Args:
+        label: column name of our model in the Markdown table.
+        print_table: print the table to stdout after ``validate``/``test`` (not during fit).
+    """
+
+    def __init__(self, label: str = "ours", print_table: bool = True) -> None:
+        self.label = label
+        self.print_table = print_table
+        self.last_dir: str | None = None
+
+    def _records(self, pl_module) -> list[dict]:
+        records = list(pl_module.bench_records)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, records)
+            records = [r for part in gathered for r in part]
+        return records
+
+    def _report(self, trainer, pl_module) -> None:
+        metrics = getattr(pl_module, "bench_results", None)
+        if metrics is None:
+            return
+        records = self._records(pl_module)
+        if not trainer.is_global_zero:
+            return
+        root = os.path.join(trainer.log_dir or trainer.default_root_dir, "bench")
+        table = markdown_table(metrics, label=self.label)
+        meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
+                "stage": str(trainer.state.stage), "decoding": vars(pl_module.eval_cfg)}
+        for sub in (f"step_{trainer.global_step}", "latest"):
+            out = os.path.join(root, sub)
+            write_results_json(os.path.join(out, "results.json"), metrics, records, meta)
+            with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as fh:
+                fh.write(table + "\n")
+            image = category_bar_chart(metrics, path=os.path.join(out, "categories.png"))
+        self.last_dir = os.path.join(root, "latest")
+        for logger in trainer.loggers:
+            exp = getattr(logger, "experiment", None)
+            if exp is not None and hasattr(exp, "add_image"):
+                exp.add_image("bench/category_accuracy", image, global_step=trainer.global_step, dataformats="HWC")
+                exp.add_text("bench/table", table, global_step=trainer.global_step)
+        if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
+            sys.stdout.write(table + "\n")
+        log.info("GRASP-Bench report written to %s", self.last_dir)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._report(trainer, pl_module)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._report(trainer, pl_module)

@@ -1,0 +1,67 @@
+"""KL logging: per step, the KL to the reference model, the ratio clip fraction and the policy entropy.
+
+Everything goes under one TensorBoard section, ``kl/``: ``kl/mean``, ``kl/max`` and a histogram
+``kl/per_token`` of the k3 estimates of the step's completion tokens, ``kl/clip_ratio`` and
+``kl/entropy``. A warning is logged when the mean KL exceeds ``warn_above``. The callback only
+reads ``module.last_task_output`` (written by the GRPO task); it never changes training.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _tensorboard(trainer: L.Trainer):
+    """The ``SummaryWriter`` of the first TensorBoard logger, or ``None``."""
+    for logger in trainer.loggers:
+        exp = getattr(logger, "experiment", None)
+        if exp is not None and hasattr(exp, "add_histogram"):
+            return exp
+    return None
+
+
+class KLLogging(L.Callback):
+    """Log KL statistics every ``every_n_steps`` optimizer steps.
+
+    Args:
+        every_n_steps: logging interval in optimizer steps.
+        warn_above: log a warning when the step's mean k3 KL is above this (nats per token).
+        histogram: also log the per-token KL distribution as a histogram.
+    """
+
+    def __init__(self, every_n_steps: int = 1, warn_above: float = 0.5, histogram: bool = True) -> None:
+        self.every_n_steps = every_n_steps
+        self.warn_above = warn_above
+        self.histogram = histogram
+        self.warnings = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = getattr(pl_module, "last_task_output", None)
+        if out is None or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        kl = out.extras.get("kl_tokens")
+        metrics = out.metrics
+        values = {}
+        if kl is not None and kl.numel():
+            values["kl/mean"] = float(kl.mean())
+            values["kl/max"] = float(kl.max())
+        if "clip_ratio" in metrics:
+            values["kl/clip_ratio"] = float(metrics["clip_ratio"])
+        if "entropy" in metrics:
+            values["kl/entropy"] = float(metrics["entropy"])
+        if not values:
+            return
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=trainer.global_step)
+        writer = _tensorboard(trainer)
+        if self.histogram and writer is not None and kl is not None and kl.numel():
+            writer.add_histogram("kl/per_token", kl.detach().float().cpu(), global_step=trainer.global_step)
+        if "kl/mean" in values and values["kl/mean"] > self.warn_above:
+            self.warnings += 1
+            log.warning("step %d: KL to the reference model %.4f is above %.4f (max %.4f)", trainer.global_step,
+                        values["kl/mean"], self.warn_above, values["kl/max"])

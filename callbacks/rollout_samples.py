@@ -1,0 +1,85 @@
+"""Rollout samples: every N steps, the K completions of a few prompts with their reward terms,
+extracted answers and named participants, as a TensorBoard text table and a JSONL file
+(``rollouts.jsonl`` in the run directory). Reads ``module.last_task_output``; changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lightning as L
+
+from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
+
+
+def rollout_rows(extras: dict, max_prompts: int) -> list[dict]:
+    """Rows (one per completion) of the first ``max_prompts`` groups of a GRPO step's extras."""
+    k = extras["num_generations"]
+    names = extras["reward_names"]
+    rows = []
+    for n, text in enumerate(extras["completions"][: max_prompts * k]):
+        item = extras["items"][n // k]
+        rows.append({
+            "uid": item.uid,
+            "group": n // k,
+            "rollout": n % k,
+            "target": item.answer,
+            "answer": extract_answer(text),
+            "participants_named": sorted(extract_participants(reasoning_text(text))),
+            "participants_gt": sorted(item.participants),
+            "rewards": {name: float(extras["terms"][n, j]) for j, name in enumerate(names)},
+            "reward": float(extras["rewards"][n]),
+            "advantage": float(extras["advantages"][n]),
+            "completion": text,
+        })
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """A Markdown table of rollout rows for TensorBoard's text plugin."""
+    if not rows:
+        return "(no rollouts)"
+    names = list(rows[0]["rewards"])
+    head = "| uid | k | target | answer | named | gt | " + " | ".join(names) + " | reward | adv | completion |"
+    sep = "|" + "---|" * (9 + len(names))
+    lines = [head, sep]
+    for r in rows:
+        text = r["completion"].replace("|", "\\|").replace("\n", " ")[:300]
+        terms = " | ".join(f"{r['rewards'][n]:.2f}" for n in names)
+        lines.append(f"| {r['uid']} | {r['rollout']} | {r['target']} | {r['answer']} | {r['participants_named']} | "
+                     f"{r['participants_gt']} | {terms} | {r['reward']:.3f} | {r['advantage']:.2f} | {text} |")
+    return "\n".join(lines)
+
+
+class RolloutSamples(L.Callback):
+    """Every ``every_n_steps`` steps, write the first ``num_prompts`` groups of the step.
+
+    Args:
+        every_n_steps: interval in optimizer steps (the first step is always written).
+        num_prompts: groups (prompts) per dump; each has its K completions.
+        filename: JSONL file in the logger's run directory.
+    """
+
+    def __init__(self, every_n_steps: int = 50, num_prompts: int = 2, filename: str = "rollouts.jsonl") -> None:
+        self.every_n_steps = every_n_steps
+        self.num_prompts = num_prompts
+        self.filename = filename
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = getattr(pl_module, "last_task_output", None)
+        step = trainer.global_step
+        if out is None or "completions" not in out.extras or not trainer.is_global_zero:
+            return
+        if step != 1 and step % self.every_n_steps:
+            return
+        rows = rollout_rows(out.extras, self.num_prompts)
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, self.filename), "a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps({"step": step, **row}) + "\n")
+        for logger in trainer.loggers:
+            exp = getattr(logger, "experiment", None)
+            if exp is not None and hasattr(exp, "add_text"):
+                exp.add_text("rollouts/samples", markdown(rows), global_step=step)

@@ -1,0 +1,39 @@
+"""Command line: ``python -m grasp_lightning fit|validate|test|predict --config ...`` (LightningCLI).
+
+Several ``--config`` files compose (a recipe, then overrides such as ``configs/demo.yaml``), every
+key can be overridden on the command line (``--model.optim.lr 1e-5``), and ``--print_config``
+prints the resolved configuration. The processor of the DataModule is linked to the policy, so a
+checkpoint is named once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from lightning.pytorch.cli import LightningCLI
+
+from grasp_lightning.data.datamodule import GraspDataModule
+from grasp_lightning.module import GraspModule
+
+
+class GraspCLI(LightningCLI):
+    """LightningCLI with the links between model and data that GRASP needs."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.policy.name_or_path", "data.processor")
+        parser.link_arguments("model.policy.trust_remote_code", "data.trust_remote_code")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m grasp_lightning`` and the ``grasp-lightning`` script."""
+    logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    GraspCLI(GraspModule, GraspDataModule, args=args, save_config_kwargs={"overwrite": True},
+             parser_kwargs={"default_env": False})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""``GraspDataModule``: GRASP rows and GRASP-Bench, clips streamed from tar shards at 2 fps.
+
+Train rows come from ``data_sft.jsonl`` (SFT: prompt + target), ``data_rl.jsonl`` (GRPO: prompt,
+answer letter and ground-truth events) or ``annotations.jsonl``; validation and test use
+GRASP-Bench. Clips are read out of the tar shards by :class:`~grasp_lightning.data.shards.ClipStore`
+and decoded inside the DataLoader workers. Order is deterministic by seed and epoch, split across
+ranks, and resumable: the state dict records the epoch and the samples this rank consumed, and a
+resumed run continues with the next unseen sample.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from grasp_lightning.data.collate import Batch, Sample, SkipRecord, collate_samples
+from grasp_lightning.data.formats import read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, encode_example
+from grasp_lightning.data.records import GraspItem
+from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
+from grasp_lightning.data.shards import ClipStore
+from grasp_lightning.data.video import decode_clip, video_metadata
+from grasp_lightning.errors import GraspConfigError, GraspDataError
+
+log = logging.getLogger(__name__)
+
+_READERS = {"data_sft": read_sft, "data_rl": read_rl, "annotations": read_annotations}
+
+
+class GraspDataset(Dataset):
+    """Map-style dataset: index → decoded clip → encoded :class:`Sample`.
+
+    Args:
+        items: the records.
+        store: where clips are read from (opened lazily per worker process).
+        processor: the transformers processor.
+        with_target: encode the SFT target (``item.response``) after the prompt.
+        fps: sampling rate in frames per second.
+        max_frames: cap on frames per clip.
+        max_pixels: cap on pixels per frame (height × width) at decode time.
+        max_prompt_tokens: prompt budget in tokens (refused, never truncated).
+        max_target_tokens: target budget in tokens.
+        system_prompt: the system turn.
+        skip_bad: turn a :class:`GraspDataError` into a counted skip instead of raising.
+    """
+
+    def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
+                 max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
+                 system_prompt: str, skip_bad: bool) -> None:
+        self.items = items
+        self.store = store
+        self.processor = processor
+        self.with_target = with_target
+        self.fps = fps
+        self.max_frames = max_frames
+        self.max_pixels = max_pixels
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_target_tokens = max_target_tokens
+        self.system_prompt = system_prompt
+        self.skip_bad = skip_bad
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def encode(self, item: GraspItem):
+        """Decode the item's clip and encode prompt (and target)."""
+        target = None
+        if self.with_target:
+            if not item.response:
+                raise GraspDataError(item.origin, "SFT needs an assistant target (an `output: true` text or "
+                                                  "`response`), this row has none")
+            target = item.response
+        data = self.store.open(item.clip.path)
+        clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
+                           end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
+                           max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
+        return encode_example(self.processor, item, clip.frames, video_metadata(clip), target=target,
+                              system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
+                              max_target_tokens=self.max_target_tokens)
+
+    def __getitem__(self, index: int) -> Sample:
+        valid = index < len(self.items)
+        item = self.items[index % len(self.items)]
+        try:
+            return Sample(index=index, item=item, example=self.encode(item), valid=valid)
+        except GraspDataError as err:
+            if not self.skip_bad:
+                raise
+            log.warning("skipping %s: %s", item.uid, err)
+            return Sample(index=index, item=item, skip=SkipRecord(item.uid, err.where, err.reason), valid=valid)
+
+
+class GraspDataModule(L.LightningDataModule):
+    """GRASP train rows and GRASP-Bench for validation/test.
+
+    Args:
+        root: dataset root holding ``train/`` and ``test/`` (the GRASP download layout).
+        train_file: training rows relative to ``root``: ``train/data_sft.jsonl`` (SFT),
+            ``train/data_rl.jsonl`` (GRPO) or ``train/annotations.jsonl``.
+        videos: folder with ``<source>_partNNN.tar`` shards and/or extracted clips, relative to
+            ``root``.
+        bench: GRASP-Bench (``grasp_bench.tar`` or an extracted folder) relative to ``root``;
+            ``None`` for no validation.
+        mode: ``"sft"`` (prompt + target, right padding) or ``"rl"`` (prompts only, left padding).
+        processor: processor to load (set by the CLI from ``model.policy.name_or_path``).
+        trust_remote_code: passed to ``AutoProcessor``.
+        fps: frames per second sampled from each clip (GRASP: 2).
+        max_frames: cap on frames per clip (released code: 240).
+        max_pixels: cap on pixels per decoded frame (height × width).
+        max_prompt_tokens: prompt budget in tokens, video included; longer prompts are refused or
+            skipped, never truncated.
+        max_target_tokens: SFT target budget in tokens.
+        batch_size: training prompts (GRPO) or sequences (SFT) per device and micro-step.
+        val_batch_size: bench items per device and step.
+        num_workers: DataLoader worker processes (decoding happens there).
+        seed: base seed of the shuffling (order = f(seed, epoch)).
+        on_bad_item: ``"raise"`` stops at the first unusable row or clip with an error naming it;
+            ``"skip"`` counts, logs and writes it to ``skipped.jsonl`` in the run directory.
+        max_skip_fraction: with ``"skip"``, stop with an error once more than this fraction of
+            the samples seen so far (after at least 20) was skipped.
+        system_prompt: the system turn of every prompt.
+        repeat_batches: yield each training batch this many times in a row; must equal the GRPO
+            task's ``num_iterations`` (the task reuses the rollouts of a repeated batch).
+        train_limit: use only the first N training rows (quick runs).
+        val_limit: use only the first N bench items.
+    """
+
+    def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
+                 videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str = "sft",
+                 processor: str | None = None, trust_remote_code: bool = False, fps: float = 2.0,
+                 max_frames: int = 240, max_pixels: int = 448 * 448, max_prompt_tokens: int | None = 16384,
+                 max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
+                 num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int = 1, train_limit: int | None = None,
+                 val_limit: int | None = None) -> None:
+        super().__init__()
+        if mode not in ("sft", "rl"):
+            raise GraspConfigError(f"data.mode must be 'sft' or 'rl', got {mode!r}")
+        if on_bad_item not in ("raise", "skip"):
+            raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self._processor = None
+        self.train_items: list[GraspItem] = []
+        self.val_items: list[GraspItem] = []
+        self._epoch = 0
+        self._consumed = 0
+        self._resume: tuple[int, int] | None = None
+        self.samples_seen = 0
+        self.skipped: list[SkipRecord] = []
+
+    # ------------------------------------------------------------------ loading
+    @property
+    def processor(self):
+        """The processor, loaded on first use."""
+        if self._processor is None:
+            if self.hparams.processor is None:
+                raise GraspConfigError("data.processor is not set (the CLI links it to model.policy.name_or_path)")
+            from grasp_lightning.policy import load_processor
+
+            self._processor = load_processor(self.hparams.processor, trust_remote_code=self.hparams.trust_remote_code)
+        return self._processor
+
+    def read_train_items(self) -> list[GraspItem]:
+        """Read the training rows with the reader chosen by the file name.
+
+        Raises:
+            GraspConfigError: the file name is not one of the GRASP training files.
+        """
+        path = self.root / self.hparams.train_file
+        reader = _READERS.get(path.name.split(".")[0])
+        if reader is None:
+            raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl or annotations.jsonl")
+        result = reader(path, on_error=self.hparams.on_bad_item)
+        for skip in result.skipped:
+            self._record_skips([SkipRecord(skip.where, skip.where, skip.reason)])
+        return result.items
+
+    def setup(self, stage: str) -> None:
+        """Read the rows (fit) and the bench (fit/validate/test)."""
+        if stage == "fit" and not self.train_items:
+            items = self.read_train_items()
+            self.train_items = items[: self.hparams.train_limit] if self.hparams.train_limit else items
+            log.info("train: %d rows from %s", len(self.train_items), self.hparams.train_file)
+        if stage in ("fit", "validate", "test", "predict") and self.hparams.bench and not self.val_items:
+            result = read_bench(self.root / self.hparams.bench, on_error=self.hparams.on_bad_item)
+            items = result.items
+            self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
+            log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
+
+    def _dataset(self, items: list[GraspItem], store_root: Path, with_target: bool) -> GraspDataset:
+        h = self.hparams
+        return GraspDataset(items, ClipStore(store_root), self.processor, with_target=with_target, fps=h.fps,
+                            max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
+                            max_target_tokens=h.max_target_tokens, system_prompt=h.system_prompt,
+                            skip_bad=h.on_bad_item == "skip")
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self._trainer if hasattr(self, "_trainer") else None
+        trainer = trainer or getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _loader(self, dataset: GraspDataset, batches: ResumableBatchSampler, padding_side: str):
+        pad_id = self.processor.tokenizer.pad_token_id
+        return DataLoader(dataset, batch_sampler=batches, num_workers=self.hparams.num_workers,
+                          collate_fn=partial(collate_samples, pad_token_id=pad_id, padding_side=padding_side),
+                          persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        """Training batches of :class:`Batch`; SFT right-padded with labels, RL left-padded prompts."""
+        rank, world = self._rank()
+        sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
+                                   world_size=world, pad="wrap")
+        batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self.hparams.repeat_batches)
+        if self._resume is not None:
+            batches.set_start(*self._resume)
+            self._epoch, self._consumed = self._resume
+            self._resume = None
+        dataset = self._dataset(self.train_items, self.root / self.hparams.videos, self.hparams.mode == "sft")
+        return self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left")
+
+    def _bench_loader(self) -> DataLoader:
+        rank, world = self._rank()
+        sampler = ResumableSampler(len(self.val_items), shuffle=False, rank=rank, world_size=world, pad="mark")
+        bench = self.root / self.hparams.bench
+        store_root = bench if bench.is_dir() else bench
+        return self._loader(self._dataset(self.val_items, store_root, False),
+                            ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
+
+    def val_dataloader(self) -> DataLoader | list:
+        """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows."""
+        return self._bench_loader() if self.val_items else []
+
+    def test_dataloader(self) -> DataLoader | list:
+        """Same as validation: GRASP-Bench."""
+        return self.val_dataloader()
+
+    # ------------------------------------------------------------------ accounting
+    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        """Count consumed training samples (for exact resume) and record skips."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            if trainer.current_epoch != self._epoch:
+                self._epoch, self._consumed = trainer.current_epoch, 0
+            self._consumed += 1
+            self.samples_seen += len(batch) + len(batch.skipped)
+            if batch.skipped:
+                self._record_skips(batch.skipped)
+        return batch
+
+    def _record_skips(self, skips: list[SkipRecord]) -> None:
+        self.skipped.extend(skips)
+        trainer = getattr(self, "trainer", None)
+        log_dir = getattr(trainer, "log_dir", None) if trainer is not None else None
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            with open(os.path.join(log_dir, "skipped.jsonl"), "a", encoding="utf-8") as fh:
+                for s in skips:
+                    fh.write(json.dumps({"uid": s.uid, "where": s.where, "reason": s.reason}) + "\n")
+        seen = max(self.samples_seen, 1)
+        if self.samples_seen >= 20 and len(self.skipped) / seen > self.hparams.max_skip_fraction:
+            raise GraspDataError(
+                self.hparams.train_file,
+                f"{len(self.skipped)} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
+                f"{self.hparams.max_skip_fraction}; see skipped.jsonl in the run directory")
+
+    def state_dict(self) -> dict:
+        """``{"epoch", "consumed"}``: batches of the epoch this rank consumed (saved in checkpoints)."""
+        return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next train loader starts after the consumed batches."""
+        self._resume = (int(state["epoch"]), int(state["consumed"]))
+        self.samples_seen = int(state.get("samples_seen", 0))

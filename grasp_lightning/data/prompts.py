@@ -1,0 +1,150 @@
+"""Chat messages and token ids of one GRASP example, through the processor's own chat template.
+
+The prompt (system + user turn with the video, question, options and instruction, then the
+generation prompt) is rendered with ``processor.apply_chat_template`` and encoded by the processor
+together with the decoded frames and their real timestamps. The assistant target is tokenised
+separately and appended, exactly as GRPO appends sampled completion ids to the prompt ids, so SFT
+and GRPO see identical prompt tokens. Labels cover only the target tokens.
+
+Source: GRASP prompt format (``shared/grasp-format.md``, "Prompt and response"); transformers'
+Qwen3-VL processor (``video_metadata`` with ``do_sample_frames=False``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grasp_lightning.data.records import GraspItem
+from grasp_lightning.errors import GraspConfigError, TokenBudgetError
+
+#: System prompt of the GRASP MCQ format (paraphrased from the dataset card).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are watching a video of several people, named Person 0, Person 1, and so on. "
+    "Answer the multiple-choice question with only the option letter inside <answer> tags."
+)
+#: Instruction appended to a question that does not already carry it.
+INSTRUCTION = (
+    "Think step by step about the gaze and gesture interactions, describe them in <gaze> and "
+    "<gesture> tags, and give the letter in <answer> tags."
+)
+IGNORE_INDEX = -100
+
+
+def user_text(item: GraspItem) -> str:
+    """The user turn's text: the item's question (with options) plus the GRASP instruction.
+
+    RL and SFT rows already carry the instruction in their text; bench and annotation items get it
+    appended.
+    """
+    text = item.question.rstrip()
+    if "<answer>" not in text:
+        text = f"{text}\n{INSTRUCTION}"
+    return text
+
+
+def build_messages(item: GraspItem, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> list[dict]:
+    """Chat messages of the prompt (no assistant turn): system, then user with the video first."""
+    messages: list[dict] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user_text(item)}]})
+    return messages
+
+
+def render_texts(processor, item: GraspItem, target: str | None, system_prompt: str) -> tuple[str, str]:
+    """Render the prompt text and the target suffix with the processor's chat template.
+
+    Returns:
+        ``(prompt_text, target_text)``; ``target_text`` is what the template writes after the
+        generation prompt for the assistant turn (the target plus the end-of-turn markers), or
+        ``""`` when ``target`` is ``None``.
+
+    Raises:
+        GraspConfigError: if the template renders the prompt differently once an assistant turn
+            follows (then prompt tokens would differ between SFT and generation).
+    """
+    messages = build_messages(item, system_prompt)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if target is None:
+        return prompt, ""
+    full = processor.apply_chat_template(
+        messages + [{"role": "assistant", "content": [{"type": "text", "text": target}]}], tokenize=False
+    )
+    if not full.startswith(prompt):
+        raise GraspConfigError(
+            "the chat template does not render the generation prompt as a prefix of the conversation; "
+            "SFT labels cannot be aligned with generation prompts for this template"
+        )
+    return prompt, full[len(prompt):]
+
+
+@dataclass
+class EncodedExample:
+    """Token ids and vision inputs of one example.
+
+    Attributes:
+        input_ids: ``(L,)`` int64, prompt ids followed by target ids.
+        labels: ``(L,)`` int64, ``-100`` on prompt tokens, ``None`` for prompt-only examples.
+        mm_token_type_ids: ``(L,)`` int64 (0 text, 2 video), as the Qwen3-VL processor returns.
+        pixel_values_videos: ``(N_patches, C * T_patch * P * P)`` float32 patches of the clip.
+        video_grid_thw: ``(1, 3)`` int64 grid (temporal, height, width) in patches.
+        prompt_length: number of prompt tokens (tokens).
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor | None
+    mm_token_type_ids: torch.Tensor
+    pixel_values_videos: torch.Tensor
+    video_grid_thw: torch.Tensor
+    prompt_length: int
+
+
+def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target: str | None,
+                   system_prompt: str = DEFAULT_SYSTEM_PROMPT, max_prompt_tokens: int | None = None,
+                   max_target_tokens: int | None = None) -> EncodedExample:
+    """Encode one example: prompt with video through the processor, target tokens appended.
+
+    Args:
+        processor: a transformers processor with a chat template and a video processor.
+        item: the record (its ``origin`` names it in errors).
+        frames: ``(T, H, W, 3)`` uint8 frames already sampled at the configured fps.
+        metadata: video metadata for the processor (``total_num_frames``, ``fps``,
+            ``frames_indices``, ...) so the prompt carries the real timestamps in seconds.
+        target: assistant text to learn (SFT) or ``None`` (a prompt for generation).
+        system_prompt: the system turn ("" for none).
+        max_prompt_tokens: budget for the prompt in tokens, video tokens included.
+        max_target_tokens: budget for the target in tokens.
+
+    Raises:
+        TokenBudgetError: the prompt or target is over its budget. A multimodal prompt is never
+            truncated: truncation would cut video tokens or the question.
+    """
+    prompt, suffix = render_texts(processor, item, target, system_prompt)
+    enc = processor(text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                    return_tensors="pt")
+    prompt_ids = enc["input_ids"][0]
+    if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:
+        raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens (video included), over the "
+                                            f"budget of {max_prompt_tokens}; lower fps/max_pixels or raise the budget")
+    mm_types = enc.get("mm_token_type_ids")
+    mm_types = mm_types[0] if mm_types is not None else torch.zeros_like(prompt_ids)
+    labels = None
+    input_ids = prompt_ids
+    if target is not None:
+        target_ids = torch.tensor(processor.tokenizer(suffix, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        if max_target_tokens is not None and target_ids.numel() > max_target_tokens:
+            raise TokenBudgetError(item.origin, f"target has {target_ids.numel()} tokens, over the budget of "
+                                                f"{max_target_tokens}")
+        input_ids = torch.cat([prompt_ids, target_ids])
+        labels = torch.cat([torch.full_like(prompt_ids, IGNORE_INDEX), target_ids])
+        mm_types = torch.cat([mm_types, torch.zeros_like(target_ids)])
+    return EncodedExample(
+        input_ids=input_ids,
+        labels=labels,
+        mm_token_type_ids=mm_types,
+        pixel_values_videos=enc["pixel_values_videos"],
+        video_grid_thw=enc["video_grid_thw"],
+        prompt_length=int(prompt_ids.numel()),
+    )

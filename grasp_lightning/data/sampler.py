@@ -1,0 +1,128 @@
+"""A deterministic, resumable sampler split across distributed ranks.
+
+Order: a permutation seeded by ``seed + epoch`` (or the identity), the same on every rank; rank
+``r`` of ``W`` takes positions ``r, r + W, ...``. Resuming sets the number of this rank's samples
+already consumed in the epoch, and iteration continues with the next unseen one — the property
+tested by the resume tests. Mirrors ``torch.utils.data.DistributedSampler``'s split and padding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ResumableSampler(Sampler[int]):
+    """Yield dataset indices for one rank, starting after ``start`` consumed samples.
+
+    Args:
+        num_items: dataset length ``N``.
+        shuffle: permute by ``seed + epoch``; otherwise keep file order.
+        seed: base seed of the permutation.
+        rank: this process's rank.
+        world_size: number of ranks ``W``.
+        pad: how to even out ranks when ``N % W != 0``: ``"wrap"`` repeats the first indices of the
+            order (training, as ``DistributedSampler``); ``"mark"`` yields ``N + k`` for padding
+            positions, which the dataset turns into rows with ``valid=False`` that are never
+            scored (evaluation).
+
+    Every rank yields ``ceil(N / W)`` indices per epoch, minus ``start``.
+    """
+
+    def __init__(self, num_items: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, pad: str = "wrap") -> None:
+        if pad not in ("wrap", "mark"):
+            raise ValueError(f"pad must be 'wrap' or 'mark', got {pad!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world size {world_size}")
+        self.num_items = num_items
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.pad = pad
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation (Lightning calls this at every epoch start)."""
+        if epoch != self.epoch:
+            self.start = 0
+        self.epoch = epoch
+
+    def set_start(self, epoch: int, start: int) -> None:
+        """Resume: this rank already consumed ``start`` samples of epoch ``epoch``."""
+        self.epoch = epoch
+        self.start = start
+
+    @property
+    def per_rank(self) -> int:
+        """Samples per rank and epoch, padding included."""
+        return math.ceil(self.num_items / self.world_size) if self.num_items else 0
+
+    def order(self) -> list[int]:
+        """The full order of this epoch over all ranks, padding included (length ``per_rank * W``)."""
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_items, generator=g).tolist()
+        else:
+            order = list(range(self.num_items))
+        missing = self.per_rank * self.world_size - self.num_items
+        if self.pad == "wrap":
+            order += (order * (missing // max(1, len(order)) + 1))[:missing]
+        else:
+            order += [self.num_items + k for k in range(missing)]
+        return order
+
+    def __iter__(self):
+        return iter(self.order()[self.rank:: self.world_size][self.start:])
+
+    def __len__(self) -> int:
+        return max(0, self.per_rank - self.start)
+
+
+class ResumableBatchSampler:
+    """Batches of a :class:`ResumableSampler`, each optionally repeated, resumable by batch count.
+
+    Args:
+        sampler: the per-rank index sampler.
+        batch_size: indices per batch (the last batch of an epoch may be shorter).
+        repeat: yield each batch this many times in a row (GRPO's ``num_iterations``: the task
+            reuses the rollouts of a repeated batch with its old log-probs instead of sampling
+            again).
+
+    Resume state is the number of batches of this epoch already consumed (repeats included).
+    """
+
+    def __init__(self, sampler: ResumableSampler, batch_size: int, repeat: int = 1) -> None:
+        if batch_size < 1 or repeat < 1:
+            raise ValueError(f"batch_size and repeat must be >= 1, got {batch_size}, {repeat}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.repeat = repeat
+        self.start_batches = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwarded to the index sampler; a new epoch starts at batch 0."""
+        if epoch != self.sampler.epoch:
+            self.start_batches = 0
+        self.sampler.set_epoch(epoch)
+
+    def set_start(self, epoch: int, batches: int) -> None:
+        """Resume after ``batches`` consumed batches of epoch ``epoch``."""
+        self.sampler.set_start(epoch, 0)
+        self.start_batches = batches
+
+    def _all_batches(self) -> list[list[int]]:
+        indices = list(self.sampler)
+        chunks = [indices[i: i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        return [chunk for chunk in chunks for _ in range(self.repeat)]
+
+    def __iter__(self):
+        return iter(self._all_batches()[self.start_batches:])
+
+    def __len__(self) -> int:
+        n = math.ceil(len(self.sampler) / self.batch_size) * self.repeat
+        return max(0, n - self.start_batches)

@@ -1,0 +1,199 @@
+"""Decode the frames of a clip sampled at a fixed rate (GRASP: 2 fps, at most 240 frames), with decord.
+
+Sampling rule (:func:`sample_indices`), for a clip of ``N`` frames at ``src_fps``:
+
+- window ``[start, end)`` in seconds: ``start`` defaults to 0, ``end`` to ``N / src_fps``
+  (both clamped to the clip);
+- target times ``t_k = start + k / fps`` for ``k = 0, 1, ...`` while ``t_k < end``;
+- frame index ``i_k = min(floor(t_k * src_fps + 0.5), N - 1)`` (nearest frame, ties up), duplicates
+  dropped;
+- more than ``max_frames``: keep ``max_frames`` of them at uniformly spaced positions (first and
+  last kept); fewer than ``min_frames``: ``min_frames`` indices spread uniformly over the frames
+  of the window instead.
+
+The returned timestamps are the real times of the decoded frames, ``i_k / src_fps`` seconds from the
+clip start: exactly what Qwen3-VL's processor computes from :func:`video_metadata`, so the prompt's
+``<t seconds>`` marks are the real seconds. ``T`` may be odd: Qwen3-VL's processor pads to a multiple
+of its temporal patch size (2) by repeating the last frame, and averages the timestamps in the same
+padded way, so nothing is dropped here.
+
+Only the sampled frames are decoded (``VideoReader.get_batch``); a ``VideoReader`` is created per
+call, in the calling process (a DataLoader worker), never kept at module level.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError
+
+#: Pixel cap per decoded frame: about 256 visual tokens per 2 frames for Qwen3-VL (32x32 pixels
+#: per token after the 2x2 merge), the released GRASP setting (``shared/grasp-format.md``).
+DEFAULT_MAX_PIXELS = 256 * 32 * 32
+_DECODE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, AssertionError, ValueError, OSError, IndexError)
+
+
+@dataclass(frozen=True)
+class DecodedClip:
+    """Frames sampled from one clip.
+
+    Attributes:
+        frames: ``(T, H, W, 3)`` uint8 RGB.
+        timestamps: ``(T,)`` float64, seconds from the clip start (``indices / source_fps``).
+        indices: ``(T,)`` int64 source frame indices, strictly increasing.
+        source_fps: average frame rate of the file (frames per second).
+        total_frames: number of frames of the file as the container reports it.
+    """
+
+    frames: np.ndarray
+    timestamps: np.ndarray
+    indices: np.ndarray
+    source_fps: float
+    total_frames: int
+
+    @property
+    def duration(self) -> float:
+        """Clip length in seconds (``total_frames / source_fps``)."""
+        return self.total_frames / self.source_fps
+
+
+def sample_indices(total_frames: int, source_fps: float, *, fps: float = 2.0, start_seconds: float | None = None,
+                   end_seconds: float | None = None, max_frames: int = 240, min_frames: int = 2,
+                   where: str = "<clip>") -> np.ndarray:
+    """Return the ``(T,)`` int64 source frame indices to decode (rule in the module docstring).
+
+    Raises:
+        ClipDecodeError: the window is empty or holds fewer than ``min_frames`` frames.
+    """
+    if total_frames <= 0 or not source_fps > 0 or not math.isfinite(source_fps):
+        raise ClipDecodeError(where, f"no frames ({total_frames} frames at {source_fps} fps)")
+    duration = total_frames / source_fps
+    start = min(max(0.0, start_seconds or 0.0), duration)
+    end = duration if end_seconds is None else min(end_seconds, duration)
+    if end <= start:
+        raise ClipDecodeError(where, f"empty time window [{start:.3f}, {end:.3f}) s in a {duration:.3f} s clip")
+    n = max(1, math.ceil((end - start) * fps - 1e-9))
+    times = start + np.arange(n, dtype=np.float64) / fps
+    idx = np.unique(np.minimum(np.floor(times * source_fps + 0.5 + 1e-6), total_frames - 1).astype(np.int64))
+    if len(idx) > max_frames:
+        idx = idx[np.floor(np.linspace(0, len(idx) - 1, max_frames) + 0.5).astype(np.int64)]
+    if len(idx) < min_frames:
+        lo = min(int(math.floor(start * source_fps + 0.5)), total_frames - 1)
+        hi = max(lo, min(math.ceil(end * source_fps - 1e-6) - 1, total_frames - 1))
+        idx = np.unique(np.floor(np.linspace(lo, hi, min_frames) + 0.5).astype(np.int64))
+        if len(idx) < min_frames:
+            raise ClipDecodeError(where, f"only {len(idx)} frame(s) in [{start:.3f}, {end:.3f}) s, "
+                                         f"fewer than min_frames={min_frames}")
+    return idx
+
+
+def reduced_size(height: int, width: int, max_pixels: int | None) -> tuple[int, int]:
+    """``(height, width)`` in pixels to decode at: unchanged if ``height * width <= max_pixels``, else
+    scaled down keeping the aspect ratio, each side rounded down to an even number (at least 2)."""
+    if max_pixels is None or height * width <= max_pixels:
+        return height, width
+    scale = math.sqrt(max_pixels / (height * width))
+    return max(2, int(height * scale) // 2 * 2), max(2, int(width * scale) // 2 * 2)
+
+
+def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: float | None = None,
+                end_seconds: float | None = None, max_frames: int = 240, min_frames: int = 2,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS, num_threads: int = 1,
+                where: str | None = None) -> DecodedClip:
+    """Decode the frames of one clip sampled at ``fps`` frames per second.
+
+    Args:
+        data: the mp4 bytes (e.g. from :meth:`ClipStore.open`) or a file path.
+        fps: sampling rate in frames per second.
+        start_seconds, end_seconds: window in seconds from the clip start (default: whole clip).
+        max_frames, min_frames: bounds on ``T``.
+        max_pixels: cap on ``H * W`` per frame; larger videos are resized inside the decoder
+            (aspect kept, even sides). ``None``: native size.
+        num_threads: decoder threads (decord; 0 = one per core). Keep 1 inside DataLoader workers.
+        where: the clip's name for error messages (default: the path, or the byte count).
+
+    Returns:
+        A :class:`DecodedClip` with ``frames`` ``(T, H, W, 3)`` uint8.
+
+    Raises:
+        ClipNotFoundError: ``data`` is a path that does not exist.
+        ClipDecodeError: empty (0 bytes, 0 frames, no video stream), corrupt or truncated video.
+    """
+    if isinstance(data, (str, Path)):
+        where = where or str(data)
+        if not Path(data).is_file():
+            raise ClipNotFoundError(where, "no such video file")
+    else:
+        where = where or f"<{len(data)} bytes>"
+        if len(data) == 0:
+            raise ClipDecodeError(where, "empty video (0 bytes)")
+    height, width = (0, 0) if max_pixels is None else _probe_size(data, where)
+    size = reduced_size(height, width, max_pixels) if max_pixels is not None else (-1, -1)
+    if size == (height, width):
+        size = (-1, -1)
+    import decord  # imported here: decoders live in the calling process only
+
+    try:
+        src = str(data) if isinstance(data, (str, Path)) else io.BytesIO(data)
+        reader = decord.VideoReader(src, ctx=decord.cpu(0), height=size[0], width=size[1], num_threads=num_threads)
+        total, src_fps = len(reader), float(reader.get_avg_fps())
+    except (decord.DECORDError, *_DECODE_ERRORS) as e:
+        raise ClipDecodeError(where, f"cannot open video (corrupt, truncated or not a video): {_short(e)}") from e
+    indices = sample_indices(total, src_fps, fps=fps, start_seconds=start_seconds, end_seconds=end_seconds,
+                             max_frames=max_frames, min_frames=min_frames, where=where)
+    try:
+        batch = reader.get_batch(indices.tolist())
+    except (decord.DECORDError, *_DECODE_ERRORS) as e:
+        raise ClipDecodeError(where, f"corrupt or truncated video: {_short(e)}") from e
+    frames = np.ascontiguousarray(batch.asnumpy() if hasattr(batch, "asnumpy") else np.asarray(batch), dtype=np.uint8)
+    if frames.ndim != 4 or frames.shape[0] != len(indices) or frames.shape[-1] != 3:
+        raise ClipDecodeError(where, f"decoder returned frames of shape {frames.shape} for {len(indices)} indices")
+    return DecodedClip(frames=frames, timestamps=indices / src_fps, indices=indices,
+                       source_fps=src_fps, total_frames=total)
+
+
+def _probe_size(data: bytes | str | Path, where: str) -> tuple[int, int]:
+    """``(height, width)`` of the first video stream, read from the container header with PyAV."""
+    import av
+
+    try:
+        with av.open(str(data) if isinstance(data, (str, Path)) else io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise ClipDecodeError(where, "no video stream (empty video)")
+            ctx = container.streams.video[0].codec_context
+            height, width = int(ctx.height), int(ctx.width)
+    except av.FFmpegError as e:
+        raise ClipDecodeError(where, f"cannot open video: {_short(e)}") from e
+    if height <= 0 or width <= 0:
+        raise ClipDecodeError(where, f"video stream has no frame size ({width}x{height})")
+    return height, width
+
+
+def _short(e: BaseException) -> str:
+    """The last line of a decoder message (decord prepends a C++ source location)."""
+    text = str(e).strip().splitlines()
+    return (text[-1] if text else type(e).__name__)[:300]
+
+
+def video_metadata(clip: DecodedClip) -> dict:
+    """Metadata for ``Qwen3VLProcessor(videos=[clip.frames], video_metadata=[...], do_sample_frames=False)``.
+
+    Keys are exactly the fields of ``transformers.video_utils.VideoMetadata``. The processor writes
+    ``<t seconds>`` before each temporal patch with ``t = frames_indices[i] / fps`` averaged over the
+    (last-frame padded) pairs of frames, so these are the real seconds of the sampled frames.
+    ``width``/``height`` are those of the decoded frames (pixels).
+    """
+    return {
+        "total_num_frames": int(clip.total_frames),
+        "fps": float(clip.source_fps),
+        "frames_indices": [int(i) for i in clip.indices],
+        "duration": float(clip.duration),
+        "width": int(clip.frames.shape[2]),
+        "height": int(clip.frames.shape[1]),
+        "video_backend": "decord",
+    }

@@ -1,0 +1,224 @@
+"""``GraspModule``: the LightningModule that holds the policy, the frozen reference model and a task.
+
+Training delegates the objective to the task plugin (``tasks.sft.SFTTask``,
+``tasks.grpo.GRPOTask``); validation and test decode GRASP-Bench answers and score them with
+:class:`~grasp_lightning.bench.BenchAccuracy` (exact across ranks). Reports are written by the
+``callbacks.bench.GraspBenchReport`` callback from ``module.bench_metric`` and
+``module.bench_records``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+
+from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.data.collate import Batch
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.generation import sample_completions
+from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig, load_policy, load_processor, load_reference
+from grasp_lightning.task import Task, TaskOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with a warm-up then decay schedule from ``transformers.get_scheduler``.
+
+    Attributes:
+        lr: peak learning rate (paper: SFT 2e-6, GRPO+SGR 3e-6).
+        weight_decay: decoupled weight decay.
+        betas: Adam betas.
+        eps: Adam epsilon.
+        warmup_steps: optimizer steps of linear warm-up (paper: SFT 200, GRPO 256).
+        scheduler: a ``transformers.SchedulerType`` name (``cosine``, ``linear``, ``constant_with_warmup``).
+    """
+
+    lr: float = 2e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    scheduler: str = "cosine"
+
+
+@dataclass
+class EvalConfig:
+    """Decoding used for GRASP-Bench validation and test.
+
+    Attributes:
+        max_new_tokens: completion budget in tokens.
+        do_sample: sample instead of greedy decoding.
+        temperature: sampling temperature (only when sampling).
+        top_p: nucleus mass (only when sampling).
+        stop_at_answer: stop a completion at ``</answer>``.
+    """
+
+    max_new_tokens: int = 1024
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_at_answer: bool = True
+
+
+class GraspModule(L.LightningModule):
+    """Policy + frozen reference model + task plugin.
+
+    Args:
+        task: the training objective (``class_path`` in the config).
+        policy: how to load the policy.
+        reference: where the reference model comes from; built only when ``task.needs_reference``.
+        lora: the LoRA flag and its settings (peft).
+        optim: optimizer and learning-rate schedule.
+        evaluation: decoding for GRASP-Bench.
+    """
+
+    def __init__(self, task: Task, policy: PolicyConfig = field(default_factory=PolicyConfig),
+                 reference: ReferenceConfig | None = None, lora: LoraConfig | None = None,
+                 optim: OptimConfig | None = None, evaluation: EvalConfig | None = None) -> None:
+        super().__init__()
+        self.task = task
+        self.policy_cfg = policy if isinstance(policy, PolicyConfig) else PolicyConfig()
+        self.reference_cfg = reference or ReferenceConfig()
+        self.lora_cfg = lora or LoraConfig()
+        self.optim_cfg = optim or OptimConfig()
+        self.eval_cfg = evaluation or EvalConfig()
+        self.save_hyperparameters(ignore=["task"])
+        self.policy: torch.nn.Module | None = None
+        self.reference_model: torch.nn.Module | None = None
+        self.processor = None
+        self.bench_metric = BenchAccuracy()
+        self.bench_records: list[dict] = []
+        self.last_task_output: TaskOutput | None = None
+
+    # ------------------------------------------------------------------ models
+    def configure_model(self) -> None:
+        """Load the policy (and the reference model if the task needs one). Idempotent."""
+        if self.policy is not None:
+            return
+        self.processor = load_processor(self.policy_cfg.name_or_path,
+                                        trust_remote_code=self.policy_cfg.trust_remote_code,
+                                        revision=self.policy_cfg.revision)
+        self.policy = load_policy(self.policy_cfg, self.lora_cfg)
+        if self.task.needs_reference and not self.uses_adapter_reference:
+            # Kept out of the module's children so it is never handed to the optimizer nor saved.
+            object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
+        self.task.setup(self)
+
+    @property
+    def uses_adapter_reference(self) -> bool:
+        """True when the reference is the policy with its LoRA adapters disabled (no second copy)."""
+        return self.lora_cfg.enabled and self.reference_cfg.name_or_path is None
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Context yielding the reference model: the frozen copy, or the policy with adapters disabled.
+
+        Raises:
+            GraspConfigError: the task did not ask for a reference model.
+        """
+        if self.uses_adapter_reference:
+            with self.policy.disable_adapter():
+                yield self.policy
+        elif self.reference_model is not None:
+            if self.reference_model.device != self.device:
+                self.reference_model.to(self.device)
+            yield self.reference_model
+        else:
+            raise GraspConfigError("this task has no reference model (task.needs_reference is false)")
+
+    @property
+    def tokenizer(self):
+        """The processor's tokenizer."""
+        return self.processor.tokenizer
+
+    # ------------------------------------------------------------------ training
+    def on_fit_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        mode = getattr(getattr(dm, "hparams", None), "mode", None)
+        if mode is not None and mode != self.task.data_mode:
+            raise GraspConfigError(f"{type(self.task).__name__} consumes data.mode={self.task.data_mode!r} batches, "
+                                   f"but data.mode is {mode!r}")
+
+    def training_step(self, batch: Batch, batch_idx: int):
+        """Run the task on one micro-batch and log its metrics under ``train/``."""
+        if batch.skipped:
+            self.log("data/skipped", float(len(batch.skipped)), reduce_fx="sum", on_step=True, batch_size=1)
+        if len(batch) == 0:
+            return None
+        out = self.task.training_step(self, batch)
+        self.last_task_output = out
+        if out.metrics:
+            self.log_dict({f"train/{k}": v for k, v in out.metrics.items()}, on_step=True, prog_bar=False,
+                          batch_size=len(batch))
+        if out.loss is not None:
+            self.log("train/loss", out.loss.detach(), on_step=True, prog_bar=True, batch_size=len(batch))
+        return out.loss
+
+    # ------------------------------------------------------------------ evaluation
+    def on_validation_epoch_start(self) -> None:
+        self.bench_metric.reset()
+        self.bench_records = []
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        """Decode answers for a bench batch and update the bench metric (padding rows are not counted)."""
+        if len(batch) == 0:
+            return
+        cfg = self.eval_cfg
+        was_training = self.policy.training
+        self.policy.eval()
+        completions = sample_completions(
+            self.policy, self.tokenizer, batch.inputs, num_return_sequences=1, max_new_tokens=cfg.max_new_tokens,
+            do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
+            stop_strings=("</answer>",) if cfg.stop_at_answer else ())
+        self.policy.train(was_training)
+        records = [score_completion(text, item) for text, item in zip(completions.texts, batch.items)]
+        self.bench_metric.update_from_records(records, valid=batch.valid)
+        self.bench_records.extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = self.bench_metric.compute()
+        self.bench_results = metrics
+        for key in ("acc/overall", "acc/gaze", "acc/gesture", "acc/joint", "acc_macro/overall", "unparseable_rate",
+                    "grounding/precision"):
+            if key in metrics and metrics[key] == metrics[key]:  # skip NaN
+                self.log(f"val/{key}", float(metrics[key]), sync_dist=False, rank_zero_only=True)
+        for cat_key, value in metrics.items():
+            if cat_key.startswith("acc/") and len(cat_key) == 6 and value == value:
+                self.log(f"val_category/{cat_key[4:]}", float(value), rank_zero_only=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        """Same as :meth:`validation_step`."""
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_start(self) -> None:
+        self.on_validation_epoch_start()
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        """AdamW over the trainable policy parameters, stepped schedule with warm-up."""
+        from transformers import get_scheduler
+
+        cfg = self.optim_cfg
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if not params:
+            raise GraspConfigError("the policy has no trainable parameters (everything frozen?)")
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                      weight_decay=cfg.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 1
+        scheduler = get_scheduler(cfg.scheduler, optimizer, num_warmup_steps=cfg.warmup_steps,
+                                  num_training_steps=max(total, cfg.warmup_steps + 1))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self, *args, **kwargs):
+        """Only the policy's weights are saved; the frozen reference model is never part of a checkpoint."""
+        return super().state_dict(*args, **kwargs)

@@ -1,0 +1,175 @@
+"""Text parsing of model completions: answer letters, tag blocks, reasoning and named participants.
+
+Pure functions on strings, shared by the rewards (:mod:`grasp_lightning.rewards`), the GRPO task and
+GRASP-Bench scoring. The formats follow ``shared/grasp-format.md``: a completion looks like
+``<think> ... <gaze>...</gaze> ... <gesture>...</gesture> ... </think><answer>B</answer>``, people
+are written ``Person N`` (0-based) or ``PN``.
+
+Tag names are matched case-sensitively (``<answer>``, not ``<Answer>``), as the prompt asks for
+lowercase tags. All block matches are non-greedy and span newlines.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+__all__ = [
+    "answer_block",
+    "extract_answer",
+    "extract_participants",
+    "has_format",
+    "reasoning_text",
+    "tag_contents",
+]
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+# ``Person N`` with any (or no) whitespace; ``\d+`` is greedy and may not be followed by another digit,
+# so "Person 12" is 12, never 1.
+_PERSON_RE = re.compile(r"\bPerson\s*(\d+)(?!\d)")
+# A standalone ``PN``: a word boundary on both sides, so "P12" is 12 while "AP1", "P1a" and "P1_" are not ids.
+_P_SHORT_RE = re.compile(r"\bP(\d+)\b")
+_STRICT_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=16)
+def _letter_patterns(letters: str) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """Compile the four extraction patterns for one set of option letters (cached)."""
+    cls = "[" + re.escape(letters) + "]"
+    # Stage 1, on the stripped <answer> content: "B", "B)", "(B)", "B.", "B:", "B) Person 2".
+    in_block = re.compile(r"\(?(" + cls + r")(?:[).:]|$)", re.DOTALL)
+    # Stage 2: \boxed{B} (spaces allowed inside the braces).
+    boxed = re.compile(r"\\boxed\{\s*(" + cls + r")\s*\}")
+    # Stage 3: a standalone option marker "B)" or "B." not glued to a preceding word character or dot
+    # (so the "A." of "U.S.A." is not a marker).
+    marker = re.compile(r"(?<![A-Za-z0-9_.])(" + cls + r")[).](?=\s|$|[^A-Za-z0-9_])")
+    # Stage 4: the text (stripped) starts with the letter, followed by a non-letter or the end.
+    leading = re.compile(r"(" + cls + r")(?![A-Za-z])")
+    return in_block, boxed, marker, leading
+
+
+def answer_block(text: str) -> str | None:
+    """Return the raw content of the first ``<answer>...</answer>`` block, or ``None`` if there is none.
+
+    The content is returned unstripped; callers strip it. Later ``<answer>`` blocks are ignored
+    (only the first counts, as in the GRASP accuracy reward).
+
+    Args:
+        text: a completion.
+    """
+    match = _ANSWER_RE.search(text)
+    return match.group(1) if match else None
+
+
+def extract_answer(text: str, letters: str = "ABCD") -> str | None:
+    """Extract the chosen option letter from a completion, or ``None`` when nothing parses.
+
+    Stages, in the order of ``shared/grasp-format.md`` (Metrics); the first that matches wins:
+
+    1. the stripped content of the first ``<answer>`` block is a letter, optionally wrapped as
+       ``(B)`` or followed by ``)``, ``.`` or ``:`` and more text (``"B) Person 2"``);
+    2. ``\\boxed{B}``;
+    3. a standalone option marker ``B)`` or ``B.`` (first occurrence);
+    4. a leading letter: the stripped text starts with the letter followed by a non-letter or the end.
+
+    Stages 2-4 look first inside the first ``<answer>`` block (when there is one), then in the whole
+    text. Only the upper-case letters in ``letters`` count anywhere: ``<answer>b</answer>`` fails
+    stage 1 and extraction goes on down the stages.
+
+    Args:
+        text: a completion.
+        letters: the valid option letters (upper case), ``"ABCD"`` for GRASP.
+
+    Returns:
+        One character of ``letters``, or ``None`` (counted as unparseable by the bench scorer).
+    """
+    in_block, boxed, marker, leading = _letter_patterns(letters)
+    block = answer_block(text)
+    if block is not None:
+        match = in_block.match(block.strip())
+        if match:
+            return match.group(1)
+    spaces = [block.strip(), text] if block is not None else [text]
+    for pattern in (boxed, marker):
+        for space in spaces:
+            match = pattern.search(space)
+            if match:
+                return match.group(1)
+    for space in spaces:
+        match = leading.match(space.strip())
+        if match:
+            return match.group(1)
+    return None
+
+
+def extract_participants(text: str) -> frozenset[int]:
+    """Return the person ids named in ``text`` by ``Person N`` or a standalone ``PN``.
+
+    ``Person`` is case-sensitive and may be followed by any whitespace (or none) before the number.
+    Numbers are read whole, so ``Person 12`` is 12 and never 1. ``PN`` needs a word boundary on both
+    sides: ``P3`` and ``P12`` count, ``AP1`` and ``P1a`` do not. Source: the participant matching rule
+    of the GRASP Social Grounding Reward (``shared/grasp-format.md``, Social events).
+
+    Args:
+        text: any text (usually the reasoning of a completion).
+
+    Returns:
+        The set of 0-based person ids (empty when nobody is named).
+    """
+    ids = {int(m.group(1)) for m in _PERSON_RE.finditer(text)}
+    ids.update(int(m.group(1)) for m in _P_SHORT_RE.finditer(text))
+    return frozenset(ids)
+
+
+def tag_contents(text: str, tag: str) -> list[str]:
+    """Return the raw content of every ``<tag>...</tag>`` block, in order (non-greedy, across newlines).
+
+    Args:
+        text: a completion.
+        tag: the tag name without brackets, e.g. ``"gaze"``.
+    """
+    name = re.escape(tag)
+    return re.findall(rf"<{name}>(.*?)</{name}>", text, flags=re.DOTALL)
+
+
+def reasoning_text(text: str) -> str:
+    """Return the part of a completion that counts as reasoning for the grounding rewards.
+
+    In order: the content of the first ``<think>...</think>`` block; else, when only ``</think>`` is
+    present (a Qwen3 thinking prompt ends with ``<think>\\n``, so the completion starts inside the
+    block), everything before it; else everything before the first ``<answer>``; else the whole text.
+
+    Args:
+        text: a completion.
+    """
+    match = _THINK_RE.search(text)
+    if match:
+        return match.group(1)
+    for marker in ("</think>", "<answer>"):
+        index = text.find(marker)
+        if index >= 0:
+            return text[:index]
+    return text
+
+
+def has_format(text: str, strict: bool = False) -> bool:
+    """Whether a completion follows the answer format.
+
+    Lenient (default): an ``<answer>...</answer>`` block with non-blank content is present.
+    Strict: the whole text is ``<think>...</think>`` then ``<answer>...</answer>``, with only whitespace
+    around and between them, exactly one of each tag, and non-blank content in both. A completion
+    generated after a prompt ending in ``<think>`` must have that tag prepended by the caller before
+    a strict check.
+
+    Args:
+        text: a completion.
+        strict: use the think-then-answer layout check.
+    """
+    if not strict:
+        block = answer_block(text)
+        return block is not None and block.strip() != ""
+    if any(text.count(tag) != 1 for tag in ("<think>", "</think>", "<answer>", "</answer>")):
+        return False
+    match = _STRICT_RE.fullmatch(text)
+    return bool(match) and match.group(1).strip() != "" and match.group(2).strip() != ""

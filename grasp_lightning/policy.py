@@ -1,0 +1,180 @@
+"""Loading the policy, its processor and the frozen reference model.
+
+Everything goes through ``AutoModelForImageTextToText`` and ``AutoProcessor`` so a Hugging Face id
+(Qwen3-VL 2B/4B/8B, Qwen3.5-9B), a local checkpoint directory and the offline tiny model of
+:mod:`grasp_lightning.tiny` all load by the same code. Remote code is never executed unless the
+config sets ``trust_remote_code: true``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grasp_lightning.errors import GraspConfigError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+@dataclass
+class PolicyConfig:
+    """How to load the policy (the model being trained).
+
+    Attributes:
+        name_or_path: Hugging Face model id or local directory (``save_pretrained`` output).
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's dtype).
+        attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``; ``None`` lets
+            transformers choose.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory).
+        freeze_vision: freeze the vision tower and its merger; the paper trains the language
+            model only (GRASP, Sec. 4.1).
+        trust_remote_code: allow code shipped with the checkpoint to run. Off unless asked.
+        revision: a git revision of a Hub checkpoint, for reproducibility.
+    """
+
+    name_or_path: str = "Qwen/Qwen3-VL-8B-Instruct"
+    dtype: str = "bfloat16"
+    attn_implementation: str | None = "sdpa"
+    gradient_checkpointing: bool = False
+    freeze_vision: bool = True
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+
+@dataclass
+class ReferenceConfig:
+    """Where the frozen reference model of the KL term comes from.
+
+    Attributes:
+        name_or_path: a separate checkpoint; ``None`` uses the policy's starting weights
+            (a run that starts from an SFT checkpoint therefore uses that SFT policy, so the KL is
+            zero at step 0). With LoRA and ``None`` the reference is the policy with its adapters
+            disabled, and no second copy is held in memory.
+        dtype: dtype of the reference copy (defaults to the policy's).
+    """
+
+    name_or_path: str | None = None
+    dtype: str | None = None
+
+
+@dataclass
+class LoraConfig:
+    """LoRA through peft. Defaults follow common Qwen practice (all attention and MLP projections
+    of the language model; the vision tower stays frozen).
+
+    Attributes:
+        enabled: turn the run into a LoRA run.
+        r: adapter rank.
+        alpha: scaling numerator (``lora_alpha``); the update is scaled by ``alpha / r``.
+        dropout: dropout on the adapter input.
+        target_modules: module-name regex or list of names the adapters wrap.
+    """
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | str = field(
+        default_factory=lambda: r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+    )
+
+
+def resolve_dtype(name: str) -> torch.dtype | str:
+    """Map a dtype name from a config to a ``torch.dtype`` (or ``"auto"``).
+
+    Raises:
+        GraspConfigError: for an unknown name.
+    """
+    if name not in _DTYPES:
+        raise GraspConfigError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load_processor(name_or_path: str, *, trust_remote_code: bool = False, revision: str | None = None):
+    """Load the processor (tokenizer + video processor + chat template) with ``AutoProcessor``.
+
+    The tokenizer's ``padding_side`` is left as saved; batch builders set it per use (right for
+    training, left for generation).
+    """
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, revision=revision)
+
+
+def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None = None,
+               trust_remote_code: bool = False, revision: str | None = None) -> nn.Module:
+    """Load an image/video-text-to-text model with ``AutoModelForImageTextToText.from_pretrained``.
+
+    Raises:
+        GraspConfigError: if the path is a local-looking path that does not exist.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    if (name_or_path.startswith((".", "/")) or Path(name_or_path).suffix) and not Path(name_or_path).exists():
+        raise GraspConfigError(f"model path {name_or_path!r} does not exist")
+    kwargs = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "revision": revision}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+
+
+def vision_modules(model: nn.Module) -> list[nn.Module]:
+    """The vision tower (and merger) of a Qwen-VL-style model: ``model.model.visual`` or ``model.visual``."""
+    inner = getattr(model, "model", model)
+    found = [m for m in (getattr(inner, "visual", None), getattr(model, "visual", None)) if m is not None]
+    return list({id(m): m for m in found}.values())
+
+
+def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None) -> nn.Module:
+    """Load the policy for training: dtype, attention, vision freezing, gradient checkpointing, LoRA.
+
+    Returns the model in train mode (``from_pretrained`` returns eval mode).
+
+    Raises:
+        GraspConfigError: ``freeze_vision`` asked on a model without a vision tower.
+    """
+    model = load_model(cfg.name_or_path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation,
+                       trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    if cfg.freeze_vision:
+        towers = vision_modules(model)
+        if not towers:
+            raise GraspConfigError(f"freeze_vision: {cfg.name_or_path} has no `visual` module to freeze")
+        for tower in towers:
+            tower.requires_grad_(False)
+    if lora is not None and lora.enabled:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                  target_modules=lora.target_modules, bias="none")
+        model = get_peft_model(model, peft_cfg)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    model.train()
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    log.info("policy %s: %d parameters, %d trainable", cfg.name_or_path, n_all, n_train)
+    return model
+
+
+def load_reference(policy_cfg: PolicyConfig, ref_cfg: ReferenceConfig) -> nn.Module:
+    """Load a frozen reference model: eval mode, ``requires_grad=False`` everywhere.
+
+    The reference is never handed to an optimizer (it is not a parameter of the policy) and
+    holds no optimizer state.
+    """
+    model = load_model(ref_cfg.name_or_path or policy_cfg.name_or_path,
+                       dtype=ref_cfg.dtype or policy_cfg.dtype,
+                       attn_implementation=policy_cfg.attn_implementation,
+                       trust_remote_code=policy_cfg.trust_remote_code, revision=policy_cfg.revision)
+    model.requires_grad_(False)
+    model.eval()
+    return model

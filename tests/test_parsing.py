@@ -1,0 +1,145 @@
+"""Tests of grasp_lightning.parsing: answer extraction order, tags, reasoning, participants, format."""
+
+from __future__ import annotations
+
+import pytest
+
+from grasp_lightning.parsing import (
+    answer_block,
+    extract_answer,
+    extract_participants,
+    has_format,
+    reasoning_text,
+    tag_contents,
+)
+
+GOOD = "<think>Person 0 looks at <gaze>Person 2</gaze>.</think><answer>B</answer>"
+
+
+# --- extract_answer -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<answer>B</answer>", "B"),
+        ("<answer>  C \n</answer>", "C"),
+        ("<answer>B) Person 2</answer>", "B"),
+        ("<answer>(D)</answer>", "D"),
+        ("<answer>A.</answer>", "A"),
+        ("<answer>C: No one</answer>", "C"),
+        (GOOD, "B"),
+    ],
+)
+def test_answer_tag_stage(text: str, expected: str) -> None:
+    assert extract_answer(text) == expected
+
+
+def test_only_first_answer_block_counts() -> None:
+    assert extract_answer("<answer>C</answer> then <answer>A</answer>") == "C"
+
+
+def test_boxed_stage() -> None:
+    assert extract_answer("I think the answer is \\boxed{D}.") == "D"
+    # Stage 2 wins over stage 3: "A)" appears first but \boxed is tried before markers.
+    assert extract_answer("Options A) and \\boxed{C}") == "C"
+
+
+def test_marker_stage() -> None:
+    assert extract_answer("The correct option is C) Person 4") == "C"
+    assert extract_answer("So: B. Person 2 follows") == "B"
+    # Not markers: glued to a word, or the last letter of an abbreviation.
+    assert extract_answer("in the U.S.A. today") is None
+    assert extract_answer("xA) nothing") is None
+
+
+def test_leading_letter_stage() -> None:
+    assert extract_answer("B") == "B"
+    assert extract_answer("  D because Person 1 points") == "D"
+    # A leading letter followed by another letter is a word, not an answer.
+    assert extract_answer("Because of the gaze") is None
+    assert extract_answer("E") is None  # not one of ABCD
+
+
+def test_lowercase_letter_is_not_an_answer_but_extraction_continues() -> None:
+    assert extract_answer("<answer>b</answer>") is None
+    # Stage 1 fails on "b", stage 2 finds the boxed capital.
+    assert extract_answer("\\boxed{A} <answer>b</answer>") == "A"
+    assert extract_answer("\\boxed{a}") is None
+
+
+def test_answer_block_content_searched_before_the_whole_text() -> None:
+    text = "<think>A) Person 0 is wrong</think><answer>The answer is C) Person 4</answer>"
+    assert extract_answer(text) == "C"
+
+
+def test_no_tags_nothing_parses() -> None:
+    assert extract_answer("the people look at each other") is None
+    assert extract_answer("") is None
+    assert extract_answer("<answer></answer>") is None
+
+
+def test_custom_letters() -> None:
+    assert extract_answer("<answer>E</answer>", letters="ABCDE") == "E"
+    assert extract_answer("<answer>E</answer>") is None
+
+
+# --- blocks and reasoning --------------------------------------------------------------------------
+
+def test_answer_block() -> None:
+    assert answer_block("x <answer> B </answer> <answer>C</answer>") == " B "
+    assert answer_block("<answer></answer>") == ""
+    assert answer_block("no tags") is None
+    assert answer_block("<answer>unterminated") is None
+
+
+def test_tag_contents_non_greedy_multiline() -> None:
+    text = "<gaze>P1 at\nP2</gaze> mid <gaze>P3</gaze><gesture>Person 4</gesture>"
+    assert tag_contents(text, "gaze") == ["P1 at\nP2", "P3"]
+    assert tag_contents(text, "gesture") == ["Person 4"]
+    assert tag_contents(text, "think") == []
+
+
+def test_reasoning_text() -> None:
+    assert reasoning_text("<think>why</think><answer>A</answer>") == "why"
+    # Prompt ended with "<think>\n": the completion starts inside the block.
+    assert reasoning_text("Person 1 looks</think><answer>A</answer>") == "Person 1 looks"
+    assert reasoning_text("Person 3 points <answer>A</answer> Person 9") == "Person 3 points "
+    assert reasoning_text("just text") == "just text"
+
+
+# --- participants ----------------------------------------------------------------------------------
+
+def test_person_1_vs_person_12() -> None:
+    assert extract_participants("Person 12 waves") == frozenset({12})
+    assert extract_participants("Person 1 and Person 12") == frozenset({1, 12})
+    assert extract_participants("Person\n\t3 and Person7") == frozenset({3, 7})
+
+
+def test_p_short_form_needs_word_boundaries() -> None:
+    assert extract_participants("P3 looks at P12.") == frozenset({3, 12})
+    assert extract_participants("AP1 and P1a and P2_x") == frozenset()
+    assert extract_participants("(P0)") == frozenset({0})
+
+
+def test_person_is_case_sensitive() -> None:
+    assert extract_participants("person 2 and PERSON 3") == frozenset()
+    assert extract_participants("p4") == frozenset()
+
+
+# --- format ----------------------------------------------------------------------------------------
+
+def test_has_format_lenient() -> None:
+    assert has_format("blah <answer>B</answer>")
+    assert not has_format("<answer>  </answer>")
+    assert not has_format("B")
+
+
+def test_has_format_strict() -> None:
+    assert has_format(GOOD, strict=True)
+    assert has_format("  <think>x</think>\n<answer>A</answer>\n", strict=True)
+    assert not has_format("<answer>A</answer>", strict=True)
+    assert not has_format("pre <think>x</think><answer>A</answer>", strict=True)
+    assert not has_format("<think>x</think><answer>A</answer> post", strict=True)
+    assert not has_format("<think>x</think><answer>A</answer><answer>B</answer>", strict=True)
+    assert not has_format("<think> </think><answer>A</answer>", strict=True)
+    assert not has_format("<answer>A</answer><think>x</think>", strict=True)

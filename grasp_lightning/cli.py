@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
     GraspCLI(GraspModule, GraspDataModule, args=args, save_config_kwargs={"overwrite": True},
+             auto_configure_optimizers=False,
              parser_kwargs={"default_env": False})
 
 

@@ -10,8 +10,9 @@ Training delegates the objective to the task plugin (``tasks.sft.SFTTask``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -66,6 +67,27 @@ class EvalConfig:
     stop_at_answer: bool = True
 
 
+@dataclass
+class RolloutConfig:
+    """Sampling of training rollouts (GRPO): K completions per prompt from the current policy.
+
+    Attributes:
+        num_generations: K completions per prompt, a group (paper: 8); a group stays on one rank.
+        max_new_tokens: completion budget in tokens (paper: 1024).
+        temperature: sampling temperature (paper: 1.0); scoring logits are divided by it too.
+        top_p: nucleus sampling mass.
+        top_k: optional top-k.
+        stop_at_answer: a completion may stop at ``</answer>``.
+    """
+
+    num_generations: int = 8
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    stop_at_answer: bool = True
+
+
 class GraspModule(L.LightningModule):
     """Policy + frozen reference model + task plugin.
 
@@ -75,19 +97,22 @@ class GraspModule(L.LightningModule):
         reference: where the reference model comes from; built only when ``task.needs_reference``.
         lora: the LoRA flag and its settings (peft).
         optim: optimizer and learning-rate schedule.
+        rollout: sampling of training rollouts (used by tasks that sample, e.g. GRPO).
         evaluation: decoding for GRASP-Bench.
     """
 
-    def __init__(self, task: Task, policy: PolicyConfig = field(default_factory=PolicyConfig),
-                 reference: ReferenceConfig | None = None, lora: LoraConfig | None = None,
-                 optim: OptimConfig | None = None, evaluation: EvalConfig | None = None) -> None:
+    def __init__(self, task: Task, policy: PolicyConfig = PolicyConfig(),  # noqa: B008 (copied below)
+                 reference: ReferenceConfig = ReferenceConfig(), lora: LoraConfig = LoraConfig(),  # noqa: B008
+                 optim: OptimConfig = OptimConfig(), rollout: RolloutConfig = RolloutConfig(),  # noqa: B008
+                 evaluation: EvalConfig = EvalConfig()) -> None:  # noqa: B008
         super().__init__()
         self.task = task
-        self.policy_cfg = policy if isinstance(policy, PolicyConfig) else PolicyConfig()
-        self.reference_cfg = reference or ReferenceConfig()
-        self.lora_cfg = lora or LoraConfig()
-        self.optim_cfg = optim or OptimConfig()
-        self.eval_cfg = evaluation or EvalConfig()
+        self.policy_cfg = dataclasses.replace(policy)
+        self.reference_cfg = dataclasses.replace(reference)
+        self.lora_cfg = dataclasses.replace(lora)
+        self.optim_cfg = dataclasses.replace(optim)
+        self.rollout_cfg = dataclasses.replace(rollout)
+        self.eval_cfg = dataclasses.replace(evaluation)
         self.save_hyperparameters(ignore=["task"])
         self.policy: torch.nn.Module | None = None
         self.reference_model: torch.nn.Module | None = None

@@ -106,15 +106,13 @@ def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: tor
 class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
 
+    Sampling settings (K, temperature, top-p, budget) come from ``model.rollout``
+    (:class:`grasp_lightning.module.RolloutConfig`), so ``configs/demo.yaml`` can shrink them for
+    any recipe.
+
     Args:
-        num_generations: K rollouts per prompt (paper: 8); all K of a group stay on one rank.
         rewards: reward term names from :data:`grasp_lightning.rewards.REWARDS`.
         reward_weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2).
-        temperature: sampling temperature (1.0), also applied to scoring logits.
-        top_p: nucleus sampling mass.
-        top_k: optional top-k.
-        max_new_tokens: completion budget in tokens (paper: 1024).
-        stop_at_answer: generation may stop at ``</answer>``.
         advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over the
             batch); ``released`` (each term mean-centred per group, then weighted: released code);
             ``none`` (centred, not scaled).
@@ -134,9 +132,7 @@ class GRPOTask(Task):
 
     data_mode = "rl"
 
-    def __init__(self, num_generations: int = 8, rewards: list[str] | None = None,
-                 reward_weights: list[float] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int | None = None, max_new_tokens: int = 1024, stop_at_answer: bool = True,
+    def __init__(self, rewards: list[str] | None = None, reward_weights: list[float] | None = None,
                  advantage: str = "group", advantage_eps: float = 1e-4, advantage_clip: float | None = None,
                  epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
                  loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool = False,
@@ -152,16 +148,11 @@ class GRPOTask(Task):
             raise GraspConfigError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
         if loss_type not in grpo.LOSS_TYPES:
             raise GraspConfigError(f"loss_type must be one of {grpo.LOSS_TYPES}, got {loss_type!r}")
-        if num_generations < 2:
-            raise GraspConfigError("num_generations must be >= 2: a group of one has no advantage")
         if num_iterations < 1:
             raise GraspConfigError("num_iterations must be >= 1")
-        self.num_generations = num_generations
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
-        self.max_new_tokens = max_new_tokens
-        self.stop_at_answer = stop_at_answer
+        self.num_generations = 8
+        self.temperature = 1.0
+        self.max_new_tokens = 1024
         self.advantage = advantage
         self.advantage_eps = advantage_eps
         self.advantage_clip = advantage_clip
@@ -183,6 +174,17 @@ class GRPOTask(Task):
         return self.beta != 0.0
 
     def setup(self, module) -> None:
+        """Read the rollout settings from the module and check the data repeats batches as needed.
+
+        Raises:
+            GraspConfigError: K < 2, or ``data.repeat_batches`` differs from ``num_iterations``.
+        """
+        cfg = module.rollout_cfg
+        if cfg.num_generations < 2:
+            raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
+        self.num_generations = cfg.num_generations
+        self.temperature = cfg.temperature
+        self.max_new_tokens = cfg.max_new_tokens
         dm = getattr(getattr(module, "trainer", None), "datamodule", None) if module._trainer else None
         repeat = getattr(getattr(dm, "hparams", None), "repeat_batches", 1)
         if repeat != self.num_iterations:
@@ -217,10 +219,11 @@ class GRPOTask(Task):
         policy = module.policy
         was_training = policy.training
         policy.eval()
+        cfg = module.rollout_cfg
         completions = sample_completions(
-            policy, module.tokenizer, batch.inputs, num_return_sequences=k, max_new_tokens=self.max_new_tokens,
-            do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            stop_strings=("</answer>",) if self.stop_at_answer else ())
+            policy, module.tokenizer, batch.inputs, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            stop_strings=("</answer>",) if cfg.stop_at_answer else ())
         policy.train(was_training)
         items = [item for item in batch.items for _ in range(k)]
         terms = compute_rewards(completions.texts, items, self.rewards).to(completions.ids.device)

@@ -30,8 +30,9 @@ def level_to_index(level: float, n_frames: int) -> int:
 
 
 def make_mp4(n_frames: int = 10, fps: int = 5, width: int = 32, height: int = 32, codec: str = "libx264",
-             faststart: bool = False) -> bytes:
-    """Encode ``n_frames`` flat grey frames at ``fps`` into mp4 bytes (moov at the end unless ``faststart``)."""
+             faststart: bool = False, noise: bool = False) -> bytes:
+    """Encode ``n_frames`` flat grey frames (random ones if ``noise``) at ``fps`` into mp4 bytes (moov at
+    the end unless ``faststart``)."""
     import av
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -46,6 +47,8 @@ def make_mp4(n_frames: int = 10, fps: int = 5, width: int = 32, height: int = 32
                 container.start_encoding()
             for i in range(n_frames):
                 img = np.full((height, width, 3), frame_level(i), np.uint8)
+                if noise:
+                    img = np.random.default_rng(i).integers(0, 256, (height, width, 3), dtype=np.uint8)
                 for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                     container.mux(packet)
             for packet in stream.encode():

@@ -67,6 +67,10 @@ def test_index_cache_and_invalidation(videos):
     make_tar(videos / "tvqa_part000.tar", {"tvqa/video/t_qa0000.mp4": b"t"})  # a new shard
     store = ClipStore(videos)
     assert store.index_rebuilt and store.open("tvqa/video/t_qa0000.mp4") == b"t"
+    cached = json.loads(store.index_path.read_text())
+    cached["members"][A] = "garbage"
+    store.index_path.write_text(json.dumps(cached))
+    assert ClipStore(videos).index_rebuilt  # a malformed index is rebuilt
 
 
 def test_index_falls_back_when_root_not_writable(videos, tmp_path, monkeypatch):

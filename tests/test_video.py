@@ -102,11 +102,16 @@ def test_bad_videos_raise_with_clip_name(ten_frames, make, needle):
     assert err.value.where == "tvqa/video/bad_qa0001.mp4" and needle in err.value.reason
 
 
-def test_truncated_faststart_mp4():
-    data = make_mp4(30, fps=5, width=64, height=64, faststart=True)
+def test_truncated_and_corrupt_faststart_mp4():
+    data = make_mp4(30, fps=5, width=64, height=64, faststart=True, noise=True)
     with pytest.raises(ClipDecodeError, match="truncated") as err:
-        decode_clip(data[: len(data) // 2], where="x.mp4")
+        decode_clip(data[: len(data) // 2], where="x.mp4")  # decord reads every packet when opening
     assert err.value.where == "x.mp4"
+    mid = (data.find(b"mdat") + len(data)) // 2
+    corrupt = data[:mid] + bytes(len(data) - mid)  # container intact, second half of the stream zeroed
+    with pytest.raises(ClipDecodeError, match="corrupt or truncated video") as err:
+        decode_clip(corrupt, fps=5.0, where="y.mp4")  # fails in get_batch
+    assert err.value.where == "y.mp4"
 
 
 def test_missing_path(tmp_path):

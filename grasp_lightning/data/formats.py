@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +93,7 @@ def _jsonl(path: str | Path) -> Iterator[tuple[int, str, Any]]:
                 yield lineno, where, GraspFormatError(where, f"malformed JSON line ({e})")
 
 
-def _read_lines(path: str | Path, on_error: str, parse) -> ReadResult:
+def _read_lines(path: str | Path, on_error: str, parse: Callable[[Any, str, int], GraspItem]) -> ReadResult:
     col = Collector(on_error)
     for lineno, where, value in _jsonl(path):
         try:
@@ -279,9 +279,9 @@ def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:
     videos = [s for s in row if s.get("type") == "video"]
     if len(videos) != 1:
         raise GraspFormatError(where, f"expected exactly one video spec, found {len(videos)}")
-    texts = [s for s in row if s.get("type") == "text"]
-    prompt = [text_field(s, "content", where) for s in texts if not s.get("output", False)]
-    targets = [text_field(s, "content", where) for s in texts if s.get("output", False)]
+    texts = [(text_field(s, "content", where), _is_output(s)) for s in row if s.get("type") == "text"]
+    prompt = [text for text, output in texts if not output]
+    targets = [text for text, output in texts if output]
     if not targets:
         raise GraspFormatError(where, "missing target: no text spec with output: true")
     meta: dict = {}
@@ -294,8 +294,9 @@ def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:
     if rl:
         answer, response = check_mcq_answer(target, options, where), None
     else:
-        letter = answer_letter(_ANSWER_TAG_RE.search(target).group(1)) if _ANSWER_TAG_RE.search(target) else None
-        answer = check_mcq_answer(letter, options, where) if (letter and options) else ""
+        tag = _ANSWER_TAG_RE.search(target)
+        letter = answer_letter(tag.group(1)) if tag else None
+        answer = check_mcq_answer(letter, options, where) if (letter and options) else (letter or "")
         response = target
     category = meta.get("category")
     return GraspItem(
@@ -306,6 +307,12 @@ def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:
         source=_source_of(videos[0].get("path")), events=parse_events(meta.get("gt_events"), where),
         question_text=text_field(meta, "question_text", where, required=False) or _bare_question(question),
     )
+
+
+def _is_output(spec: dict) -> bool:
+    """``output: true`` (JSON true or the string "true") marks the assistant turn."""
+    value = spec.get("output", False)
+    return value is True or str(value).strip().lower() == "true"
 
 
 def _clip_ref(spec: dict, where: str) -> ClipRef:

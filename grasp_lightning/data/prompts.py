@@ -123,6 +123,7 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target
     """
     prompt, suffix = render_texts(processor, item, target, system_prompt)
     enc = processor(text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                    cap_pixels_per_frame=True,
                     return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:

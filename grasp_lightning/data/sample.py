@@ -32,7 +32,7 @@ import tarfile
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -47,7 +47,8 @@ SAMPLE_FPS = 2.0  #: sampling rate written into the row video specs (frames per 
 SQUARE = 14  #: side of a person square in pixels
 OBJECT = -1  #: target id of the scene's object (the grey square)
 PERSON_COLOURS = ((220, 40, 40), (40, 200, 60), (50, 90, 230), (230, 210, 40))  #: red, green, blue, yellow
-BACKGROUND, OBJECT_COLOUR, DOT, HAND, HELD = (36, 36, 44), (150, 150, 150), (255, 255, 255), (245, 245, 245), (255, 150, 0)
+BACKGROUND, OBJECT_COLOUR = (36, 36, 44), (150, 150, 150)  #: RGB of the background and of the object
+DOT, HAND, HELD = (255, 255, 255), (245, 245, 245), (255, 150, 0)  #: RGB of gaze dots, arms, held objects
 SLOTS = ((22, 20), (106, 20), (106, 52), (22, 52))  #: person centres (x, y) in pixels: corners of a table
 OBJECT_CENTRE = (64, 64)
 GESTURES = ("pointing", "showing", "giving", "reaching")
@@ -298,7 +299,8 @@ class Question:
         events: ground-truth social events ``(source, persons)`` of the question.
         time_range: ``(start, end)`` seconds the question is about.
         summary: 2-4 sentence reference answer for the open-ended form ("" if none).
-        sort_options: order persons by id in the options (else keep the shuffled order).
+        sort_options: order the distractors naturally and put the answer at a random position
+            (else keep the pool's order, e.g. a hand-written or shuffled pool of exactly 4).
         narration: ``(gaze, gesture)`` descriptions overriding those derived from ``actions``.
     """
 
@@ -350,7 +352,8 @@ def _g(actor: int, target: int, span: tuple[float, float]) -> Action:
 def _t1(rng: random.Random, n: int, d: float) -> Question:
     a, b = rng.sample(range(n), 2)
     tgt, span = rng.choice([b, OBJECT]), (0.5, d - 0.5)
-    return Question("T1", f"Who or what is Person {a} looking at?", _opt(tgt), _people(n, a, extra=("An object", "No one")),
+    return Question("T1", f"Who or what is Person {a} looking at?", _opt(tgt),
+                    _people(n, a, extra=("An object", "No one")),
                     (_g(a, tgt, span),), (("gaze", _ev(a, tgt)),), span)
 
 
@@ -364,14 +367,15 @@ def _t2(rng: random.Random, n: int, d: float) -> Question:
     pool = ["Mutual gaze", "Joint attention", "Gaze following", "Sudden gaze shift"]
     rng.shuffle(pool)
     return Question("T2", f"Which gaze event happens between Person {a} and Person {b}?", kind, tuple(pool), acts,
-                    (("gaze", (a, b)),), (s0[0], s1[1]), sort_options=False)
+                    (("gaze", (a, b)),), (s0[0], s1[1]))
 
 
 def _t3(rng: random.Random, n: int, d: float) -> Question:
     a = rng.randrange(n)
     x, y = rng.sample([i for i in range(n) if i != a] + [OBJECT], 2)
     s0, s1 = _spans(d, 2)
-    return Question("T3", f"Who or what does Person {a} look at first?", _opt(x), _people(n, a, extra=("An object", "No one")),
+    return Question("T3", f"Who or what does Person {a} look at first?", _opt(x),
+                    _people(n, a, extra=("An object", "No one")),
                     (_g(a, x, s0), _g(a, y, s1)), (("gaze", _ev(a, x)), ("gaze", _ev(a, y))), (s0[0], s1[1]))
 
 
@@ -379,7 +383,8 @@ def _t4(rng: random.Random, n: int, d: float) -> Question:
     a, b, c = rng.sample(range(n), 3)
     span = (0.5, d - 0.5)
     acts = (_g(a, b, span), _g(b, a, span), _g(c, a, (1.0, d - 1.0)))
-    return Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}", _people(n, a, extra=("No one", "Everyone")),
+    return Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}",
+                    _people(n, a, extra=("No one", "Everyone")),
                     acts, (("gaze", (a, b)),), span)
 
 
@@ -427,7 +432,7 @@ def _g2(rng: random.Random, n: int, d: float) -> Question:
     pool = [k.capitalize() for k in GESTURES]
     rng.shuffle(pool)
     return Question("G2", f"What kind of gesture does Person {a} make?", act.kind.capitalize(), tuple(pool), (act,),
-                    ((act.kind, _ev(a, act.target)),), (act.start, act.end), sort_options=False)
+                    ((act.kind, _ev(a, act.target)),), (act.start, act.end))
 
 
 def _g3(rng: random.Random, n: int, d: float) -> Question:
@@ -493,7 +498,8 @@ def _j3(rng: random.Random, n: int, d: float) -> Question:
     watchers = [i for i in rest if i != x]
     acts = (point, look) + tuple(_g(w, a, (0.5, d - 0.4)) for w in watchers)
     extra = "".join(f" Person {w} keeps looking at Person {a} instead of the target." for w in watchers)
-    summary = (f"Person {a} points at {_name(x)} from {point.start}s to {point.end}s. About 0.8 s later, at {look.start}s, "
+    summary = (f"Person {a} points at {_name(x)} from {point.start}s to {point.end}s. "
+               f"About 0.8 s later, at {look.start}s, "
                f"Person {b} turns to look at {_name(x)} too, so Person {b}'s gaze follows the gesture.{extra}")
     return Question("J3", f"Person {a} points. Who turns to look where Person {a} points?", f"Person {b}", _people(n, a),
                     acts, (("pointing", _ev(a, x)), ("gaze", _ev(b, x))), (point.start, look.end), summary=summary)
@@ -597,16 +603,22 @@ class Entry:
         return f"{self.reasoning}<answer>{self.answer}</answer>"
 
 
-def make_options(rng: random.Random, q: Question) -> tuple[tuple[str, ...], str]:
-    """Pick 3 distractors from the pool, lay out 4 options ``"A) ..."`` and return them with the answer letter."""
+def make_options(rng: random.Random, q: Question, position: int | None = None) -> tuple[tuple[str, ...], str]:
+    """Pick 3 distractors from the pool, lay out 4 options ``"A) ..."`` and return them with the answer letter.
+
+    With ``q.sort_options`` the distractors are ordered (persons by id, then the others in pool
+    order) and the answer goes to ``position`` (0-3; random when ``None``); otherwise the options
+    keep the pool's order.
+    """
     distractors = [p for p in q.pool if p != q.answer_text]
     if len(distractors) < 3 or q.answer_text not in q.pool:
         raise ValueError(f"{q.category} question {q.text!r}: option pool {q.pool} cannot give 4 options")
-    chosen = [q.answer_text] + rng.sample(distractors, 3)
     if q.sort_options:
-        chosen.sort(key=lambda p: (0, int(p.split()[1])) if p.startswith("Person ") else (1, q.pool.index(p)))
+        chosen = sorted(rng.sample(distractors, 3),
+                        key=lambda p: (0, int(p.split()[1])) if p.startswith("Person ") else (1, q.pool.index(p)))
+        chosen.insert(rng.randrange(4) if position is None else position, q.answer_text)
     else:
-        chosen.sort(key=q.pool.index)
+        chosen = sorted([q.answer_text] + rng.sample(distractors, 3), key=q.pool.index)
     letters = "ABCD"
     return tuple(f"{letters[i]}) {c}" for i, c in enumerate(chosen)), letters[chosen.index(q.answer_text)]
 
@@ -631,12 +643,13 @@ def reasoning_text(q: Question, n_persons: int, conclusion: str, short: bool = F
             f"{conclusion}</think>")
 
 
-def make_entry(rng: random.Random, q: Question, clip: Clip, fmt: str, short: bool = False) -> Entry:
-    """Bind a question to its clip: options, letter and reasoning (``short`` writes ``PN`` names)."""
+def make_entry(rng: random.Random, q: Question, clip: Clip, fmt: str, short: bool = False,
+               position: int | None = None) -> Entry:
+    """Bind a question to its clip: options, letter (at ``position``) and reasoning (``short`` writes ``PN``)."""
     if fmt == "open_ended":
         think = reasoning_text(q, clip.n_persons, "Putting these together answers the question.", short)
         return Entry(clip, q, fmt, (), "", think)
-    options, letter = make_options(rng, q)
+    options, letter = make_options(rng, q, position)
     think = reasoning_text(q, clip.n_persons, f"So the answer is {q.answer_text}.", short)
     return Entry(clip, q, fmt, options, letter, think)
 
@@ -654,6 +667,14 @@ SFT_PLAN = ([(c, "mcq") for c in CATEGORIES] + [(c, "open_ended") for c in OPEN_
             + [("T4", "mcq"), ("G2", "mcq"), ("J1", "mcq")])
 #: categories of the RL rows (all MCQ); the real clip adds one G1 row (24 in all).
 RL_PLAN = list(CATEGORIES) + ["T2", "T3", "T5", "G3", "G4", "J2", "G6"]
+
+
+def balanced_positions(rng: random.Random) -> Iterator[int]:
+    """Answer positions 0-3, each block of four a random permutation, so answer letters are balanced."""
+    while True:
+        block = [0, 1, 2, 3]
+        rng.shuffle(block)
+        yield from block
 
 
 def _video_id(source: str, k: int) -> str:
@@ -857,6 +878,7 @@ def _readme(seed: int, sft: Sequence[Entry], rl: Sequence[Entry], bench: Sequenc
     per_cat = "\n".join(f"| {c} | {CATEGORY_DIFFICULTY[c]} | " + ", ".join(f"`{e.clip.name}`" for e in bench
                                                                          if e.question.category == c) + " |"
                         for c in CATEGORIES)
+    shard_list = "\n".join(f"  - `{p.name}`" for p in shards)
     return f"""# GRASP-format sample data (seed {seed})
 
 A small dataset in the exact file layout of GRASP (`interlive/GRASP`; schemas in
@@ -869,8 +891,9 @@ evaluation can run offline; it is not GRASP data.
   list their specs in another order, a few carry an extra `meta` key.
 - `train/annotations.jsonl`: all {len(sft) + len(rl)} training QA (SFT first, then RL); open-ended
   options are written as `null` or `[]` (both occur).
-- `train/videos/`: {len(shards)} shards ({", ".join(p.name for p in shards)}), each extracting to
-  `<source>/video/<video_id>_qa<NNNN>.mp4`; `werewolf` and `social-iq` video ids contain dots.
+- `train/videos/`: {len(shards)} shards, each extracting to `<source>/video/<video_id>_qa<NNNN>.mp4`
+  (`werewolf` and `social-iq` video ids contain dots):
+{shard_list}
 - `test/grasp_bench.tar`: {len(bench)} items, 2 per category, `json/<clip>.json` + `video/<clip>.mp4`;
   joint categories are written `C1`-`C4`; every fourth item carries `qa.events`.
 - `test/annotations.jsonl`: the bench QA, one per line (`video` is `video/<clip>.mp4`).
@@ -893,7 +916,8 @@ given libx264 build.
 ## Real clip
 
 `social-iq/video/{REAL_VIDEO_ID}_qa0000.mp4` (SFT, T1), `..._qa0001.mp4` (RL, G1) and
-`video/{REAL_VIDEO_ID}_qa0002.mp4` (bench, T1) are byte copies of the clip described below.
+`video/{REAL_VIDEO_ID}_qa0002.mp4` (bench, T1) are byte copies of the clip described below. Its
+attribution, copied verbatim from the clip's own README:
 
 {REAL_CLIP_ATTRIBUTION}"""
 
@@ -925,14 +949,17 @@ def generate_sample(out_dir: str | Path, seed: int = 0, real_clip: str | Path | 
     rng = random.Random(f"{seed}:entries")
     builder = _Builder(seed)
     real_q = real_questions()
+    pos = balanced_positions(random.Random(f"{seed}:positions"))
     sft = [make_entry(rng, real_q["T1"], _real_clip(real, 0), "mcq")]
-    sft += [make_entry(rng, q, c, fmt) for (c, q), (_, fmt) in zip(builder.clips([p[0] for p in SFT_PLAN]), SFT_PLAN)]
+    sft += [make_entry(rng, q, c, fmt, position=next(pos))
+            for (c, q), (_, fmt) in zip(builder.clips([p[0] for p in SFT_PLAN]), SFT_PLAN)]
     rl = [make_entry(rng, real_q["G1"], _real_clip(real, 1), "mcq")]
-    rl += [make_entry(rng, q, c, "mcq") for c, q in builder.clips(RL_PLAN)]
+    rl += [make_entry(rng, q, c, "mcq", position=next(pos)) for c, q in builder.clips(RL_PLAN)]
     bench_cats = [c for c in CATEGORIES for _ in range(2)]
     bench_cats.remove("T1")
     bench = [make_entry(rng, real_q["T1"], _real_clip(real, 2), "mcq")]
-    bench += [make_entry(rng, q, c, "mcq", short=k % 2 == 1) for k, (c, q) in enumerate(builder.clips(bench_cats))]
+    bench += [make_entry(rng, q, c, "mcq", short=k % 2 == 1, position=next(pos))
+              for k, (c, q) in enumerate(builder.clips(bench_cats))]
     bench.sort(key=lambda e: CATEGORIES.index(e.question.category))
     write_jsonl(out / "train" / "data_sft.jsonl", [sft_row(rng, e) for e in sft])
     write_jsonl(out / "train" / "data_rl.jsonl", [rl_row(rng, e, k) for k, e in enumerate(rl)])

@@ -135,8 +135,7 @@ class ClipStore:
             raise GraspDataError(str(root), "videos root does not exist")
         self.prefix = prefix
         self._folder = self.root if self.root.is_dir() else None
-        base = self.root if self._folder is not None else self.root.parent
-        self._base = base
+        self._base = self.root if self._folder is not None else self.root.parent
         if self._folder is None:
             shards = [self.root]
         else:
@@ -178,7 +177,11 @@ class ClipStore:
         for cand in self._index_candidates():
             cached = _read_json(cand)
             if cached and cached.get("version") == INDEX_VERSION and cached.get("shards") == stats:
-                self._members = {k: tuple(v) for k, v in cached["members"].items()}
+                try:
+                    self._members = {str(k): (str(s), int(o), int(n)) for k, (s, o, n) in cached["members"].items()}
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    log.warning("ClipStore: ignoring the malformed index %s", cand)
+                    continue
                 self.unsafe_members = int(cached.get("unsafe_members", 0))
                 self.index_path = cand
                 return

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,11 +133,13 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
         where = where or f"<{len(data)} bytes>"
         if len(data) == 0:
             raise ClipDecodeError(where, "empty video (0 bytes)")
-    height, width = (0, 0) if max_pixels is None else _probe_size(data, where)
-    size = reduced_size(height, width, max_pixels) if max_pixels is not None else (-1, -1)
-    if size == (height, width):
-        size = (-1, -1)
-    import decord  # imported here: decoders live in the calling process only
+    size = (-1, -1)  # decord: native size
+    if max_pixels is not None:
+        height, width = _probe_size(data, where)
+        if height * width > max_pixels:
+            size = reduced_size(height, width, max_pixels)
+    import decord  # lazy; the reader below is made per call, in the calling process
+
 
     try:
         src = str(data) if isinstance(data, (str, Path)) else io.BytesIO(data)
@@ -175,9 +178,10 @@ def _probe_size(data: bytes | str | Path, where: str) -> tuple[int, int]:
 
 
 def _short(e: BaseException) -> str:
-    """The last line of a decoder message (decord prepends a C++ source location)."""
-    text = str(e).strip().splitlines()
-    return (text[-1] if text else type(e).__name__)[:300]
+    """The last line of a decoder message, without decord's ``[time] file.cc:line:`` prefix."""
+    lines = str(e).strip().splitlines()
+    text = re.sub(r"^(?:\[[\d:]+\] \S+:\d+: )+", "", lines[-1]) if lines else ""
+    return (text or type(e).__name__)[:300]
 
 
 def video_metadata(clip: DecodedClip) -> dict:

@@ -20,7 +20,12 @@ log = logging.getLogger(__name__)
 
 
 class GraspBenchReport(L.Callback):
-    """Write bench reports into ``<log_dir>/bench/step_<N>/`` and ``<log_dir>/bench/latest/``.
+    """GRASP-Bench validation reports, written into ``<log_dir>/bench/step_<N>/`` and ``.../latest/``.
+
+    Validation runs every ``trainer.val_check_interval`` training batches, at epoch ends, and —
+    through this callback — once more at the end of fit when ``max_steps`` stops training
+    mid-epoch (it raises ``trainer.should_stop`` on the last step, which makes Lightning validate
+    before it stops).
 
     Args:
         label: column name of our model in the Markdown table.
@@ -66,6 +71,10 @@ class GraspBenchReport(L.Callback):
         if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
             sys.stdout.write(table + "\n")
         log.info("GRASP-Bench report written to %s", self.last_dir)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:

@@ -76,7 +76,7 @@ def completion_mask(ids: torch.Tensor, stop_ids: list[int], pad_id: int | None =
 def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num_return_sequences: int = 1,
                        max_new_tokens: int = 1024, do_sample: bool = True, temperature: float = 1.0,
                        top_p: float = 1.0, top_k: int | None = None,
-                       stop_strings: tuple[str, ...] = ("</answer>",)) -> Completions:
+                       stop_strings: tuple[str, ...] = ("</answer>",), share_prompt: bool = False) -> Completions:
     """Generate ``K = num_return_sequences`` completions per prompt.
 
     Args:
@@ -91,6 +91,10 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         top_p: nucleus sampling mass.
         top_k: optional top-k.
         stop_strings: generation may stop once one of these has been produced.
+        share_prompt: encode each clip and prefill each prompt once, then sample the K rows from the
+            expanded cache (:func:`grasp_lightning.rollout.prefill_for_generation`); same tokens and
+            logits as without, less work. Needs a model that
+            :func:`grasp_lightning.rollout.sharing_unsupported_reason` accepts.
 
     Returns:
         :class:`Completions` with ``N = B * K`` rows.
@@ -106,6 +110,11 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
     if stop_strings:
         gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+    if share_prompt and num_return_sequences > 1:
+        from grasp_lightning.rollout import prefill_for_generation
+
+        inputs, cache = prefill_for_generation(model, inputs, num_return_sequences)
+        gen_kwargs.update(num_return_sequences=1, cache=cache)
     out = model.generate(**inputs, **gen_kwargs)
     ids = out[:, prompt_len:]
     if ids.shape[1] == 0:

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 
 from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import sample_completions
@@ -113,13 +114,20 @@ class GraspModule(L.LightningModule):
         self.optim_cfg = dataclasses.replace(optim)
         self.rollout_cfg = dataclasses.replace(rollout)
         self.eval_cfg = dataclasses.replace(evaluation)
-        self.save_hyperparameters(ignore=["task"])
+        # Plain dicts only, so checkpoints load with ``torch.load(weights_only=True)`` (no unpickling of objects).
+        self.save_hyperparameters({
+            "task": f"{type(task).__module__}.{type(task).__qualname__}",
+            **{name: dataclasses.asdict(cfg) for name, cfg in (
+                ("policy", self.policy_cfg), ("reference", self.reference_cfg), ("lora", self.lora_cfg),
+                ("optim", self.optim_cfg), ("rollout", self.rollout_cfg), ("evaluation", self.eval_cfg))},
+        })
         self.policy: torch.nn.Module | None = None
         self.reference_model: torch.nn.Module | None = None
         self.processor = None
         self.bench_metric = BenchAccuracy()
         self.bench_records: list[dict] = []
         self.last_task_output: TaskOutput | None = None
+        self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -181,9 +189,31 @@ class GraspModule(L.LightningModule):
         if out.metrics:
             self.log_dict({f"train/{k}": v for k, v in out.metrics.items()}, on_step=True, prog_bar=False,
                           batch_size=len(batch))
+        if out.loss is not None and not bool(torch.isfinite(out.loss.detach()).all()):
+            return self._skip_nonfinite_loss(out.loss, batch)
         if out.loss is not None:
             self.log("train/loss", out.loss.detach(), on_step=True, prog_bar=True, batch_size=len(batch))
         return out.loss
+
+    def _skip_nonfinite_loss(self, loss: torch.Tensor, batch: Batch):
+        """Count and log a NaN/Inf loss, then skip the micro-batch.
+
+        On one process Lightning skips backward and step for ``None``; with several processes (DDP,
+        DeepSpeed) every rank must still run the backward collective, so the micro-batch returns a
+        zero loss over the trainable weights instead (zero gradient). ``callbacks.guards.NonFiniteGuard``
+        stops the run after too many in a row.
+        """
+        self.nonfinite_losses += 1
+        self.log("train/nonfinite_loss", 1.0, on_step=True, reduce_fx="sum", batch_size=1)
+        log.warning("step %d: non-finite loss %s on items %s (dataset indices %s); micro-batch skipped",
+                    self.trainer.global_step if self._trainer is not None else -1, float(loss.detach().float().sum()),
+                    [item.uid for item in batch.items], list(batch.indices))
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if self._trainer is None or (self.trainer.world_size == 1
+                                     and not isinstance(self.trainer.strategy, DeepSpeedStrategy)):
+            return None
+        return sum((p * 0.0).sum() for p in self.policy.parameters() if p.requires_grad)
 
     # ------------------------------------------------------------------ evaluation
     def on_validation_epoch_start(self) -> None:
@@ -247,3 +277,19 @@ class GraspModule(L.LightningModule):
     def state_dict(self, *args, **kwargs):
         """Only the policy's weights are saved; the frozen reference model is never part of a checkpoint."""
         return super().state_dict(*args, **kwargs)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same
+        random streams (rollout sampling, dropout). Collective: every rank saves (``trainer.save_checkpoint``)."""
+        checkpoint[RNG_KEY] = rng_states_all_ranks()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Keep the saved random states; they are set at the first training batch after the resume,
+        once the data loader has drawn its seeds, which is where the uninterrupted run stood."""
+        self._pending_rng_states = checkpoint.get(RNG_KEY)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        states = getattr(self, "_pending_rng_states", None)
+        if states:
+            restore_rng_states(states, self.global_rank)
+            self._pending_rng_states = None

@@ -22,6 +22,13 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions, sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
+from grasp_lightning.rollout import (
+    completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
+    prompt_tokens_forwarded,
+    repeat_prompts,
+    score_completions,
+    sharing_unsupported_reason,
+)
 from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
 from grasp_lightning.task import Task, TaskOutput
 
@@ -37,16 +44,21 @@ class Rollout:
     Shapes: ``N = B * K`` rows, ``Lp`` prompt and ``Lc`` completion tokens.
 
     Attributes:
-        inputs: model inputs of the ``N`` full sequences (prompt repeated K times + completion).
+        prompt: model inputs of the ``B`` prompts (left-padded ``(B, Lp)``, vision inputs once).
+        shared: the group's prompt work is shared (see :mod:`grasp_lightning.rollout`), else naive rows.
         completions: the sampled completions (``ids`` ``(N, Lc)``, ``mask`` ``(N, Lc)``).
         terms: ``(N, T)`` reward terms; ``rewards``: ``(N,)`` weighted sum.
         advantages: ``(N,)``; ``old_logp``/``ref_logp``: ``(N, Lc)`` or ``None``.
         zero_variance: ``(B,)`` bool, groups whose rewards are all equal.
         indices: dataset indices of the B prompts (to recognise a repeated batch).
         iterations_left: optimizer steps this rollout may still serve.
+        rollout_seconds: wall time of sampling, rewards and the old/reference log-probs.
+        prompt_tokens: prompt tokens run through the language model by the rollout (generation and
+            old/reference scoring, padding included).
     """
 
-    inputs: dict[str, torch.Tensor]
+    prompt: dict[str, torch.Tensor]
+    shared: bool
     completions: Completions
     terms: torch.Tensor
     rewards: torch.Tensor
@@ -57,50 +69,12 @@ class Rollout:
     indices: list[int]
     iterations_left: int
     rollout_seconds: float
+    prompt_tokens: int = 0
 
 
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
-    """Repeat each prompt's rows and vision patches K times (TRL-style rows: ``b*K .. b*K+K-1``).
-
-    Args:
-        inputs: prompt inputs of B prompts (``pixel_values_videos`` holds the patches of all B
-            videos concatenated; ``video_grid_thw`` ``(B, 3)`` gives each video's patch count).
-        k: group size K.
-    """
-    out = {}
-    for name in ("input_ids", "attention_mask", "mm_token_type_ids"):
-        if name in inputs:
-            out[name] = inputs[name].repeat_interleave(k, dim=0)
-    if "video_grid_thw" in inputs:
-        grid = inputs["video_grid_thw"]
-        sizes = grid.prod(-1).tolist()
-        chunks = torch.split(inputs["pixel_values_videos"], sizes)
-        out["pixel_values_videos"] = torch.cat([c for c in chunks for _ in range(k)])
-        out["video_grid_thw"] = grid.repeat_interleave(k, dim=0)
-    return out
-
-
-def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs (float32, from temperature-scaled logits) and entropies of completions.
-
-    Args:
-        model: policy or reference model.
-        inputs: full-sequence inputs whose last ``Lc`` tokens are ``completion_ids``.
-        completion_ids: ``(N, Lc)``.
-        temperature: the sampling temperature (TRL divides logits by it before log-softmax).
-
-    Returns:
-        ``(logp, entropy)``, both ``(N, Lc)`` float32.
-    """
-    lc = completion_ids.shape[1]
-    logits = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
-    logp = grpo.selective_log_softmax(logits, completion_ids, temperature)
-    with torch.no_grad():
-        scaled = logits.float() / temperature
-        probs = scaled.softmax(-1)
-        entropy = torch.logsumexp(scaled, -1) - (probs * scaled).sum(-1)
-    return logp, entropy
+    """Repeat each prompt's rows and vision patches K times (naive rows); see :func:`grasp_lightning.rollout.repeat_prompts`."""
+    return repeat_prompts(inputs, k)
 
 
 class GRPOTask(Task):
@@ -128,6 +102,10 @@ class GRPOTask(Task):
         overlong_buffer: soft overlong penalty over the last this-many tokens of the budget
             (released recipe: 256), ``None`` for none.
         overlong_penalty: the penalty at the budget's end (linear from 0 at the buffer start).
+        share_prompt: encode each group's clip and prefill its prompt once for sampling and for the
+            policy/old/reference scoring (exact; :mod:`grasp_lightning.rollout`). ``False`` repeats
+            every prompt K times as separate rows, like TRL (for ablations). Models or prompts
+            where sharing is not exact fall back to the naive rows with a warning.
     """
 
     data_mode = "rl"
@@ -136,7 +114,8 @@ class GRPOTask(Task):
                  advantage: str = "group", advantage_eps: float = 1e-4, advantage_clip: float | None = None,
                  epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
                  loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool = False,
-                 overlong_buffer: int | None = None, overlong_penalty: float = 1.0) -> None:
+                 overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
+                 share_prompt: bool = True) -> None:
         self.rewards = list(rewards or ["accuracy", "format"])
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
@@ -164,6 +143,8 @@ class GRPOTask(Task):
         self.drop_zero_variance_groups = drop_zero_variance_groups
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
+        self.share_prompt = share_prompt
+        self._warned_no_sharing = False
         self._cached: Rollout | None = None
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
@@ -220,11 +201,14 @@ class GRPOTask(Task):
         was_training = policy.training
         policy.eval()
         cfg = module.rollout_cfg
+        prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
+        share = self._share(policy, prompt)
         completions = sample_completions(
-            policy, module.tokenizer, batch.inputs, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
+            policy, module.tokenizer, prompt, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else ())
+            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share)
         policy.train(was_training)
+        prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
         items = [item for item in batch.items for _ in range(k)]
         terms = compute_rewards(completions.texts, items, self.rewards).to(completions.ids.device)
         rewards, adv = self.advantages(terms)
@@ -233,23 +217,31 @@ class GRPOTask(Task):
             rewards = rewards + penalty
             adv = grpo.clip_advantages(adv + grpo.group_advantages(penalty, k, scale="none"), self.advantage_clip)
         zero_var = grpo.zero_variance_groups(rewards, k)
-        prompt = repeat_video_inputs(batch.inputs, k)
-        inputs = dict(prompt)
-        inputs["input_ids"] = torch.cat([prompt["input_ids"], completions.ids], 1)
-        inputs["attention_mask"] = torch.cat([prompt["attention_mask"], completions.mask.long()], 1)
-        if "mm_token_type_ids" in prompt:
-            inputs["mm_token_type_ids"] = torch.cat([prompt["mm_token_type_ids"],
-                                                     torch.zeros_like(completions.ids)], 1)
         old_logp = None
         if self.num_iterations > 1:
-            old_logp, _ = completion_logps(policy, inputs, completions.ids, self.temperature)
+            old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, self.temperature,
+                                            share)
+            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         ref_logp = None
         if self.beta != 0.0:
             with module.reference() as ref:
-                ref_logp, _ = completion_logps(ref, inputs, completions.ids, self.temperature)
-        return Rollout(inputs=inputs, completions=completions, terms=terms, rewards=rewards, advantages=adv,
-                       old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var, indices=list(batch.indices),
-                       iterations_left=self.num_iterations, rollout_seconds=time.perf_counter() - t0)
+                ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, self.temperature,
+                                                share)
+            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
+        return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
+                       advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
+                       indices=list(batch.indices), iterations_left=self.num_iterations,
+                       rollout_seconds=time.perf_counter() - t0, prompt_tokens=prompt_tokens)
+
+    def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
+        """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
+        if not self.share_prompt:
+            return False
+        reason = sharing_unsupported_reason(model, prompt)
+        if reason is not None and not self._warned_no_sharing:
+            log.warning("GRPO share_prompt: falling back to repeated prompt rows: %s", reason)
+            self._warned_no_sharing = True
+        return reason is None
 
     def _get_rollout(self, module, batch: Batch) -> Rollout:
         cached = self._cached
@@ -268,7 +260,8 @@ class GRPOTask(Task):
         mask = ro.completions.mask.clone()
         if self.drop_zero_variance_groups:
             mask &= ~ro.zero_variance.repeat_interleave(self.num_generations)[:, None]
-        logp, entropy = completion_logps(module.policy, ro.inputs, ro.completions.ids, self.temperature)
+        logp, entropy = score_completions(module.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
+                                          self.num_generations, self.temperature, ro.shared)
         num_items = None
         if self.loss_type == "dapo":
             num_items = module.trainer.strategy.reduce(mask.sum().float(), reduce_op="mean") if module._trainer \
@@ -278,8 +271,13 @@ class GRPOTask(Task):
                                   max_completion_length=self.max_new_tokens, num_items_in_batch=num_items)
         metrics = self.metrics(batch, ro, lm, entropy, mask)
         metrics["time/scoring_s"] = time.perf_counter() - t0
+        prompt_tokens = prompt_tokens_forwarded(ro.prompt, self.num_generations, ro.shared)
         if fresh:
             metrics["time/rollout_s"] = ro.rollout_seconds
+            prompt_tokens += ro.prompt_tokens
+            metrics["tokens/generated"] = float(ro.completions.mask.sum())
+        metrics["tokens/prompt_forwarded"] = float(prompt_tokens)
+        metrics["rollout/shared_prompt"] = float(ro.shared)
         kl_tokens = None
         if ro.ref_logp is not None:
             kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]

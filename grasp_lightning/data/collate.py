@@ -7,22 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from grasp_lightning.data.prompts import IGNORE_INDEX, EncodedExample
+from grasp_lightning.data.formats import SkipRecord
 from grasp_lightning.data.records import GraspItem
-
-
-@dataclass(frozen=True)
-class SkipRecord:
-    """An item left out of training with its reason (counted and logged; see ``skipped.jsonl``).
-
-    Attributes:
-        uid: the item id.
-        where: file and line or archive member.
-        reason: why it was skipped.
-    """
-
-    uid: str
-    where: str
-    reason: str
 
 
 @dataclass

@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import warnings
 from functools import partial
 from pathlib import Path
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from grasp_lightning.data.collate import Batch, Sample, SkipRecord, collate_samples
-from grasp_lightning.data.formats import read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.collate import Batch, Sample, collate_samples
+from grasp_lightning.data.formats import SkipRecord, bench_store, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, encode_example
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
@@ -29,6 +31,11 @@ from grasp_lightning.data.video import decode_clip, video_metadata
 from grasp_lightning.errors import GraspConfigError, GraspDataError
 
 log = logging.getLogger(__name__)
+
+# Lightning warns that a mid-epoch resume is unreliable for dataloaders without their own
+# state_dict. This DataModule restores the position itself (state_dict below), so the warning
+# does not apply here.
+warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
 _READERS = {"data_sft": read_sft, "data_rl": read_rl, "annotations": read_annotations}
 
@@ -93,7 +100,7 @@ class GraspDataset(Dataset):
             if not self.skip_bad:
                 raise
             log.warning("skipping %s: %s", item.uid, err)
-            return Sample(index=index, item=item, skip=SkipRecord(item.uid, err.where, err.reason), valid=valid)
+            return Sample(index=index, item=item, skip=SkipRecord(err.where, err.reason, item.uid), valid=valid)
 
 
 class GraspDataModule(L.LightningDataModule):
@@ -153,18 +160,26 @@ class GraspDataModule(L.LightningDataModule):
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
         self.samples_seen = 0
-        self.skipped: list[SkipRecord] = []
+        self.samples_skipped = 0  # training-time skips (unreadable clips), saved in checkpoints
+        self.skipped: list[SkipRecord] = []  # every skip of this process: reader lines and samples
+        self._skip_file: str | None = None
+        self._unwritten: list[SkipRecord] = []
 
     # ------------------------------------------------------------------ loading
     @property
     def processor(self):
         """The processor, loaded on first use."""
         if self._processor is None:
-            if self.hparams.processor is None:
+            name = self.hparams.processor
+            module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+            if name is None and getattr(module, "processor", None) is not None:
+                self._processor = module.processor  # Python API: share the module's processor
+                return self._processor
+            if name is None:
                 raise GraspConfigError("data.processor is not set (the CLI links it to model.policy.name_or_path)")
             from grasp_lightning.policy import load_processor
 
-            self._processor = load_processor(self.hparams.processor, trust_remote_code=self.hparams.trust_remote_code)
+            self._processor = load_processor(name, trust_remote_code=self.hparams.trust_remote_code)
         return self._processor
 
     def read_train_items(self) -> list[GraspItem]:
@@ -178,12 +193,18 @@ class GraspDataModule(L.LightningDataModule):
         if reader is None:
             raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl or annotations.jsonl")
         result = reader(path, on_error=self.hparams.on_bad_item)
-        for skip in result.skipped:
-            self._record_skips([SkipRecord(skip.where, skip.where, skip.reason)])
+        if result.skipped:
+            self._record_skips(list(result.skipped))
+            total = len(result.items) + len(result.skipped)
+            if len(result.skipped) / total > self.hparams.max_skip_fraction:
+                raise GraspDataError(str(path), f"{len(result.skipped)} of {total} lines are unusable, over "
+                                                f"data.max_skip_fraction={self.hparams.max_skip_fraction}; the "
+                                                f"first: {result.skipped[0].where}: {result.skipped[0].reason}")
         return result.items
 
     def setup(self, stage: str) -> None:
         """Read the rows (fit) and the bench (fit/validate/test)."""
+        self._open_skip_file()
         if stage == "fit" and not self.train_items:
             items = self.read_train_items()
             self.train_items = items[: self.hparams.train_limit] if self.hparams.train_limit else items
@@ -194,9 +215,9 @@ class GraspDataModule(L.LightningDataModule):
             self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
             log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
 
-    def _dataset(self, items: list[GraspItem], store_root: Path, with_target: bool) -> GraspDataset:
+    def _dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool) -> GraspDataset:
         h = self.hparams
-        return GraspDataset(items, ClipStore(store_root), self.processor, with_target=with_target, fps=h.fps,
+        return GraspDataset(items, store, self.processor, with_target=with_target, fps=h.fps,
                             max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
                             max_target_tokens=h.max_target_tokens, system_prompt=h.system_prompt,
                             skip_bad=h.on_bad_item == "skip")
@@ -210,7 +231,7 @@ class GraspDataModule(L.LightningDataModule):
         pad_id = self.processor.tokenizer.pad_token_id
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.hparams.num_workers,
                           collate_fn=partial(collate_samples, pad_token_id=pad_id, padding_side=padding_side),
-                          persistent_workers=self.hparams.num_workers > 0)
+                          persistent_workers=self.hparams.num_workers > 0, worker_init_fn=ignore_stop_signals)
 
     def train_dataloader(self) -> DataLoader:
         """Training batches of :class:`Batch`; SFT right-padded with labels, RL left-padded prompts."""
@@ -222,15 +243,13 @@ class GraspDataModule(L.LightningDataModule):
             batches.set_start(*self._resume)
             self._epoch, self._consumed = self._resume
             self._resume = None
-        dataset = self._dataset(self.train_items, self.root / self.hparams.videos, self.hparams.mode == "sft")
+        dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.hparams.mode == "sft")
         return self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left")
 
     def _bench_loader(self) -> DataLoader:
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.val_items), shuffle=False, rank=rank, world_size=world, pad="mark")
-        bench = self.root / self.hparams.bench
-        store_root = bench if bench.is_dir() else bench
-        return self._loader(self._dataset(self.val_items, store_root, False),
+        return self._loader(self._dataset(self.val_items, bench_store(self.root / self.hparams.bench), False),
                             ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 
     def val_dataloader(self) -> DataLoader | list:
@@ -251,30 +270,58 @@ class GraspDataModule(L.LightningDataModule):
             self._consumed += 1
             self.samples_seen += len(batch) + len(batch.skipped)
             if batch.skipped:
+                self.samples_skipped += len(batch.skipped)
                 self._record_skips(batch.skipped)
+                if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
+                    raise GraspDataError(
+                        self.hparams.train_file,
+                        f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
+                        f"{self.hparams.max_skip_fraction}; the last: {batch.skipped[-1].uid} "
+                        f"({batch.skipped[-1].where}: {batch.skipped[-1].reason}); see {self._skip_file or 'the log'}")
         return batch
 
-    def _record_skips(self, skips: list[SkipRecord]) -> None:
-        self.skipped.extend(skips)
+    def _open_skip_file(self) -> None:
+        """Resolve ``<run dir>/skipped.jsonl`` (``skipped.rank<r>.jsonl`` on rank r > 0) once, in
+        ``setup`` where every rank calls it (``trainer.log_dir`` is a collective), and write the
+        skips recorded before it was known."""
         trainer = getattr(self, "trainer", None)
-        log_dir = getattr(trainer, "log_dir", None) if trainer is not None else None
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            with open(os.path.join(log_dir, "skipped.jsonl"), "a", encoding="utf-8") as fh:
-                for s in skips:
-                    fh.write(json.dumps({"uid": s.uid, "where": s.where, "reason": s.reason}) + "\n")
-        seen = max(self.samples_seen, 1)
-        if self.samples_seen >= 20 and len(self.skipped) / seen > self.hparams.max_skip_fraction:
-            raise GraspDataError(
-                self.hparams.train_file,
-                f"{len(self.skipped)} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
-                f"{self.hparams.max_skip_fraction}; see skipped.jsonl in the run directory")
+        if self._skip_file is not None or trainer is None:
+            return
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        rank = trainer.global_rank
+        self._skip_file = os.path.join(log_dir, "skipped.jsonl" if rank == 0 else f"skipped.rank{rank}.jsonl")
+        self._record_skips([])
+
+    def _record_skips(self, skips: list[SkipRecord]) -> None:
+        """Keep, and append to the skip file once it is known (one JSON object per line: uid, where, reason)."""
+        self.skipped.extend(skips)
+        self._unwritten.extend(skips)
+        if self._skip_file is None or not self._unwritten:
+            return
+        os.makedirs(os.path.dirname(self._skip_file) or ".", exist_ok=True)
+        with open(self._skip_file, "a", encoding="utf-8") as fh:
+            for s in self._unwritten:
+                fh.write(json.dumps({"uid": s.uid, "where": s.where, "reason": s.reason}) + "\n")
+        self._unwritten = []
 
     def state_dict(self) -> dict:
         """``{"epoch", "consumed"}``: batches of the epoch this rank consumed (saved in checkpoints)."""
-        return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen}
+        return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen,
+                "samples_skipped": self.samples_skipped}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next train loader starts after the consumed batches."""
         self._resume = (int(state["epoch"]), int(state["consumed"]))
         self.samples_seen = int(state.get("samples_seen", 0))
+        self.samples_skipped = int(state.get("samples_skipped", 0))
+
+
+def ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 (DataLoader's worker_init_fn API)
+    """DataLoader ``worker_init_fn``: workers ignore SIGTERM and SIGUSR1.
+
+    SLURM and ``kill -- -PGID`` signal every process of a job; a worker killed by it would make the
+    main process fail before ``callbacks.preemption.Preemption`` saves its checkpoint. Workers
+    still exit when the main process shuts them down or dies (PyTorch's worker watchdog).
+    """
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)

@@ -31,15 +31,18 @@ _LETTER_RE = re.compile(r"^\s*([A-Za-z])\s*[).]?\s*$")
 
 @dataclass(frozen=True)
 class SkipRecord:
-    """A line or member left out by a reader with ``on_error="skip"``.
+    """A line, member or item left out with ``on_error="skip"`` (readers, and the training loop
+    for unreadable clips); counted, logged and written to ``skipped.jsonl``.
 
     Attributes:
         where: ``"<file>:<line>"`` or ``"<archive>:<member>"``.
         reason: what was wrong.
+        uid: the item id when the row parsed far enough to have one, else ``""``.
     """
 
     where: str
     reason: str
+    uid: str = ""
 
 
 @dataclass

@@ -138,44 +138,48 @@ def draw_object(frame: np.ndarray, centre: tuple[int, int], size: int = 6, colou
 
 
 def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], progress: float,
-              colour: Sequence[int], offset: float = 2.0) -> None:
-    """Draw a gaze: a line from ``src`` toward ``dst`` with a 3x3 white dot at its tip.
+              colour: Sequence[int], offset: float = 2.0, thickness: int = 1, dot: int = 3) -> None:
+    """Draw a gaze: a line from ``src`` toward ``dst`` with a ``dot`` x ``dot`` white dot at its tip.
 
     ``progress`` in [0, 1] is how far the dot has travelled; at 1 it sits ``offset`` pixels beside
     ``dst`` (the centre of the target square, so still inside it). The line is shifted ``offset``
     pixels to the right of its direction, so the two gazes of a mutual gaze are drawn side by side.
+    ``thickness`` is the line width in pixels (the synthetic world draws 2-pixel lines).
     """
     d = np.array(dst, float) - np.array(src, float)
     n = np.array([-d[1], d[0]]) / max(float(np.hypot(*d)), 1e-6) * offset
     src, dst = (src[0] + n[0], src[1] + n[1]), (dst[0] + n[0], dst[1] + n[1])
     p = min(max(progress, 0.0), 1.0)
     tip = (src[0] + p * (dst[0] - src[0]), src[1] + p * (dst[1] - src[1]))
-    draw_line(frame, src, tip, colour)
-    draw_object(frame, (int(round(tip[0])), int(round(tip[1]))), 3, DOT)
+    draw_line(frame, src, tip, colour, thickness)
+    draw_object(frame, (int(round(tip[0])), int(round(tip[1]))), dot, DOT)
 
 
 def draw_pointing(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], length: int = 7,
-                  thickness: int = 2) -> None:
-    """Draw a pointing arm: a white bar of ``length`` pixels leaving the square at ``src`` toward ``dst``."""
+                  thickness: int = 2, square: int = SQUARE) -> None:
+    """Draw a pointing arm: a white bar of ``length`` pixels leaving the ``square``-pixel square at ``src``
+    toward ``dst``."""
     d = np.array(dst, float) - np.array(src, float)
     u = d / max(float(np.hypot(*d)), 1e-6)
-    start = np.array(src, float) + u * (SQUARE / 2 + 1)
+    start = np.array(src, float) + u * (square / 2 + 1)
     end = start + u * length
     draw_line(frame, (start[0], start[1]), (end[0], end[1]), HAND, thickness)
 
 
-def draw_gesture(frame: np.ndarray, kind: str, src: tuple[int, int], dst: tuple[int, int], progress: float) -> None:
+def draw_gesture(frame: np.ndarray, kind: str, src: tuple[int, int], dst: tuple[int, int], progress: float,
+                 square: int = SQUARE) -> None:
     """Draw a deictic gesture of ``kind`` (pointing, reaching, showing, giving) from ``src`` toward ``dst``.
 
     Pointing is a short bar, reaching a long thick bar, showing an orange object held above the
     actor, giving an orange object travelling from actor to receiver (``progress`` in [0, 1]).
+    ``square`` is the side in pixels of the actor's square (arms start at its edge).
     """
     if kind == "pointing":
-        draw_pointing(frame, src, dst)
+        draw_pointing(frame, src, dst, square=square)
     elif kind == "reaching":
-        draw_pointing(frame, src, dst, length=13, thickness=3)
+        draw_pointing(frame, src, dst, length=13, thickness=3, square=square)
     elif kind == "showing":
-        draw_object(frame, (src[0], src[1] - SQUARE // 2 - 5), 5, HELD)
+        draw_object(frame, (src[0], src[1] - square // 2 - 5), 5, HELD)
     elif kind == "giving":
         p = min(max(progress, 0.0), 1.0)
         draw_object(frame, (int(src[0] + p * (dst[0] - src[0])), int(src[1] + p * (dst[1] - src[1]))), 5, HELD)
@@ -787,14 +791,14 @@ def annotation(e: Entry, k: int, bench: bool = False) -> dict:
             "options": options, "answer": e.answer, "response": None if bench else e.response}
 
 
-def bench_json(e: Entry, k: int) -> dict:
-    """A GRASP-Bench ``json/<clip>.json``; every fourth item also carries its ``events``."""
+def bench_json(e: Entry, k: int, events_every: int = 4) -> dict:
+    """A GRASP-Bench ``json/<clip>.json``; every ``events_every``-th item also carries its ``events``."""
     q = e.question
     qa = {"category": _bench_category(q.category), "difficulty": CATEGORY_DIFFICULTY[q.category], "format": e.fmt,
           "dataset": e.clip.source, "video_id": e.clip.video_id, "question": q.text, "options": list(e.options),
           "answer": e.letter, "answer_text": q.answer_text, "reasoning": e.reasoning,
           "source_event_ids": [2000 + 10 * k + j for j in range(len(q.events))], "time_range": list(q.time_range)}
-    if k % 4 == 0:
+    if k % events_every == 0:
         qa["events"] = [{"source": s, "persons": list(p)} for s, p in q.events]
     return {"video_name": e.clip.video_id, "clip_file": e.clip.name, "clip_offset": round(e.clip.index * 6.5, 1),
             "clip_duration": e.clip.duration, "qa": qa}
@@ -844,12 +848,14 @@ def write_shards(videos_dir: Path, clips: Sequence[Clip], clips_per_shard: int) 
     return paths
 
 
-def write_bench(path: Path, entries: Sequence[Entry]) -> None:
-    """Write ``grasp_bench.tar``: per clip (sorted by name) ``json/<clip>.json`` then ``video/<clip>.mp4``."""
+def write_bench(path: Path, entries: Sequence[Entry], events_every: int = 4) -> None:
+    """Write ``grasp_bench.tar``: per clip (sorted by name) ``json/<clip>.json`` then ``video/<clip>.mp4``
+    (``events_every``: see :func:`bench_json`; 1 gives every item its events)."""
     members: list[tuple[str, bytes]] = []
     for k, e in sorted(enumerate(entries), key=lambda ke: ke[1].clip.name):
         stem = e.clip.name[:-4]
-        members.append((f"json/{stem}.json", (json.dumps(bench_json(e, k), ensure_ascii=False, indent=2) + "\n").encode()))
+        text = json.dumps(bench_json(e, k, events_every), ensure_ascii=False, indent=2) + "\n"
+        members.append((f"json/{stem}.json", text.encode()))
         members.append((f"video/{e.clip.name}", e.clip.data))
     write_tar(path, members)
 

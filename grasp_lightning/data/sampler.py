@@ -102,18 +102,23 @@ class ResumableBatchSampler:
         self.sampler = sampler
         self.batch_size = batch_size
         self.repeat = repeat
-        self.start_batches = 0
+        self._start: tuple[int, int] = (0, 0)
+
+    @property
+    def start_batches(self) -> int:
+        """Batches skipped at the start of the current epoch (non-zero only in the resumed epoch)."""
+        epoch, batches = self._start
+        return batches if epoch == self.sampler.epoch else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Forwarded to the index sampler; a new epoch starts at batch 0."""
-        if epoch != self.sampler.epoch:
-            self.start_batches = 0
+        """Forwarded to the index sampler. Lightning calls ``set_epoch`` on ``batch_sampler.sampler``
+        directly, so the resume offset is keyed by epoch rather than reset here."""
         self.sampler.set_epoch(epoch)
 
     def set_start(self, epoch: int, batches: int) -> None:
         """Resume after ``batches`` consumed batches of epoch ``epoch``."""
         self.sampler.set_start(epoch, 0)
-        self.start_batches = batches
+        self._start = (epoch, batches)
 
     def _all_batches(self) -> list[list[int]]:
         indices = list(self.sampler)

@@ -1,0 +1,310 @@
+"""Group-shared rollouts and scoring: each GRPO group's clip is encoded once and its prompt prefilled once.
+
+In video GRPO the prompt dominates (a 2 fps clip gives thousands of visual tokens, a completion a
+few hundred). Repeating every prompt K times as separate rows (TRL 1.16 ``GRPOTrainer``, our
+``share_prompt=False`` mode) runs the vision encoder, the prompt prefill and the prompt part of
+every log-prob forward K times per group. Here the shared work runs once per prompt:
+
+* **Sampling** (:func:`prefill_for_generation`): the ``B`` prompts but their last token are
+  prefilled once (vision encoder included) into a ``DynamicCache``, the cache is expanded with
+  ``cache.batch_repeat_interleave(K)``, and ``generate`` continues from it with the ``B*K`` rows
+  (``cache=``). Qwen3-VL keeps its M-RoPE offsets in ``model.model.rope_deltas`` ``(B, 1)``; they
+  are repeated to ``(B*K, 1)`` so the decode positions are the ones plain ``generate`` uses.
+* **Scoring** (:func:`shared_completion_logps`): the ``B`` prompts run once, with gradients, into a
+  :class:`SharedPrefixCache`; its keys/values are repeated K times *inside* the attention of a
+  second forward over the ``B*K`` completions, whose M-RoPE positions are given explicitly
+  (``prompt length + rope delta + j``, exactly what ``get_rope_index`` assigns to text after the
+  prompt). Back-propagation through the cache sums the K rows' gradients into the shared prompt
+  computation, which is what the repeated rows compute. Gradient checkpointing works: the cache's
+  layers are idempotent (a recompute in the backward pass writes/reads the same states), so the
+  decoder layers may keep it (transformers' ``_can_checkpoint_with_cache``).
+
+Both equal the naive per-row computation within float tolerance (``tests/test_rollout_sharing.py``).
+Sharing needs a Qwen-VL-style model (``get_rope_index`` and ``rope_deltas``), full-attention layers
+only, and vision inputs; :func:`sharing_unsupported_reason` says why not otherwise, and callers fall
+back to the naive path (:func:`repeat_prompts` + :func:`completion_logps`).
+
+Layout everywhere: ``N = B * K`` rows, rows ``b*K .. b*K+K-1`` belong to prompt ``b``; prompts are
+left-padded ``(B, Lp)``, completions right-padded ``(N, Lc)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from grasp_lightning import grpo
+from grasp_lightning.errors import GraspConfigError
+
+#: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
+TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+#: Vision inputs: (patch rows, grid) pairs; one image or one clip per prompt.
+VISION_KEYS = (("pixel_values_videos", "video_grid_thw"), ("pixel_values", "image_grid_thw"))
+
+
+# ---------------------------------------------------------------------------------------- model plumbing
+def vl_core(model) -> torch.nn.Module | None:
+    """The module holding ``get_rope_index`` and the ``rope_deltas`` state (``Qwen3VLModel``), or ``None``.
+
+    Looks through a peft wrapper (``get_base_model``) and the ``*ForConditionalGeneration.model`` level.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for candidate in (base, getattr(base, "model", None)):
+        if candidate is not None and hasattr(candidate, "get_rope_index") and hasattr(candidate, "rope_deltas"):
+            return candidate
+    return None
+
+
+def sharing_unsupported_reason(model, prompt: dict[str, torch.Tensor]) -> str | None:
+    """Why group sharing cannot be exact for this model and these prompts, or ``None`` when it can.
+
+    Sharing needs M-RoPE state (``get_rope_index``/``rope_deltas``, Qwen2/2.5/3-VL), only
+    full-attention decoder layers (sliding-window or linear-attention caches are not covered by
+    :class:`SharedPrefixCache`), and vision inputs (text-only left-padded prompts get positions from
+    ``arange`` in transformers, not from the attention mask).
+    """
+    if vl_core(model) is None:
+        return f"{type(model).__name__} has no M-RoPE core (get_rope_index / rope_deltas)"
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"decoder layer types {sorted(kinds)} are not all full attention"
+    if not any(grid in prompt for _, grid in VISION_KEYS):
+        return "the prompts carry no image or video"
+    return None
+
+
+def _rope_deltas(model, batch: int) -> torch.Tensor:
+    deltas = vl_core(model).rope_deltas
+    if deltas is None or deltas.shape[0] != batch:
+        raise RuntimeError(f"expected rope_deltas of shape ({batch}, 1) after the prompt forward, got "
+                           f"{None if deltas is None else tuple(deltas.shape)}")
+    return deltas
+
+
+@contextlib.contextmanager
+def _cache_through_checkpointing(model):
+    """Let checkpointed decoder layers keep a :class:`SharedPrefixCache` (its updates are idempotent)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+              and "_can_checkpoint_with_cache" not in vars(m)]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
+
+
+class _PrefixLayer(DynamicLayer):
+    """One layer of :class:`SharedPrefixCache`: write mode stores, read mode prepends the repeated prefix."""
+
+    def __init__(self, repeats: int = 0) -> None:
+        super().__init__()
+        self.repeats = repeats
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.repeats:  # read: (B, H, Lp, D) repeated to (B*K, ...) then the new tokens appended; nothing stored
+            keys = self.keys.repeat_interleave(self.repeats, 0)
+            values = self.values.repeat_interleave(self.repeats, 0)
+            return torch.cat([keys, key_states], -2), torch.cat([values, value_states], -2)
+        self.keys, self.values = key_states, value_states  # write: replace, so a recompute is harmless
+        return key_states, value_states
+
+
+class SharedPrefixCache(Cache):
+    """A KV cache for scoring K completions against one prompt prefix, with gradients.
+
+    A fresh cache is in *write* mode: the prompt forward stores each layer's keys/values
+    ``(B, H, Lp, D)`` (autograd graph kept). :meth:`expanded` returns a *read* cache over the same
+    tensors: each layer returns ``cat(prefix.repeat_interleave(K, 0), new)`` and stores nothing, so
+    the completion forward of ``B*K`` rows attends to the shared prefix and gradients flow back into
+    it. Both modes are idempotent, which makes them safe under gradient checkpointing.
+    """
+
+    def __init__(self, layers: list[_PrefixLayer] | None = None) -> None:
+        if layers is None:
+            super().__init__(layer_class_to_replicate=_PrefixLayer)
+        else:
+            super().__init__(layers=layers)
+
+    def expanded(self, k: int) -> "SharedPrefixCache":
+        """A read-mode cache repeating this prefix ``k`` times along the batch (no copy held)."""
+        layers = []
+        for layer in self.layers:
+            new = _PrefixLayer(repeats=k)
+            new.lazy_initialization(layer.keys, layer.values)
+            new.keys, new.values = layer.keys, layer.values
+            layers.append(new)
+        return SharedPrefixCache(layers)
+
+
+def _prompt_forward(model, prompt: dict[str, torch.Tensor], cache: Cache, *, drop_last: bool = False):
+    """Forward the ``B`` prompts once (vision encoder included) into ``cache``; logits of the last position."""
+    args = {name: (prompt[name][:, :-1] if drop_last else prompt[name]) for name in TEXT_KEYS if name in prompt}
+    for pixels, grid in VISION_KEYS:
+        if grid in prompt:
+            args[pixels], args[grid] = prompt[pixels], prompt[grid]
+    return model(**args, cache=cache, use_cache=isinstance(cache, DynamicCache), logits_to_keep=1)
+
+
+# ---------------------------------------------------------------------------------------- sampling
+@torch.no_grad()
+def prefill_for_generation(model, prompt: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], Cache]:
+    """Prefill the ``B`` prompts once and expand the cache to ``B*K`` rows for ``generate(cache=...)``.
+
+    The last prompt token is left out of the prefill so ``generate`` has one uncached token per row
+    to start from (its first step then computes the same logits as plain ``generate``'s prefill).
+    Sets the model's ``rope_deltas`` to the repeated ``(B*K, 1)`` offsets.
+
+    Args:
+        model: a Qwen-VL-style generation model (see :func:`sharing_unsupported_reason`).
+        prompt: left-padded prompt inputs of ``B`` prompts with their vision inputs.
+        k: group size K.
+
+    Returns:
+        ``(text_inputs, cache)``: ``input_ids``/``attention_mask``/``mm_token_type_ids`` repeated to
+        ``(B*K, Lp)`` and the expanded ``DynamicCache`` holding ``Lp - 1`` positions.
+    """
+    batch = prompt["input_ids"].shape[0]
+    cache = DynamicCache(config=model.config)
+    _prompt_forward(model, prompt, cache, drop_last=True)
+    deltas = _rope_deltas(model, batch)
+    cache.batch_repeat_interleave(k)
+    vl_core(model).rope_deltas = deltas.repeat_interleave(k, 0)
+    return {name: prompt[name].repeat_interleave(k, 0) for name in TEXT_KEYS if name in prompt}, cache
+
+
+# ---------------------------------------------------------------------------------------- naive rows
+def repeat_prompts(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Repeat each prompt's rows and vision patches K times (TRL-style rows ``b*K .. b*K+K-1``).
+
+    Args:
+        inputs: prompt inputs of B prompts; ``pixel_values_videos`` (``pixel_values``) holds the patch
+            rows of all B clips (images) concatenated, ``video_grid_thw`` (``image_grid_thw``) ``(B, 3)``.
+        k: group size K.
+
+    Raises:
+        GraspConfigError: a prompt carries more or fewer than one clip/image (grid rows != B).
+    """
+    batch = inputs["input_ids"].shape[0]
+    out = {name: inputs[name].repeat_interleave(k, dim=0) for name in TEXT_KEYS if name in inputs}
+    for pixels, grid_key in VISION_KEYS:
+        if grid_key not in inputs:
+            continue
+        grid = inputs[grid_key]
+        if grid.shape[0] != batch:
+            raise GraspConfigError(f"{grid_key} has {grid.shape[0]} rows for {batch} prompts: repeating rows needs "
+                                   "exactly one clip or image per prompt")
+        chunks = torch.split(inputs[pixels], grid.prod(-1).tolist())
+        out[pixels] = torch.cat([c for c in chunks for _ in range(k)])
+        out[grid_key] = grid.repeat_interleave(k, dim=0)
+    return out
+
+
+def full_sequences(prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                   k: int) -> dict[str, torch.Tensor]:
+    """Model inputs of the ``B*K`` full sequences (prompt repeated K times + completion), the naive layout."""
+    rep = repeat_prompts(prompt, k)
+    rep["input_ids"] = torch.cat([rep["input_ids"], completion_ids], 1)
+    rep["attention_mask"] = torch.cat([rep["attention_mask"], completion_mask.to(rep["attention_mask"].dtype)], 1)
+    if "mm_token_type_ids" in rep:
+        rep["mm_token_type_ids"] = torch.cat([rep["mm_token_type_ids"], torch.zeros_like(completion_ids)], 1)
+    return rep
+
+
+def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
+                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs (differentiable) and entropies (no grad) from ``(N, Lc, V)`` aligned logits.
+
+    Logits are divided by the sampling temperature first (TRL). Returns two ``(N, Lc)`` float32 tensors.
+    """
+    logp = grpo.selective_log_softmax(logits, completion_ids, temperature)
+    with torch.no_grad():
+        scaled = logits.float() / temperature
+        entropy = torch.logsumexp(scaled, -1) - (scaled.softmax(-1) * scaled).sum(-1)
+    return logp, entropy
+
+
+def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Naive scoring: one forward over full sequences whose last ``Lc`` tokens are ``completion_ids`` ``(N, Lc)``.
+
+    Returns:
+        ``(logp, entropy)``, both ``(N, Lc)`` float32 (see :func:`logps_and_entropy`).
+    """
+    lc = completion_ids.shape[1]
+    logits = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
+    return logps_and_entropy(logits, completion_ids, temperature)
+
+
+# ---------------------------------------------------------------------------------------- shared scoring
+def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
+                            completion_mask: torch.Tensor, k: int,
+                            temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-shared scoring: the B prompts run once, the ``B*K`` completions attend to their shared cache.
+
+    Differentiable when grad is enabled (policy loss); also used under ``no_grad`` for the
+    reference and old-policy log-probs.
+
+    Args:
+        model: Qwen-VL-style model (see :func:`sharing_unsupported_reason`).
+        prompt: left-padded prompt inputs ``(B, Lp)`` with vision inputs.
+        completion_ids: ``(B*K, Lc)`` right-padded completions.
+        completion_mask: ``(B*K, Lc)`` bool/int, true on real completion tokens.
+        k: group size K.
+        temperature: sampling temperature (logits are divided by it).
+
+    Returns:
+        ``(logp, entropy)``, both ``(B*K, Lc)`` float32, equal to :func:`completion_logps` on
+        :func:`full_sequences` within float tolerance.
+
+    Raises:
+        ValueError: ``completion_ids`` does not have ``B*K`` rows.
+    """
+    batch = prompt["input_ids"].shape[0]
+    n, lc = completion_ids.shape
+    if n != batch * k:
+        raise ValueError(f"{n} completion rows for {batch} prompts x K={k}")
+    with _cache_through_checkpointing(model):
+        cache = SharedPrefixCache()
+        logits = _prompt_forward(model, prompt, cache).logits[:, -1:].repeat_interleave(k, 0)
+        if lc > 1:
+            prompt_mask = prompt["attention_mask"]
+            deltas = _rope_deltas(model, batch)
+            start = (prompt_mask.sum(1, keepdim=True) + deltas).repeat_interleave(k, 0)  # (B*K, 1)
+            positions = (start + torch.arange(lc - 1, device=start.device))[None].expand(3, -1, -1)
+            mask = torch.cat([prompt_mask.repeat_interleave(k, 0), completion_mask[:, :-1].to(prompt_mask.dtype)], 1)
+            out = model(input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
+                        cache=cache.expanded(k), use_cache=False)
+            logits = torch.cat([logits, out.logits], 1)
+    return logps_and_entropy(logits, completion_ids, temperature)
+
+
+def score_completions(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
+                      completion_mask: torch.Tensor, k: int, temperature: float,
+                      share: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies ``(B*K, Lc)`` of the completions: group-shared or naive (repeated rows)."""
+    if share:
+        return shared_completion_logps(model, prompt, completion_ids, completion_mask, k, temperature)
+    return completion_logps(model, full_sequences(prompt, completion_ids, completion_mask, k), completion_ids,
+                            temperature)
+
+
+def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool, *, generation: bool = False) -> int:
+    """Prompt tokens (padding included) one pass runs through the language model.
+
+    Scoring pass: ``B*Lp`` shared, ``B*K*Lp`` naive. Generation (``generation=True``): shared
+    prefills ``B*(Lp-1)`` then feeds the last prompt token to each of the ``B*K`` rows; naive
+    ``generate`` prefills ``B*K*Lp``.
+    """
+    batch, length = prompt["input_ids"].shape
+    if not share:
+        return batch * k * length
+    return batch * (length - 1) + batch * k if generation else batch * length

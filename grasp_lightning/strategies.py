@@ -1,0 +1,86 @@
+"""``GraspDeepSpeedStrategy``: Lightning's DeepSpeed strategy with the loss scaled once under accumulation.
+
+Lightning divides the loss of every micro-batch by ``trainer.accumulate_grad_batches`` before the
+backward pass (``ClosureResult.from_training_step_output``), and DeepSpeed's
+``engine.backward(loss)`` divides it again by ``gradient_accumulation_steps``, which Lightning
+sets to the same number. With ``accumulate_grad_batches = 4`` the gradient DeepSpeed reduces and
+clips would be 1/16 of the mean micro-batch gradient instead of 1/4 (Lightning issue #6170;
+transformers PR #35808 fixed the same double scaling in its Trainer). This subclass calls
+``engine.backward(loss, scale_wrt_gas=False)`` in automatic optimisation, so a DeepSpeed run and a
+plain run with the same global batch take the same optimizer steps (``tests/test_scale.py``
+measures both gradient norms and losses).
+
+Stepping is unchanged: Lightning calls ``engine.step()`` after every micro-batch (the strategy
+``handles_gradient_accumulation``), and the engine applies the optimizer only at an accumulation
+boundary; Lightning's step counter, learning-rate scheduler and checkpoint intervals count
+optimizer steps, not micro-batches.
+
+Inputs: Lightning's ``DeepSpeedPrecision.convert_input`` walks the whole batch with
+``apply_to_collection`` and raises on the frozen record dataclasses a
+:class:`~grasp_lightning.data.collate.Batch` carries ("A frozen dataclass was passed to
+`apply_to_collection`"), so every DeepSpeed run failed at its first batch. The strategy installs
+:class:`BatchDeepSpeedPrecision`, which converts the floating tensors of ``batch.inputs`` only.
+
+Resume: a sharded checkpoint directory is loaded only if it carries the completion marker that
+``callbacks.checkpoint.AtomicModelCheckpoint`` writes last
+(:func:`grasp_lightning.checkpointing.require_complete`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
+from lightning.pytorch.strategies import DeepSpeedStrategy
+
+from grasp_lightning.checkpointing import require_complete
+
+
+class BatchDeepSpeedPrecision(DeepSpeedPrecision):
+    """``DeepSpeedPrecision`` that casts the floating tensors of a ``Batch``'s ``inputs`` dict
+    (e.g. ``pixel_values_videos`` to bfloat16 under ``bf16-mixed``) and leaves its records alone.
+    Any other input goes to ``DeepSpeedPrecision.convert_input``."""
+
+    def convert_input(self, data: Any) -> Any:
+        inputs = getattr(data, "inputs", None)
+        if isinstance(inputs, dict) and hasattr(data, "items"):
+            data.inputs = super().convert_input(inputs)
+            return data
+        return super().convert_input(data)
+
+
+class GraspDeepSpeedStrategy(DeepSpeedStrategy):
+    """:class:`lightning.pytorch.strategies.DeepSpeedStrategy` whose backward does not divide by the
+    accumulation steps a second time. Takes exactly the arguments of ``DeepSpeedStrategy``
+    (``stage``, ``overlap_comm``, ``contiguous_gradients``, ``allgather_bucket_size``,
+    ``reduce_bucket_size``, ...); select it in a config with
+    ``class_path: grasp_lightning.strategies.GraspDeepSpeedStrategy``.
+    """
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """The precision plugin; a plain ``DeepSpeedPrecision`` is replaced by :class:`BatchDeepSpeedPrecision`."""
+        return self._precision_plugin if self._precision_plugin is not None else Precision()
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        if type(plugin) is DeepSpeedPrecision:
+            plugin = BatchDeepSpeedPrecision(plugin.precision)
+        self._precision_plugin = plugin
+
+    def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):
+        """Back-propagate ``closure_loss`` (already divided by ``accumulate_grad_batches`` by Lightning
+        in automatic optimisation) through the DeepSpeed engine without a second division."""
+        module = self.lightning_module
+        if module is not None and module.automatic_optimization:
+            kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a DeepSpeed checkpoint directory after checking it is complete.
+
+        Raises:
+            GraspConfigError: the directory has no (valid) completion marker.
+        """
+        require_complete(checkpoint_path)
+        return super().load_checkpoint(checkpoint_path, weights_only)

@@ -1,0 +1,362 @@
+"""A synthetic social world whose answers are in the pixels: the project's end-to-end learning benchmark.
+
+Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264). Four persons are coloured squares
+with their id drawn above them (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`),
+placed at the four corners in a random order per clip, with a grey object in the middle. Social
+events are drawn with the primitives of :mod:`grasp_lightning.data.sample`: a gaze is a 2-pixel line
+in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
+the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
+the same square, pointing a short white bar; the other gestures of G2 are reaching (long bar),
+showing (orange object held up) and giving (orange object travelling to the receiver).
+
+Questions (each with four options, one answer letter, balanced letters):
+
+- ``T1`` gaze target: "Who or what is Person a looking at?" (the 3 other persons, "An object");
+  half the clips add a distractor gaze by someone else.
+- ``T4`` mutual gaze: "Who shares mutual gaze with Person a?" (3 others, "No one"); a third person
+  always gazes too, and in a quarter of the clips nobody looks back at Person a.
+- ``T6`` joint attention: "Who is the focus of joint attention?" (Person 0-3): two gazers, one target.
+- ``G1`` who points: "Who is pointing?" (Person 0-3), half with a distractor gaze.
+- ``G2`` gesture type: "What kind of gesture does Person a make?" (Pointing, Showing, Giving, Reaching).
+
+The SFT target is one short grounded sentence and the letter, e.g.
+``<gaze>Person 0 looks at Person 2.</gaze><answer>C</answer>``; it names exactly the participants of
+the question's ground-truth events (``gt_events`` of the RL rows and ``qa.events`` of every bench
+item), so grounding precision 1.0 is reachable. Options are listed in a fixed order (persons by id,
+then the non-person option) unless ``shuffle_options`` puts the answer at a random position.
+
+Usage::
+
+    python -m grasp_lightning.world OUT_DIR [--seed 0] [--train 4000] [--rl N] [--bench 400]
+        [--shuffle-options] [--model-dir DIR]
+
+Deterministic for a given seed (mp4 bytes for a given libx264 build, like the sample data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from grasp_lightning.data.sample import (
+    BACKGROUND,
+    GESTURES,
+    OBJECT,
+    PERSON_COLOURS,
+    Action,
+    Clip,
+    Entry,
+    Question,
+    Scene,
+    annotation,
+    draw_gaze,
+    draw_gesture,
+    draw_object,
+    draw_person,
+    encode_mp4,
+    make_options,
+    rl_row,
+    sft_row,
+    write_bench,
+    write_jsonl,
+    write_shards,
+)
+
+log = logging.getLogger(__name__)
+
+SIZE = 64  #: frame width and height in pixels
+SQUARE = 10  #: side of a person square in pixels
+CORNERS = ((13, 15), (51, 15), (51, 51), (13, 51))  #: person centres (x, y) before a 2-pixel jitter
+OBJECT_CENTRE = (32, 33)
+FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
+DURATION = 2.0  #: clip length in seconds (4 frames)
+LINE, DOT = 2, 3  #: gaze line width and tip dot side in pixels
+CRF = 18  #: libx264 quality; low enough that 2-pixel coloured lines survive yuv420p
+DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
+SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the seven the format allows)
+COLOUR_NAMES = ("red", "green", "blue", "yellow")
+CATEGORIES = ("T1", "T4", "T6", "G1", "G2")
+#: The system prompt of every world recipe (``data.system_prompt`` in ``configs/world_*.yaml``).
+SYSTEM_PROMPT = (
+    "People are squares: Person 0 red, Person 1 green, Person 2 blue, Person 3 yellow. A gaze is a line "
+    "in the gazer's colour whose white dot ends on what they look at; a short white bar is pointing. "
+    "Answer with only the option letter inside <answer> tags."
+)
+#: Sizes of the world's tiny Qwen3-VL (about 1.4 M parameters), for :func:`build_world_model`.
+MODEL_SIZES = dict(text_hidden_size=128, text_layers=2, text_heads=4, vision_hidden_size=128, vision_depth=2,
+                   patch_size=8)
+_VERBS = {"gaze": "looks at", "pointing": "points at", "reaching": "reaches toward",
+          "showing": "shows an object to", "giving": "gives an object to"}
+
+
+# ------------------------------------------------------------------------------------ drawing
+def make_world_scene(rng: random.Random) -> Scene:
+    """Four persons at the corners of a ``SIZE x SIZE`` frame in a random order, each jittered by up to 2 pixels."""
+    order = rng.sample(range(4), 4)
+    return Scene(tuple((CORNERS[c][0] + rng.randint(-2, 2), CORNERS[c][1] + rng.randint(-2, 2)) for c in order),
+                 OBJECT_CENTRE, SIZE, SIZE)
+
+
+def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.ndarray:
+    """The frame at second ``t``: background, object, persons, then the actions active at ``t``.
+
+    Returns:
+        ``(SIZE, SIZE, 3)`` uint8 RGB. Gazes use :func:`~grasp_lightning.data.sample.draw_gaze` with
+        a ``LINE``-pixel line in the gazer's brightened colour; gestures
+        :func:`~grasp_lightning.data.sample.draw_gesture`.
+    """
+    frame = np.empty((scene.height, scene.width, 3), np.uint8)
+    frame[:] = BACKGROUND
+    draw_object(frame, scene.object_centre)
+    for pid, centre in enumerate(scene.centres):
+        draw_person(frame, centre, pid, SQUARE)
+    for a in actions:
+        if a.start <= t < a.end:
+            src, dst = scene.point(a.actor), scene.point(a.target)
+            if a.kind == "gaze":
+                colour = tuple(min(255, c + 60) for c in PERSON_COLOURS[a.actor])
+                draw_gaze(frame, src, dst, a.progress(t), colour, offset=1.0 if a.target == OBJECT else 2.0,
+                          thickness=LINE, dot=DOT)
+            else:
+                draw_gesture(frame, a.kind, src, dst, a.progress(t, ramp=0.8), square=SQUARE)
+    return frame
+
+
+def render_world_clip(scene: Scene, actions: Sequence[Action]) -> list[np.ndarray]:
+    """The ``DURATION * FPS`` frames of a clip (frame ``i`` shows second ``i / FPS``)."""
+    return [render_world_frame(scene, actions, i / FPS) for i in range(int(round(DURATION * FPS)))]
+
+
+# ------------------------------------------------------------------------------------ questions
+def _name(target: int) -> str:
+    return "the object" if target == OBJECT else f"Person {target}"
+
+
+def _opt(target: int) -> str:
+    return "An object" if target == OBJECT else f"Person {target}"
+
+
+def _ev(actor: int, target: int) -> tuple[int, ...]:
+    return (actor,) if target == OBJECT else (actor, target)
+
+
+def _gaze(actor: int, target: int) -> Action:
+    return Action("gaze", actor, target, 0.0, DURATION)
+
+
+def _others(*exclude: int) -> list[int]:
+    return [p for p in range(4) if p not in exclude]
+
+
+def _persons(*exclude: int) -> tuple[str, ...]:
+    return tuple(f"Person {p}" for p in _others(*exclude))
+
+
+@dataclass(frozen=True)
+class WorldQuestion:
+    """A world question: the sample's :class:`~grasp_lightning.data.sample.Question` plus its short reasoning.
+
+    Attributes:
+        question: category, text, answer text, option pool (in display order), drawn actions,
+            ground-truth events, time range.
+        reasoning: the grounded sentence in ``<gaze>`` or ``<gesture>`` tags, naming exactly the
+            participants of ``question.events``.
+    """
+
+    question: Question
+    reasoning: str
+
+
+def _t1(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    a = rng.randrange(4)
+    target = rng.choice(_others(a) + [OBJECT])
+    acts = [_gaze(a, target)]
+    if rng.random() < DISTRACTOR_P:
+        c = rng.choice(_others(a))
+        acts.append(_gaze(c, rng.choice(_others(c) + [OBJECT])))
+    q = Question("T1", f"Who or what is Person {a} looking at?", _opt(target), _persons(a) + ("An object",),
+                 tuple(acts), (("gaze", _ev(a, target)),), (0.0, DURATION), sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {a} looks at {_name(target)}.</gaze>")
+
+
+def _t4(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    a, b, c, d = rng.sample(range(4), 4)
+    pool = _persons(a) + ("No one",)
+    if rng.random() < 0.25:  # nobody returns Person a's gaze
+        acts = [_gaze(a, b), _gaze(c, a)]
+        if rng.random() < 0.5:
+            acts.append(_gaze(b, rng.choice([c, d, OBJECT])))
+        q = Question("T4", f"Who shares mutual gaze with Person {a}?", "No one", pool, tuple(acts),
+                     (("gaze", (a, b)), ("gaze", (c, a))), (0.0, DURATION), sort_options=shuffle)
+        return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {c} looks at Person {a}. "
+                                f"No gaze is returned.</gaze>")
+    acts = [_gaze(a, b), _gaze(b, a), _gaze(c, rng.choice([a, b, d, OBJECT]))]
+    q = Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}", pool, tuple(acts),
+                 (("gaze", (a, b)),), (0.0, DURATION), sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {a} and Person {b} look at each other.</gaze>")
+
+
+def _t6(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    a, b, c, d = rng.sample(range(4), 4)
+    a, b = min(a, b), max(a, b)
+    acts = [_gaze(a, c), _gaze(b, c)]
+    if rng.random() < 0.5:
+        acts.append(_gaze(d, rng.choice([a, b, OBJECT])))
+    q = Question("T6", "Who is the focus of joint attention?", f"Person {c}", _persons(), tuple(acts),
+                 (("gaze", (a, b, c)),), (0.0, DURATION), sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {a} and Person {b} both look at Person {c}.</gaze>")
+
+
+def _g1(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    a = rng.randrange(4)
+    target = rng.choice(_others(a) + [OBJECT])
+    acts = [Action("pointing", a, target, 0.0, DURATION)]
+    if rng.random() < DISTRACTOR_P:
+        c = rng.choice(_others(a))
+        acts.append(_gaze(c, rng.choice(_others(c) + [OBJECT])))
+    q = Question("G1", "Who is pointing?", f"Person {a}", _persons(), tuple(acts), (("pointing", _ev(a, target)),),
+                 (0.0, DURATION), sort_options=shuffle)
+    return WorldQuestion(q, f"<gesture>Person {a} points at {_name(target)}.</gesture>")
+
+
+def _g2(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    a = rng.randrange(4)
+    kind = rng.choice(GESTURES)
+    target = rng.choice(_others(a) + ([] if kind in ("showing", "giving") else [OBJECT]))
+    acts = (Action(kind, a, target, 0.0, DURATION),)
+    q = Question("G2", f"What kind of gesture does Person {a} make?", kind.capitalize(),
+                 tuple(k.capitalize() for k in GESTURES), acts, ((kind, _ev(a, target)),), (0.0, DURATION),
+                 sort_options=shuffle)
+    return WorldQuestion(q, f"<gesture>Person {a} {_VERBS[kind]} {_name(target)}.</gesture>")
+
+
+#: Question builder of each world category.
+TEMPLATES: dict[str, Callable[[random.Random, bool], WorldQuestion]] = {
+    "T1": _t1, "T4": _t4, "T6": _t6, "G1": _g1, "G2": _g2,
+}
+
+
+# ------------------------------------------------------------------------------------ entries
+def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = False) -> Entry:
+    """The ``k``-th clip and question of a split, a pure function of ``(seed, split, k)``.
+
+    Args:
+        seed: world seed.
+        split: ``"t"`` (SFT rows), ``"r"`` (RL rows) or ``"b"`` (bench); each split has its own clips.
+        k: index in the split; the category is ``CATEGORIES[k % 5]``, so categories are balanced.
+        shuffle_options: put the answer at a random position instead of the fixed option order.
+
+    Returns:
+        A sample :class:`~grasp_lightning.data.sample.Entry` (clip with mp4 bytes, question with its
+        drawn actions, options, letter, reasoning); ``entry.response`` is the SFT target.
+    """
+    rng = random.Random(f"world:{seed}:{split}:{k}")
+    category = CATEGORIES[k % len(CATEGORIES)]
+    wq = TEMPLATES[category](rng, shuffle_options)
+    scene = make_world_scene(rng)
+    data = encode_mp4(render_world_clip(scene, wq.question.actions), FPS, crf=CRF)
+    clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, DURATION, (SIZE, SIZE), data, 4)
+    options, letter = make_options(rng, wq.question)
+    return Entry(clip, wq.question, "mcq", options, letter, wq.reasoning)
+
+
+def _rows(entries: Sequence[Entry], seed: int, name: str, make: Callable) -> list:
+    rng = random.Random(f"world:{seed}:{name}")
+    return [make(rng, e, k) for k, e in enumerate(entries)]
+
+
+@dataclass(frozen=True)
+class WorldSummary:
+    """What :func:`generate_world` wrote: ``out_dir`` and the numbers of SFT rows, RL rows and bench items."""
+
+    out_dir: Path
+    n_sft: int
+    n_rl: int
+    n_bench: int
+
+
+def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 4000, n_bench: int = 400,
+                   n_rl: int | None = None, shuffle_options: bool = False, clips_per_shard: int = 1000) -> WorldSummary:
+    """Write a complete GRASP-format world dataset under ``out_dir``.
+
+    Files: ``train/data_sft.jsonl`` (``n_train`` rows), ``train/data_rl.jsonl`` (``n_rl`` rows on
+    other clips, with ``gt_events``), ``train/annotations.jsonl`` (all training QA), the shards
+    ``train/videos/social_gesture_partNNN.tar``, ``test/annotations.jsonl`` and
+    ``test/grasp_bench.tar`` (``n_bench`` items, every one with ``qa.events``), and ``README.md``.
+
+    Args:
+        out_dir: output root (created; files overwritten).
+        seed: seed of every random choice.
+        n_train: SFT clips; n_rl: RL clips (default ``n_train``); n_bench: bench clips.
+        shuffle_options: see :func:`make_world_entry`.
+        clips_per_shard: clips per train tar shard.
+
+    Raises:
+        ValueError: a count is negative, or ``n_bench`` is 0.
+    """
+    n_rl = n_train if n_rl is None else n_rl
+    if min(n_train, n_rl, n_bench) < 0 or n_bench == 0:
+        raise ValueError(f"counts must be >= 0 and n_bench >= 1, got train={n_train} rl={n_rl} bench={n_bench}")
+    out = Path(out_dir)
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    (out / "test").mkdir(parents=True, exist_ok=True)
+    sft = [make_world_entry(seed, "t", k, shuffle_options) for k in range(n_train)]
+    rl = [make_world_entry(seed, "r", k, shuffle_options) for k in range(n_rl)]
+    bench = [make_world_entry(seed, "b", k, shuffle_options) for k in range(n_bench)]
+    write_jsonl(out / "train" / "data_sft.jsonl", _rows(sft, seed, "sft", lambda r, e, k: sft_row(r, e)))
+    write_jsonl(out / "train" / "data_rl.jsonl", _rows(rl, seed, "rl", rl_row))
+    write_jsonl(out / "train" / "annotations.jsonl", [annotation(e, k) for k, e in enumerate(sft + rl)])
+    write_shards(out / "train" / "videos", [e.clip for e in sft + rl], clips_per_shard)
+    write_jsonl(out / "test" / "annotations.jsonl", [annotation(e, k, bench=True) for k, e in enumerate(bench)])
+    write_bench(out / "test" / "grasp_bench.tar", bench, events_every=1)
+    (out / "README.md").write_text(_readme(seed, len(sft), len(rl), len(bench), shuffle_options), encoding="utf-8")
+    log.info("wrote world (seed %d) to %s: %d SFT rows, %d RL rows, %d bench items", seed, out, len(sft), len(rl),
+             len(bench))
+    return WorldSummary(out, len(sft), len(rl), len(bench))
+
+
+def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, shuffle: bool) -> str:
+    return (f"# Synthetic social world (seed {seed})\n\n"
+            f"Made by `python -m grasp_lightning.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
+            f"--bench {n_bench}{' --shuffle-options' if shuffle else ''}`; see the docstring of "
+            "`grasp_lightning/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
+            "`train/annotations.jsonl`, `train/videos/*.tar`, `test/annotations.jsonl`, `test/grasp_bench.tar`.\n"
+            f"Categories {', '.join(CATEGORIES)}, balanced; clips {SIZE}x{SIZE}, {DURATION:g} s at {FPS:g} fps.\n\n"
+            f"System prompt of the world recipes:\n\n> {SYSTEM_PROMPT}\n")
+
+
+def build_world_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``."""
+    from grasp_lightning.tiny import build_tiny_qwen3vl
+
+    return build_tiny_qwen3vl(out_dir, seed=seed, **MODEL_SIZES)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: ``python -m grasp_lightning.world OUT_DIR [--seed 0] [--train N] [--rl N] [--bench M] ...``."""
+    parser = argparse.ArgumentParser(description="Generate the synthetic social world (GRASP format).")
+    parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    parser.add_argument("--train", type=int, default=4000, help="SFT clips")
+    parser.add_argument("--rl", type=int, default=None, help="RL clips (default: as many as --train)")
+    parser.add_argument("--bench", type=int, default=400, help="bench clips")
+    parser.add_argument("--shuffle-options", action="store_true", help="answer at a random option position")
+    parser.add_argument("--clips-per-shard", type=int, default=1000, help="clips per train tar shard")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="also build the world's random-initialised tiny Qwen3-VL here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    generate_world(args.out_dir, args.seed, args.train, args.bench, args.rl, args.shuffle_options,
+                   args.clips_per_shard)
+    if args.model_dir is not None:
+        build_world_model(args.model_dir, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

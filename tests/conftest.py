@@ -1,0 +1,66 @@
+"""Shared fixtures: the shipped tiny model and sample data, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
+SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
+REAL_CLIP = SAMPLE / "train" / "videos" / "social-iq_part000.tar"
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    """The offline tiny Qwen3-VL shipped with the package."""
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_path):
+    """The tiny model's processor, loaded once per session."""
+    from grasp_lightning.policy import load_processor
+
+    return load_processor(str(tiny_path))
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    """Run with the repository root as working directory (configs use repo-relative paths)."""
+    monkeypatch.chdir(REPO)
+    return REPO
+
+
+def run_cli(args: list[str], tmp_path: Path):
+    """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI."""
+    from grasp_lightning.cli import GraspCLI
+    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.module import GraspModule
+
+    extra = [f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.default_root_dir={tmp_path}"]
+    return GraspCLI(GraspModule, GraspDataModule, args=[*args, *extra], save_config_kwargs={"overwrite": True},
+                    auto_configure_optimizers=False)
+
+
+def scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of the TensorBoard event files under ``log_dir`` (read with EventAccumulator)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
+    """Tags of every kind (scalars, images, histograms, tensors) in the event files under ``log_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return acc.Tags()

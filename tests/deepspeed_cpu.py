@@ -1,0 +1,116 @@
+"""Test-only: a real DeepSpeed ZeRO engine on CPU processes over gloo, and a step recorder.
+
+``CPUDeepSpeedStrategy`` is :class:`grasp_lightning.strategies.GraspDeepSpeedStrategy` minus the
+two GPU-only checks of Lightning's ``DeepSpeedStrategy`` (``setup_environment`` refuses a
+non-CUDA accelerator; ``setup_distributed`` requires device indices equal to local ranks), with a
+root device that has an index (DeepSpeed reads ``root_device.index``). Everything else — the
+ZeRO-2 optimizer, gradient partitioning and reduction, sharded checkpoints — is DeepSpeed's own
+code (``shared/stack-notes.md``). The first run compiles DeepSpeed's CPU communication op
+(about 30 s; cached under ``~/.cache/torch_extensions`` afterwards).
+
+``StepRecorder`` writes, per rank and micro-batch, what the resume and accumulation tests compare.
+Select both from a config by class path (``tests.deepspeed_cpu.CPUDeepSpeedStrategy``); the
+``tests`` package is importable when commands run from the repository root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies.ddp import DDPStrategy
+from lightning.fabric.utilities.seed import reset_seed
+
+from grasp_lightning.strategies import GraspDeepSpeedStrategy
+
+
+class CPUDeepSpeedStrategy(GraspDeepSpeedStrategy):
+    """ZeRO on CPU processes (gloo). Test use only: production configs use the CUDA path."""
+
+    def setup_environment(self) -> None:
+        DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's "only supported on CUDA GPUs"
+
+    def setup_distributed(self) -> None:
+        reset_seed()  # as DeepSpeedStrategy.setup_distributed, without _validate_device_index_selection
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device("cpu", 0)
+
+
+def _global_grad_norm(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
+    engine = trainer.model if hasattr(trainer.model, "get_global_grad_norm") else None
+    if engine is not None:
+        norm = engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+    return getattr(pl_module, "_recorded_grad_norm", None)
+
+
+class StepRecorder(L.Callback):
+    """Record per micro-batch: rank, global step, batch index, dataset indices, the task's loss,
+    the learning rate, one draw from torch's global RNG (after the step, as sampling would) and,
+    at accumulation boundaries, the pre-clipping global gradient norm. On train end rank 0 saves
+    the policy's logits on a fixed token sequence (``final_logits.pt``).
+
+    Args:
+        out_dir: where ``steps_rank{r}.jsonl`` and ``final_logits.pt`` are written (appended to,
+            so a stopped and a resumed run land in one file).
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        # Plain (non-DeepSpeed) runs: the accumulated, unclipped gradient is on the parameters here.
+        grads = [p.grad.detach().float().norm() for p in pl_module.parameters() if p.grad is not None]
+        pl_module._recorded_grad_norm = float(torch.stack(grads).norm()) if grads else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        boundary = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        row = {"rank": trainer.global_rank, "global_step": trainer.global_step, "batch_idx": batch_idx,
+               "epoch": trainer.current_epoch, "indices": list(batch.indices),
+               "loss": float(out.loss.detach()) if out is not None and out.loss is not None else None,
+               "lr": float(trainer.optimizers[0].param_groups[0]["lr"]),
+               "rng": float(torch.rand(1).item()),
+               "grad_norm": _global_grad_norm(trainer, pl_module) if boundary else None}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank != 0:
+            return
+        policy = pl_module.policy
+        ids = torch.arange(3, 35, device=pl_module.device).reshape(2, 16)
+        with torch.no_grad():
+            logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().cpu()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": ids.cpu(), "logits": logits}, self.out_dir / "final_logits.pt")
+
+
+class StopAtStep(L.Callback):
+    """Stop training once ``trainer.global_step`` reaches ``step`` (after that step's checkpoint),
+    as a crash would, without changing the run's ``max_steps`` and hence its learning-rate schedule.
+
+    Args:
+        step: the optimizer step after which training stops.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def read_steps(out_dir: str | os.PathLike, rank: int = 0) -> list[dict]:
+    """The rows :class:`StepRecorder` wrote for ``rank``, in order."""
+    path = Path(out_dir) / f"steps_rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,206 @@
+"""Tests of grasp_lightning.memory: hand-computed bytes on a tiny Qwen3-VL, the published sizes, configs, CLI."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from transformers import Qwen3VLConfig
+
+from grasp_lightning import memory
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.memory import (
+    GIB,
+    RunSpec,
+    architecture_config,
+    count_parameters,
+    fits,
+    lora_parameters,
+    plan_from_config,
+    plan_memory,
+    video_tokens,
+)
+from grasp_lightning.policy import LoraConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Qwen3VLConfig:
+    """Text: hidden 64, MLP 128, 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 1000, tied embeddings.
+    Vision: depth 1, hidden 32, MLP 64, 2 heads, patch 16, merge 2, output 64, one DeepStack merger."""
+    return Qwen3VLConfig(
+        text_config=dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2],
+                                          "mrope_interleaved": True}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        tie_word_embeddings=True)
+
+
+# Parameters by hand.
+# Text: embeddings 1000*64 = 64000; per layer q 64*64 = 4096, k 64*32 = 2048, v 2048, o 4096, q/k-norm 16 + 16,
+#   gate/up/down 3 * 64*128 = 24576, two RMSNorms 128 -> 37024; 2 layers 74048; final norm 64 -> 138112.
+# Vision: patch Conv3d 3*2*16*16*32 + 32 = 49184; positions 16*32 = 512; block: LayerNorms 128, qkv 32*96 + 96 = 3168,
+#   proj 32*32 + 32 = 1056, fc1 32*64 + 64 = 2112, fc2 64*32 + 32 = 2080 -> 8544; merger: LayerNorm(32) 64 +
+#   fc1 128*128 + 128 = 16512 + fc2 128*64 + 64 = 8256 -> 24832; DeepStack merger: LayerNorm(128) 256 + 16512 + 8256
+#   = 25024 -> 108096. Total 246208.
+TEXT, VISION, TOTAL = 138112, 108096, 246208
+# LoRA r = 4 on q, k, v, o, gate, up, down: 4 * (64+64) = 512, 4 * (64+32) = 384, 384, 512, 4 * (64+128) = 768 (x3)
+#   -> 4096 per layer, 8192 for 2 layers.
+LORA4 = 8192
+# Tokens: 4 s at 2 fps -> 8 frames, 4 groups; 64 x 64 = 4096 pixels per frame -> 4096 / 32^2 = 4 tokens per group
+#   -> 16 visual tokens + 4 * 8 timestamp tokens + 100 text tokens = 148 prompt tokens.
+PROMPT = 148
+
+
+def spec(**kw) -> RunSpec:
+    base = RunSpec(model="tiny", task="grpo", devices=1, zero_stage=2, reduce_bucket_size=1000, num_generations=4,
+                   max_new_tokens=20, video_seconds=4, max_pixels=64 * 64, text_tokens=100)
+    return replace(base, **kw)
+
+
+def test_parameter_counts_by_hand(tiny) -> None:
+    counts = count_parameters(tiny)
+    assert (counts.total, counts.vision, counts.language) == (TOTAL, VISION, TEXT)
+    assert lora_parameters(counts, 4, LoraConfig().target_modules) == LORA4
+    # a list target matches by suffix: k_proj is Linear(64 -> 32): 4 * (64 + 32) = 384 per layer
+    assert lora_parameters(counts, 4, ["k_proj"]) == 2 * 384
+
+
+@pytest.mark.parametrize(("name", "published"), [("Qwen3-VL-2B-Instruct", 2.128e9),
+                                                 ("Qwen/Qwen3-VL-4B-Instruct", 4.438e9),
+                                                 ("Qwen3-VL-8B-Thinking", 8.767e9)])
+def test_published_sizes(name: str, published: float) -> None:
+    assert count_parameters(architecture_config(name)).total == pytest.approx(published, rel=0.005)
+
+
+def test_architecture_errors_and_local_dir() -> None:
+    with pytest.raises(GraspConfigError, match="bundled"):
+        architecture_config("runs/nowhere")
+    local = architecture_config(str(REPO / "grasp_lightning/assets/tiny-qwen3vl"))
+    assert local.model_type == "qwen3_vl"
+
+
+def test_model_states_zero2_world_1_and_8(tiny) -> None:
+    # vision frozen: 138112 trainable; weights 2 B * 246208 = 492416 on every rank
+    one = plan_memory(spec(task="sft"), tiny)
+    assert (one.weights, one.gradients, one.optimizer_states) == (492416, 6 * TEXT, 12 * TEXT)  # 828672, 1657344
+    assert one.zero_buffers == 2 * 1000 * 2  # two reduce buckets (overlap_comm) of 1000 bf16 elements
+    eight = plan_memory(spec(task="sft", devices=8), tiny)
+    assert (eight.weights, eight.gradients, eight.optimizer_states) == (492416, 103584, 207168)  # / 8
+    # everything trainable: 2 P + 18 P / 8 = 492416 + 553968 = DeepSpeed's own estimate
+    full = plan_memory(spec(task="sft", devices=8, freeze_vision=False), tiny)
+    assert full.model_states == 1046384 == full.deepspeed_model_states
+
+
+def test_model_states_lora_one_gpu(tiny) -> None:
+    # no ZeRO; peft keeps adapters in float32: weights 2 * 246208 + 4 * 8192, grads 4 B, AdamW 8 B per adapter param
+    plan = plan_memory(spec(zero_stage=0, lora=LoraConfig(enabled=True, r=4)), tiny)
+    assert (plan.weights, plan.gradients, plan.optimizer_states) == (492416 + 32768, 32768, 65536)
+    assert plan.params_trainable == LORA4 and plan.reference_model == 0 and plan.deepspeed_model_states is None
+    assert plan_memory(spec(zero_stage=0, devices=2), tiny).gradients == 2 * 2 * TEXT  # DDP bucket copy
+
+
+def test_reference_model(tiny) -> None:
+    assert plan_memory(spec(), tiny).reference_model == 2 * TOTAL
+    assert plan_memory(spec(beta=0.0), tiny).reference_model == 0
+    assert plan_memory(spec(task="sft"), tiny).reference_model == 0
+    lora = LoraConfig(enabled=True, r=4)
+    assert plan_memory(spec(lora=lora), tiny).reference_model == 0  # adapters disabled
+    assert plan_memory(spec(lora=lora, separate_reference=True), tiny).reference_model == 2 * TOTAL
+
+
+def test_tokens_activations_logits_rollout(tiny) -> None:
+    plan = plan_memory(spec(), tiny)
+    # GRPO: K = 4 sequences of 148 + 20 = 168 tokens -> 672 tokens
+    assert (plan.prompt_tokens, plan.visual_tokens, plan.sequences, plan.sequence_tokens) == (PROMPT, 16, 4, 168)
+    # layer bytes per token: attention 2h + (a+2g)d + ad + (a+g)d = 128 + 128 + 64 + 96 = 416, MLP 2h + 4i = 640,
+    #   x 2 B = 2112. Checkpointed: 2 layers x 2h x 2 B = 256 + one layer 2112 = 2368 per token -> 672 * 2368 = 1591296;
+    #   embeddings + final norm 672 * 4h = 172032; DeepStack 4 seq x 16 visual x 1 x 64 x 2 B = 8192 -> 1771520.
+    assert plan.activations == 1771520
+    assert plan.logits == 4 * 21 * 1000 * 18  # completion positions + 1, vocab, GRPO_LOGIT_BYTES
+    # vision (frozen) transient: 256 patches x 2 B x (attention 2*32 + 6*16 + 32 = 192, MLP 2*32 + 2*64 = 192) = 196608
+    assert plan.vision_transient == 196608
+    # KV: 2 (K, V) x 2 layers x 2 KV heads x 16 x 2 B = 256 B per token
+    assert plan.kv_cache == 672 * 256 and plan.kv_cache_shared_prefix == (PROMPT + 4 * 20) * 256
+    # prefill: 4 x 148 prompt tokens x (256 B cache + 2 B x (2h + 3i) = 768 B working set) = 757760
+    assert plan.rollout == 757760
+    # peak: static 492416 + 828672 + 1657344 + reference 492416 + buffers 4000 = 3474848, + training 3283520
+    assert plan.static == 3474848 and plan.peak == 3474848 + 1771520 + 1512000
+    no_ckpt = plan_memory(spec(gradient_checkpointing=False), tiny)
+    assert no_ckpt.activations == 672 * 2 * 2112 + 172032 + 8192
+    eager = plan_memory(spec(gradient_checkpointing=False, attn_implementation="eager"), tiny)
+    assert eager.activations - no_ckpt.activations == 672 * 2 * 5 * 4 * 168  # Korthikanti's 5 a s per token per layer
+    sft = plan_memory(spec(task="sft", response_tokens=50), tiny)
+    assert sft.logits == (PROMPT + 50) * 1000 * 10 and sft.rollout == 0
+
+
+def test_shared_prompt_grpo(tiny) -> None:
+    plan = plan_memory(spec(share_prompt=True), tiny)
+    # 1 prompt of 148 tokens + 4 completions of 20 = 228 tokens: 228 * 2368 = 539904, embeddings 228 * 256 = 58368,
+    #   DeepStack 1 * 16 * 64 * 2 = 2048; the prompt cache 148 * 256 = 37888 stays for backward, and one layer's
+    #   K-fold keys/values 4 * 148 * 256 / 2 layers = 75776 -> 713984
+    assert plan.activations == 539904 + 58368 + 2048 + 37888 + 75776
+    assert plan.vision_transient == 64 * 768  # the clip is encoded once: 16 tokens x 4 patches
+    # generation: the cache is as large as before (672 * 256); repeating it holds 1 + 4 prompt copies: 5 * 148 * 256
+    assert plan.kv_cache == 672 * 256 and plan.rollout == 5 * 148 * 256
+
+
+def test_video_tokens_of_the_recipe() -> None:
+    # 60 s at 2 fps, 448 x 448 frames: 120 frames, 60 groups x 196 tokens
+    vt = video_tokens(60, 2.0, 512, 200704)
+    assert (vt.frames, vt.groups, vt.tokens_per_group, vt.visual_tokens) == (120, 60, 196, 11760)
+    # 120 s: 240 frames; the processor caps a frame at 25165824 // 240 = 104857 pixels -> 102 tokens per group
+    assert video_tokens(120, 2.0, 512, 200704).visual_tokens == 120 * 102
+    with pytest.raises(GraspConfigError):
+        video_tokens(0, 2.0, 512, 200704)
+
+
+def test_fits_margin(tiny) -> None:
+    plan = plan_memory(spec(), tiny)  # 6.7 MB
+    assert fits(plan, 3.0).fits and fits(plan, 3.0).usable_gib == pytest.approx(0.7)
+    assert not fits(plan, 2.0).fits  # 2 GiB x 0.9 - 2 GiB < 0
+    assert fits(plan, 3.0).need_gib == pytest.approx(plan.peak / GIB)
+
+
+def test_plan_from_configs() -> None:
+    sgr = plan_from_config([CONFIGS / "sgr.yaml"], gpu_memory_gib=141)
+    assert sgr.spec.zero_stage == 2 and sgr.spec.world_size == 8 and sgr.spec.task == "grpo"
+    assert sgr.name == "Qwen3-VL-8B-Instruct" and any("runs/sft/export" in n for n in sgr.notes)
+    lora = plan_from_config([CONFIGS / "sgr.yaml", CONFIGS / "lora.yaml"],
+                            {"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"})
+    assert lora.spec.lora.enabled and lora.spec.lora.r == 16 and lora.spec.zero_stage == 0 and lora.spec.world_size == 1
+    assert lora.reference_model == 0 and lora.spec.gradient_checkpointing
+    small = plan_from_config([CONFIGS / "sgr.yaml"], {"model.rollout.num_generations": 4,
+                                                      "model.task.init_args.share_prompt": True})
+    assert small.spec.num_generations == 4 and small.sequences == 4 and small.spec.share_prompt
+    assert memory._strategy("deepspeed_stage_2_offload") == {"zero_stage": 2, "offload_optimizer": True}
+    with pytest.raises(GraspConfigError, match="trainer.strategy"):
+        memory._strategy("fsdp")
+
+
+def test_cli_and_table(capsys) -> None:
+    assert memory.main(["--config", str(CONFIGS / "sgr.yaml"), "--gpu-memory-gib", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSpeed ZeRO-2 on 8 GPU(s)" in out and "fits:" in out and "estimate_zero2_model_states_mem_needs" in out
+    assert memory.main(["--table", "--configs-dir", str(CONFIGS)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Qwen3-VL")]
+    assert len(rows) == 12
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
+def test_cli_exit_code(monkeypatch, capsys) -> None:
+    # `python -m grasp_lightning.memory ...` in this process (runpy), so transformers is not imported twice
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["memory", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml",
+                                      "--gpu-memory-gib", "24"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("grasp_lightning.memory", run_name="__main__")
+    assert done.value.code == 0
+    assert "LoRA r=16" in capsys.readouterr().out

@@ -1,0 +1,66 @@
+"""Frames, timestamps and token ids of a known clip through the real processor and chat template."""
+
+import re
+
+import torch
+
+from grasp_lightning.data.formats import read_sft
+from grasp_lightning.data.prompts import IGNORE_INDEX, encode_example
+from grasp_lightning.data.shards import ClipStore
+from grasp_lightning.data.video import decode_clip, video_metadata
+
+from .conftest import SAMPLE
+
+REAL = "social-iq/video/kitchen.two_person_qa0000.mp4"
+
+
+def _real_item():
+    items = read_sft(SAMPLE / "train" / "data_sft.jsonl").items
+    return next(i for i in items if i.clip.path == REAL)
+
+
+def test_known_clip_frames_and_timestamps_reach_the_prompt(processor, tmp_path):
+    store = ClipStore(SAMPLE / "train" / "videos", cache_dir=tmp_path)
+    clip = decode_clip(store.open(REAL), fps=2.0, max_pixels=64 * 64, where=REAL)
+    # 101 frames at 30 fps (3.37 s): 2 fps gives t = 0, 0.5, ..., 3.0 s -> 7 frames, indices 0, 15, ..., 90.
+    assert clip.frames.shape[0] == 7 and clip.frames.dtype.name == "uint8"
+    assert clip.indices.tolist() == [0, 15, 30, 45, 60, 75, 90]
+    assert clip.timestamps[0] == 0.0 and abs(clip.timestamps[-1] - 3.0) < 1e-9
+    assert clip.source_fps == 30.0 and clip.total_frames == 101
+
+    item = _real_item()
+    enc = encode_example(processor, item, clip.frames, video_metadata(clip), target=item.response)
+    text = processor.tokenizer.decode(enc.input_ids[: enc.prompt_length])
+    # Qwen3-VL merges frame pairs (temporal patch 2) and writes the mean time of each pair:
+    # (0+0.5)/2=0.25 -> "0.2", 1.25 -> "1.2", 2.25 -> "2.2"; the odd 7th frame is paired with itself: 3.0.
+    assert re.findall(r"<(\d+\.\d) seconds>", text) == ["0.2", "1.2", "2.2", "3.0"]
+    assert int(enc.video_grid_thw[0, 0]) == 4
+    n_video = int((enc.input_ids == processor.video_token_id).sum())
+    assert n_video == int(enc.video_grid_thw.prod()) // 4  # merge 2x2 patches per token
+
+
+def test_labels_cover_only_the_assistant_target(processor, tmp_path):
+    store = ClipStore(SAMPLE / "train" / "videos", cache_dir=tmp_path)
+    item = _real_item()
+    clip = decode_clip(store.open(REAL), fps=2.0, max_pixels=64 * 64, where=REAL)
+    enc = encode_example(processor, item, clip.frames, video_metadata(clip), target=item.response)
+    labelled = enc.labels != IGNORE_INDEX
+    assert not labelled[: enc.prompt_length].any() and labelled[enc.prompt_length:].all()
+    target = processor.tokenizer.decode(enc.input_ids[labelled])
+    assert target == item.response + "<|im_end|>\n"
+    # The prompt ids equal the generation prompt alone: SFT and rollouts see the same tokens.
+    prompt_only = encode_example(processor, item, clip.frames, video_metadata(clip), target=None)
+    assert torch.equal(prompt_only.input_ids, enc.input_ids[: enc.prompt_length])
+    assert prompt_only.labels is None
+
+
+def test_prompt_over_budget_is_refused_not_truncated(processor, tmp_path):
+    import pytest
+
+    from grasp_lightning.errors import TokenBudgetError
+
+    store = ClipStore(SAMPLE / "train" / "videos", cache_dir=tmp_path)
+    item = _real_item()
+    clip = decode_clip(store.open(REAL), fps=2.0, max_pixels=64 * 64, where=REAL)
+    with pytest.raises(TokenBudgetError, match=r"data_sft.jsonl:\d+.*over the budget of 50"):
+        encode_example(processor, item, clip.frames, video_metadata(clip), target=None, max_prompt_tokens=50)

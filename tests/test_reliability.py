@@ -1,0 +1,153 @@
+"""Runs that survive signals, ``kill -9``, NaNs, unreadable clips and hostile inputs.
+
+The signal and kill tests run the real CLI in a subprocess (its own session, so a signal reaches the
+DataLoader workers too, as SLURM's does) on the tiny model and the sample data, with
+``tests.recorders.SampleRecorder`` writing the dataset indices of every micro-batch. A resumed run
+must see exactly the samples an uninterrupted run sees: the union over the runs, each keeping the
+steps before the checkpoint the next run resumed from, equals the uninterrupted list, and the
+losses agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO, run_cli
+
+# 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches per epoch, the run
+# crosses into epoch 2 (steps 7-9).
+BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
+        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def _cli(tmp: Path, seen: Path, extra: list[str], pause_at: int | None = None) -> list[str]:
+    recorder = ["--trainer.callbacks+=tests.recorders.SampleRecorder", f"--trainer.callbacks.init_args.path={seen}"]
+    if pause_at is not None:
+        recorder.append(f"--trainer.callbacks.init_args.pause_at={pause_at}")
+    periodic = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                f"--trainer.callbacks.init_args.dirpath={tmp / 'periodic'}",
+                "--trainer.callbacks.init_args.every_n_train_steps=2", "--trainer.callbacks.init_args.save_last=true"]
+    return [sys.executable, "-m", "grasp_lightning", *BASE, f"--trainer.logger.init_args.save_dir={tmp}",
+            f"--trainer.default_root_dir={tmp}", *periodic, *recorder, *extra]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run(tmp: Path, name: str, extra: list[str] = (), *, pause_at: int | None = None, send: int | None = None,
+        env: dict | None = None, timeout: float = 240.0) -> tuple[int, list[dict], str]:
+    """Run the CLI; with ``send``, deliver that signal to its process group once micro-batch
+    ``pause_at`` started. Returns (exit status, recorder rows, output)."""
+    seen = tmp / f"{name}.jsonl"
+    out = tmp / f"{name}.log"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(_cli(tmp, seen, list(extra), pause_at), cwd=REPO, env=env or _env(), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            if send is not None:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if seen.exists() and sum('"start"' in line for line in seen.open()) > pause_at:
+                        os.killpg(proc.pid, send)
+                        break
+                    time.sleep(0.05)
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    rows = [json.loads(line) for line in seen.open()] if seen.exists() else []
+    return rc, rows, out.read_text()
+
+
+def micro_batches(rows: list[dict], before_step: int | None = None) -> list[tuple[int, int, tuple, float]]:
+    """(step, epoch, indices, loss) of every completed micro-batch, optionally only steps < ``before_step``."""
+    starts = [r for r in rows if r["event"] == "start"]
+    ends = [r for r in rows if r["event"] == "done"]
+    done = [(s["step"], s["epoch"], tuple(s["indices"]), e["loss"]) for s, e in zip(starts, ends)]
+    return [d for d in done if before_step is None or d[0] < before_step]
+
+
+def ckpt_step(path: str | Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def assert_same_samples(merged, full) -> None:
+    assert [m[:3] for m in merged] == [f[:3] for f in full]  # none lost, none repeated, same order
+    for m, f in zip(merged, full):
+        assert m[3] == pytest.approx(f[3], rel=1e-4, abs=1e-5), (m, f)  # same weights, optimizer, schedule
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> list[tuple]:
+    tmp = tmp_path_factory.mktemp("full")
+    rc, rows, log = run(tmp, "full")
+    assert rc == 0, log[-3000:]
+    done = micro_batches(rows)
+    assert len(done) == 18 and {d[1] for d in done} == {0, 1}
+    return done
+
+
+def _fake_slurm(tmp: Path) -> dict[str, str]:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol.txt'}\n")
+    scontrol.chmod(0o755)
+    return _env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_NTASKS="1", SLURM_JOB_NAME="grasp",
+                SLURM_JOB_ID="4242", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+                SLURM_NODELIST="localhost")
+
+
+def test_slurm_usr1_then_sigterm_resume_exactly(full, tmp_path):
+    """USR1 under (fake) SLURM: checkpoint at the step boundary, Lightning's hpc checkpoint and
+    ``scontrol requeue``; the requeued run resumes from it by itself; then SIGTERM mid-window."""
+    slurm = _fake_slurm(tmp_path)
+    # micro-batch 2 opens the window of step 2: the signal must wait for micro-batch 3
+    rc, rows_a, log = run(tmp_path, "a", pause_at=2, send=signal.SIGUSR1, env=slurm)
+    assert rc == 0, log[-3000:]
+    assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "4242"]
+    hpc = tmp_path / "hpc_ckpt_1.ckpt"
+    assert ckpt_step(hpc) == 2
+    assert ckpt_step(tmp_path / "demo" / "version_0" / "checkpoints" / "last.ckpt") == 2
+    a = micro_batches(rows_a)
+    assert len(a) == 4  # micro-batches 0-3: the window of step 2 was completed, nothing after it
+
+    # the requeued job: no --ckpt_path, Lightning finds hpc_ckpt_1.ckpt; SIGTERM on its 2nd micro-batch
+    rc, rows_b, log = run(tmp_path, "b", pause_at=1, send=signal.SIGTERM, env=slurm)
+    assert rc == 0, log[-3000:]
+    last_b = tmp_path / "demo" / "version_1" / "checkpoints" / "last.ckpt"
+    assert ckpt_step(last_b) == 3
+    b = micro_batches(rows_b)
+    assert b[0][0] == 2 and len(b) == 2
+
+    rc, rows_c, log = run(tmp_path, "c", [f"--ckpt_path={last_b}"])
+    assert rc == 0, log[-3000:]
+    assert_same_samples(a + b + micro_batches(rows_c), full)
+
+
+def test_kill9_resumes_from_last_checkpoint(full, tmp_path):
+    # micro-batch 11 is the second of step 6's window; the last periodic checkpoint is at step 4
+    rc, rows_a, _ = run(tmp_path, "a", pause_at=11, send=signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    last = tmp_path / "periodic" / "last.ckpt"
+    step = ckpt_step(last)
+    assert step == 4
+    rc, rows_b, log = run(tmp_path, "b", [f"--ckpt_path={last}"])
+    assert rc == 0, log[-3000:]
+    b = micro_batches(rows_b)
+    assert b[0][0] == step
+    assert_same_samples(micro_batches(rows_a, before_step=step) + b, full)

@@ -1,0 +1,217 @@
+"""Group-shared rollouts and scoring (grasp_lightning/rollout.py) against the naive repeated rows.
+
+Sampling from one prefill expanded K times must give plain ``generate``'s tokens and per-step
+logits; scoring the K completions against one prompt forward must give the naive per-row
+log-probs, entropies and gradients (with and without gradient checkpointing, vision tower frozen
+or trained). The tiny model's weights are perturbed so greedy decoding is not one repeated token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.generation import sample_completions
+from grasp_lightning.rollout import (
+    completion_logps,
+    full_sequences,
+    prefill_for_generation,
+    prompt_tokens_forwarded,
+    repeat_prompts,
+    sharing_unsupported_reason,
+    shared_completion_logps,
+    vl_core,
+)
+
+from .conftest import SAMPLE, TINY, run_cli, scalars
+
+K = 3
+LOGIT_TOL = dict(rtol=1e-4, atol=1e-4)
+LOGP_TOL = dict(rtol=1e-5, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Two left-padded RL prompts of different lengths with their 8-frame clips (sample data)."""
+    from grasp_lightning.data.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
+                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    lengths = batch.inputs["attention_mask"].sum(1)
+    assert lengths[0] != lengths[1]  # the left padding is exercised
+    return batch.inputs, dm.processor.tokenizer
+
+
+def load_model(train: bool = False, noise: float = 0.5):
+    """The tiny Qwen3-VL with seeded Gaussian noise on every weight (diverse greedy tokens)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(TINY), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise)
+    return model.train(train)
+
+
+def _generate(model, tokenizer, inputs, **kwargs):
+    return model.generate(**inputs, max_new_tokens=10, pad_token_id=tokenizer.pad_token_id, output_logits=True,
+                          return_dict_in_generate=True, **kwargs)
+
+
+def _assert_logits_close(a, b):
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b)):
+        torch.testing.assert_close(x, y, **LOGIT_TOL, msg=lambda m, s=step: f"step {s}: {m}")
+
+
+def test_greedy_shared_generation_matches_plain_generate(prompts):
+    inputs, tok = prompts
+    model = load_model()
+    greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    plain = _generate(model, tok, repeat_prompts(inputs, K), **greedy)
+    text, cache = prefill_for_generation(model, inputs, K)
+    assert cache.get_seq_length() == inputs["input_ids"].shape[1] - 1
+    assert vl_core(model).rope_deltas.shape == (2 * K, 1)
+    shared = _generate(model, tok, text, cache=cache, **greedy)
+    new = plain.sequences[:, inputs["input_ids"].shape[1]:]
+    assert len(set(new[0].tolist())) > 3 and not torch.equal(new[0], new[K])  # real, prompt-dependent text
+    assert torch.equal(shared.sequences, plain.sequences)
+    _assert_logits_close(shared.logits, plain.logits)
+    # Negative control: without the M-RoPE offsets the continuation is wrong.
+    text, cache = prefill_for_generation(model, inputs, K)
+    vl_core(model).rope_deltas = torch.zeros_like(vl_core(model).rope_deltas)
+    wrong = _generate(model, tok, text, cache=cache, **greedy)
+    assert (wrong.logits[0] - plain.logits[0]).abs().max() > 1.0
+
+
+def test_sampling_shared_matches_generate_with_num_return_sequences(prompts):
+    inputs, tok = prompts
+    model = load_model()
+    sampling = dict(do_sample=True, temperature=0.9, top_p=0.95, top_k=0)
+    torch.manual_seed(3)
+    plain = _generate(model, tok, inputs, num_return_sequences=K, **sampling)
+    torch.manual_seed(3)
+    text, cache = prefill_for_generation(model, inputs, K)
+    shared = _generate(model, tok, text, cache=cache, **sampling)
+    assert torch.equal(shared.sequences, plain.sequences)
+    _assert_logits_close(shared.logits, plain.logits)
+    new = plain.sequences[:, inputs["input_ids"].shape[1]:]
+    assert not torch.equal(new[0], new[1])  # the K rows of a group really differ
+
+    outs = []
+    for share in (False, True):
+        torch.manual_seed(5)
+        outs.append(sample_completions(model, tok, inputs, num_return_sequences=K, max_new_tokens=12, temperature=0.9,
+                                       stop_strings=(), share_prompt=share))
+    assert torch.equal(outs[0].ids, outs[1].ids) and torch.equal(outs[0].mask, outs[1].mask)
+    assert outs[0].texts == outs[1].texts and outs[0].ids.shape[0] == 2 * K
+
+
+def _completions(tok, n: int, lc: int = 9):
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 500, (n, lc), generator=gen)
+    lengths = torch.tensor([lc, 4, 1, lc, 7, 2][:n])
+    mask = torch.arange(lc)[None] < lengths[:, None]
+    return ids.masked_fill(~mask, tok.pad_token_id), mask
+
+
+@pytest.mark.parametrize("checkpointing, train_vision", [(False, False), (True, False), (False, True)])
+def test_shared_scoring_matches_naive_logps_and_gradients(prompts, checkpointing, train_vision):
+    inputs, tok = prompts
+    model = load_model(train=True, noise=0.1)
+    if not train_vision:
+        model.model.visual.requires_grad_(False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, mask = _completions(tok, 2 * K)
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        if share:
+            logp, entropy = shared_completion_logps(model, inputs, ids, mask, K, temperature=0.7)
+        else:
+            logp, entropy = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, temperature=0.7)
+        (logp * weights * mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logp.detach(), entropy, grads
+
+    naive, shared = run(False), run(True)
+    torch.testing.assert_close(shared[0][mask], naive[0][mask], **LOGP_TOL)
+    torch.testing.assert_close(shared[1][mask], naive[1][mask], **LOGP_TOL)
+    assert set(shared[2]) == set(naive[2])
+    assert any("visual" in n for n in naive[2]) == train_vision
+    for name, grad in naive[2].items():
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-6 * grad.abs().max().item() + 1e-9,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert max(g.abs().max() for g in naive[2].values()) > 1e-3  # real gradients were compared
+    assert not any("_can_checkpoint_with_cache" in vars(m) for m in model.modules())  # flag restored
+
+
+def test_shared_scoring_without_grad_equals_naive(prompts):
+    inputs, tok = prompts
+    model = load_model(noise=0.1)
+    ids, mask = _completions(tok, 2 * K)
+    with torch.no_grad():
+        shared, _ = shared_completion_logps(model, inputs, ids, mask, K, temperature=1.0)
+        naive, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, temperature=1.0)
+    torch.testing.assert_close(shared[mask], naive[mask], **LOGP_TOL)
+    assert not shared.requires_grad
+
+
+def test_prompt_token_accounting_and_fallbacks(prompts):
+    inputs, tok = prompts
+    b, lp = inputs["input_ids"].shape
+    assert prompt_tokens_forwarded(inputs, 8, share=True) == b * lp
+    assert prompt_tokens_forwarded(inputs, 8, share=False) == 8 * b * lp
+    assert prompt_tokens_forwarded(inputs, 8, share=True, generation=True) == b * (lp - 1) + 8 * b
+    model = load_model()
+    assert sharing_unsupported_reason(model, inputs) is None
+    text_only = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+    assert "no image or video" in sharing_unsupported_reason(model, text_only)
+    assert "M-RoPE" in sharing_unsupported_reason(torch.nn.Linear(2, 2), inputs)
+    rep = repeat_prompts(inputs, K)
+    assert rep["pixel_values_videos"].shape[0] == K * inputs["pixel_values_videos"].shape[0]
+    assert torch.equal(rep["input_ids"][K], inputs["input_ids"][1])
+    bad = dict(inputs, video_grid_thw=inputs["video_grid_thw"][:1])
+    with pytest.raises(GraspConfigError, match="video_grid_thw has 1 rows for 2 prompts"):
+        repeat_prompts(bad, K)
+
+
+def _task_step(share: bool, prompts_batch):
+    from grasp_lightning.module import GraspModule, RolloutConfig
+    from grasp_lightning.policy import PolicyConfig
+    from tasks.grpo import GRPOTask
+
+    module = GraspModule(GRPOTask(beta=0.05, num_iterations=1, share_prompt=share),
+                         policy=PolicyConfig(name_or_path=str(TINY), dtype="float32", freeze_vision=True),
+                         rollout=RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False))
+    module.configure_model()
+    torch.manual_seed(0)
+    out = module.task.training_step(module, prompts_batch)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in module.policy.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def test_grpo_task_shared_step_equals_naive_step(prompts):
+    from grasp_lightning.data.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
+                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    (naive, naive_grads), (shared, shared_grads) = _task_step(False, batch), _task_step(True, batch)
+    assert shared.extras["completions"] == naive.extras["completions"]
+    torch.testing.assert_close(shared.loss, naive.loss, rtol=1e-5, atol=1e-6)
+    for name, grad in naive_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-6 * grad.abs().max().item() + 1e-9)
+    b, lp = batch.inputs["input_ids"].shape
+    # Per step: generation, reference and policy scoring. Naive forwards K times the prompts.
+    assert naive.metrics["tokens/prompt_forwarded"] == 3 * K * b * lp
+    assert shared.metrics["tokens/prompt_forwarded"] == b * (lp - 1) + K * b + 2 * b * lp
+    assert shared.metrics["rollout/shared_prompt"] == 1.0 and naive.metrics["rollout/shared_prompt"] == 0.0

@@ -12,8 +12,9 @@ their samples would be lost on resume. This callback replaces those handlers whi
 2. at the end of the micro-batch that completed an optimizer step, all ranks agree
    (``strategy.reduce_boolean_decision``: one rank's signal stops every rank at the same step);
 3. the full training state (weights, optimizer, scheduler, loops, DataModule sample counters) is
-   saved to ``<checkpoint dir>/last.ckpt`` with ``trainer.save_checkpoint`` (Lightning writes it
-   through an fsspec transaction, so a kill during the write leaves the previous file intact);
+   saved to ``<checkpoint dir>/last.ckpt`` with
+   :func:`grasp_lightning.checkpointing.save_checkpoint_atomic` (written beside it under a temporary
+   name and renamed into place, so a kill during the write leaves the previous file intact);
 4. under SLURM with auto-requeue, Lightning's own requeue routine then saves ``hpc_ckpt_N.ckpt``
    at this consistent point and calls ``scontrol requeue``; the requeued job resumes from it by
    itself (Lightning picks the newest ``hpc_ckpt_*`` when ``ckpt_path`` is unset under SLURM);
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from grasp_lightning.checkpointing import save_checkpoint_atomic
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +138,11 @@ class Preemption(L.Callback):
         name = self.received.name if self.received is not None else "a signal on another rank"
         path = self.checkpoint_path(trainer)
         log.warning("Preemption: received %s; saving %s at step %d and stopping", name, path, trainer.global_step)
-        trainer.save_checkpoint(path)
+        save_checkpoint_atomic(trainer, path)
         self.saved_path = path
         self.stopped_at_step = trainer.global_step
         if self.requeue and self.received is not None:
             self._slurm_requeue(trainer)
-        trainer.strategy.barrier("preemption")
         log.warning("Preemption: checkpoint saved; resume with --ckpt_path %s", path)
         raise SIGTERMException
 

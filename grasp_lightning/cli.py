@@ -1,4 +1,5 @@
-"""Command line: ``python -m grasp_lightning fit|validate|test|predict --config ...`` (LightningCLI).
+"""Command line: ``python -m grasp_lightning fit|validate|test|predict --config ...`` (LightningCLI),
+and ``python -m grasp_lightning export --config ... --ckpt_path ... --out ...`` (:mod:`grasp_lightning.export`).
 
 Several ``--config`` files compose (a recipe, then overrides such as ``configs/demo.yaml``), every
 key can be overridden on the command line (``--model.optim.lr 1e-5``), and ``--print_config``
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "export":  # checkpoint -> Hugging Face directory (grasp_lightning/export.py)
+        from grasp_lightning.export import main as export_main
+
+        export_main(args[1:])
+        return
     GraspCLI(GraspModule, GraspDataModule, args=args, save_config_kwargs={"overwrite": True},
              auto_configure_optimizers=False,
              parser_kwargs={"default_env": False})

@@ -23,7 +23,10 @@ Inputs: Lightning's ``DeepSpeedPrecision.convert_input`` walks the whole batch w
 
 Resume: a sharded checkpoint directory is loaded only if it carries the completion marker that
 ``callbacks.checkpoint.AtomicModelCheckpoint`` writes last
-(:func:`grasp_lightning.checkpointing.require_complete`).
+(:func:`grasp_lightning.checkpointing.require_complete`). DeepSpeed restores a checkpoint after
+the strategy's setup, by which time Lightning has built the train loader (to count the stepping
+batches for the LR schedule) and started it at the epoch's first batch; the loader is rebuilt after
+the restore so a resumed run continues with the next unseen sample.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 from grasp_lightning.checkpointing import require_complete
 
@@ -83,4 +87,16 @@ class GraspDeepSpeedStrategy(DeepSpeedStrategy):
             GraspConfigError: the directory has no (valid) completion marker.
         """
         require_complete(checkpoint_path)
-        return super().load_checkpoint(checkpoint_path, weights_only)
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            # DeepSpeed restores *after* setup, where ``configure_optimizers`` (its
+            # ``estimated_stepping_batches``) already built the train loader and started its iterator from
+            # the epoch's first batch. Drop both so the fit loop rebuilds them from the DataModule once its
+            # state (the next unseen sample) is restored, as it does without DeepSpeed.
+            fit_loop = trainer.fit_loop
+            if fit_loop._data_fetcher is not None:
+                fit_loop._data_fetcher.teardown()  # also stops persistent DataLoader workers
+                fit_loop._data_fetcher = None
+            fit_loop._combined_loader = None
+        return checkpoint

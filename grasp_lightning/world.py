@@ -108,7 +108,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
 
     Returns:
         ``(SIZE, SIZE, 3)`` uint8 RGB. Gazes use :func:`~grasp_lightning.data.sample.draw_gaze` with
-        a ``LINE``-pixel line in the gazer's brightened colour; gestures
+        a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is nearly
+        as light as the white dot); gestures
         :func:`~grasp_lightning.data.sample.draw_gesture`.
     """
     frame = np.empty((scene.height, scene.width, 3), np.uint8)
@@ -120,8 +121,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
         if a.start <= t < a.end:
             src, dst = scene.point(a.actor), scene.point(a.target)
             if a.kind == "gaze":
-                colour = tuple(min(255, c + 60) for c in PERSON_COLOURS[a.actor])
-                draw_gaze(frame, src, dst, a.progress(t), colour, offset=1.0 if a.target == OBJECT else 2.0,
+                draw_gaze(frame, src, dst, a.progress(t), PERSON_COLOURS[a.actor], offset=1.0 if a.target == OBJECT else 2.0,
                           thickness=LINE, dot=DOT)
             else:
                 draw_gesture(frame, a.kind, src, dst, a.progress(t, ramp=0.8), square=SQUARE)
@@ -243,8 +243,8 @@ TEMPLATES: dict[str, Callable[[random.Random, bool], WorldQuestion]] = {
 
 
 # ------------------------------------------------------------------------------------ entries
-def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = False) -> Entry:
-    """The ``k``-th clip and question of a split, a pure function of ``(seed, split, k)``.
+def make_world_item(seed: int, split: str, k: int, shuffle_options: bool = False) -> tuple[Entry, Scene]:
+    """The ``k``-th clip and question of a split and the clip's scene, a pure function of ``(seed, split, k)``.
 
     Args:
         seed: world seed.
@@ -253,8 +253,9 @@ def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = Fals
         shuffle_options: put the answer at a random position instead of the fixed option order.
 
     Returns:
-        A sample :class:`~grasp_lightning.data.sample.Entry` (clip with mp4 bytes, question with its
-        drawn actions, options, letter, reasoning); ``entry.response`` is the SFT target.
+        ``(entry, scene)``: a sample :class:`~grasp_lightning.data.sample.Entry` (clip with mp4
+        bytes, question with its drawn actions, options, letter, reasoning; ``entry.response`` is the
+        SFT target) and the :class:`~grasp_lightning.data.sample.Scene` (person centres in pixels).
     """
     rng = random.Random(f"world:{seed}:{split}:{k}")
     category = CATEGORIES[k % len(CATEGORIES)]
@@ -263,7 +264,12 @@ def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = Fals
     data = encode_mp4(render_world_clip(scene, wq.question.actions), FPS, crf=CRF)
     clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, DURATION, (SIZE, SIZE), data, 4)
     options, letter = make_options(rng, wq.question)
-    return Entry(clip, wq.question, "mcq", options, letter, wq.reasoning)
+    return Entry(clip, wq.question, "mcq", options, letter, wq.reasoning), scene
+
+
+def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = False) -> Entry:
+    """The entry of :func:`make_world_item` (without its scene)."""
+    return make_world_item(seed, split, k, shuffle_options)[0]
 
 
 def _rows(entries: Sequence[Entry], seed: int, name: str, make: Callable) -> list:

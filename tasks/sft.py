@@ -44,8 +44,11 @@ class SFTTask(Task):
     data_mode = "sft"
 
     def training_step(self, module, batch: Batch) -> TaskOutput:
+        """Cross-entropy on the response. Logits are computed only from the first response
+        position on (``logits_to_keep``), never over the thousands of video tokens of the prompt."""
         inputs = dict(batch.inputs)
         labels = inputs.pop("labels")
-        logits = module.policy(**inputs, use_cache=False).logits
-        loss, n_tokens = response_cross_entropy(logits, labels)
+        keep = labels.shape[1] - int(batch.prompt_lengths.min()) + 1
+        logits = module.policy(**inputs, use_cache=False, logits_to_keep=keep).logits
+        loss, n_tokens = response_cross_entropy(logits, labels[:, -keep:])
         return TaskOutput(loss=loss, metrics={"response_tokens": n_tokens.float()})

@@ -14,7 +14,6 @@ import os
 import time
 
 import lightning as L
-import torch
 
 
 class SampleRecorder(L.Callback):

@@ -23,8 +23,8 @@ import torch
 
 from .conftest import REPO, run_cli
 
-# 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches per epoch, the run
-# crosses into epoch 2 (steps 7-9).
+# 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches (6 steps) per epoch;
+# 9 steps cross into epoch 2. Cosine schedule with warm-up (demo.yaml).
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
         "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -97,7 +97,8 @@ def full(tmp_path_factory) -> list[tuple]:
     rc, rows, log = run(tmp, "full")
     assert rc == 0, log[-3000:]
     done = micro_batches(rows)
-    assert len(done) == 18 and {d[1] for d in done} == {0, 1}
+    assert len(done) == 18 and [d[0] for d in done] == [k // 2 for k in range(18)]
+    assert sorted(i for d in done[:12] for i in d[2]) == list(range(24))  # epoch 1: every row once
     return done
 
 
@@ -112,42 +113,40 @@ def _fake_slurm(tmp: Path) -> dict[str, str]:
                 SLURM_NODELIST="localhost")
 
 
-def test_slurm_usr1_then_sigterm_resume_exactly(full, tmp_path):
-    """USR1 under (fake) SLURM: checkpoint at the step boundary, Lightning's hpc checkpoint and
-    ``scontrol requeue``; the requeued run resumes from it by itself; then SIGTERM mid-window."""
+def test_preempted_and_killed_runs_resume_exactly(full, tmp_path):
+    """USR1 under (fake) SLURM, then SIGTERM, then ``kill -9``: four runs together see exactly the
+    samples of the uninterrupted run, in its order, with its losses."""
     slurm = _fake_slurm(tmp_path)
-    # micro-batch 2 opens the window of step 2: the signal must wait for micro-batch 3
+    # Run a: USR1 at micro-batch 2, which opens step 2's window: the run finishes micro-batch 3,
+    # saves at step 2 (last.ckpt and, through Lightning's SLURM routine, hpc_ckpt_1.ckpt), requeues.
     rc, rows_a, log = run(tmp_path, "a", pause_at=2, send=signal.SIGUSR1, env=slurm)
     assert rc == 0, log[-3000:]
     assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "4242"]
-    hpc = tmp_path / "hpc_ckpt_1.ckpt"
-    assert ckpt_step(hpc) == 2
+    assert ckpt_step(tmp_path / "hpc_ckpt_1.ckpt") == 2
     assert ckpt_step(tmp_path / "demo" / "version_0" / "checkpoints" / "last.ckpt") == 2
     a = micro_batches(rows_a)
-    assert len(a) == 4  # micro-batches 0-3: the window of step 2 was completed, nothing after it
+    assert len(a) == 4
 
-    # the requeued job: no --ckpt_path, Lightning finds hpc_ckpt_1.ckpt; SIGTERM on its 2nd micro-batch
+    # Run b, the requeued job: no --ckpt_path (Lightning resumes from hpc_ckpt_1.ckpt under SLURM);
+    # SIGTERM on its second micro-batch, which closes step 2's window: saved at step 3 at once.
     rc, rows_b, log = run(tmp_path, "b", pause_at=1, send=signal.SIGTERM, env=slurm)
     assert rc == 0, log[-3000:]
     last_b = tmp_path / "demo" / "version_1" / "checkpoints" / "last.ckpt"
     assert ckpt_step(last_b) == 3
     b = micro_batches(rows_b)
-    assert b[0][0] == 2 and len(b) == 2
+    assert [m[0] for m in b] == [2, 2]
 
-    rc, rows_c, log = run(tmp_path, "c", [f"--ckpt_path={last_b}"])
-    assert rc == 0, log[-3000:]
-    assert_same_samples(a + b + micro_batches(rows_c), full)
-
-
-def test_kill9_resumes_from_last_checkpoint(full, tmp_path):
-    # micro-batch 11 is the second of step 6's window; the last periodic checkpoint is at step 4
-    rc, rows_a, _ = run(tmp_path, "a", pause_at=11, send=signal.SIGKILL)
+    # Run c: resumed by hand; periodic checkpoints at steps 4 and 6 (the end of epoch 1); kill -9 in
+    # step 7, so the work since step 6 is lost and redone.
+    rc, rows_c, _ = run(tmp_path, "c", [f"--ckpt_path={last_b}"], pause_at=7, send=signal.SIGKILL)
     assert rc == -signal.SIGKILL
-    last = tmp_path / "periodic" / "last.ckpt"
-    step = ckpt_step(last)
-    assert step == 4
-    rc, rows_b, log = run(tmp_path, "b", [f"--ckpt_path={last}"])
+    periodic = tmp_path / "periodic" / "last.ckpt"
+    assert ckpt_step(periodic) == 6
+    assert micro_batches(rows_c)[0][0] == 3
+
+    # Run d: resumed from the last periodic checkpoint, runs to the end.
+    rc, rows_d, log = run(tmp_path, "d", [f"--ckpt_path={periodic}"])
     assert rc == 0, log[-3000:]
-    b = micro_batches(rows_b)
-    assert b[0][0] == step
-    assert_same_samples(micro_batches(rows_a, before_step=step) + b, full)
+    d = micro_batches(rows_d)
+    assert d[0][:2] == (6, 1)
+    assert_same_samples(a + b + micro_batches(rows_c, before_step=6) + d, full)

@@ -129,5 +129,8 @@ class ResumableBatchSampler:
         return iter(self._all_batches()[self.start_batches:])
 
     def __len__(self) -> int:
-        n = math.ceil(len(self.sampler) / self.batch_size) * self.repeat
-        return max(0, n - self.start_batches)
+        """Batches of the whole epoch, *including* the ones skipped on resume: Lightning restores its
+        own batch counter to the consumed count and stops the epoch when that counter reaches this
+        length (a shorter length cut the resumed epoch short by the skipped batches whenever fewer
+        than half were consumed, and changed ``estimated_stepping_batches``, hence the LR schedule)."""
+        return math.ceil(len(self.sampler) / self.batch_size) * self.repeat

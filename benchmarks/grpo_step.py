@@ -1,0 +1,381 @@
+"""Seconds per GRPO step: TRL 1.16 ``GRPOTrainer`` against ours (group-shared and naive), same work.
+
+Equal work: the same tiny Qwen3-VL (built with :func:`grasp_lightning.tiny.build_tiny_qwen3vl` into
+a temp dir, vision tower frozen in both), the same prompts (system prompt + one image + a GRASP RL
+question from the bundled sample), the same number of prompts per step, K, completion budget,
+sampling settings (temperature 1, top-p 1, no top-k, EOS stop only), KL beta, loss type and AdamW.
+Both frameworks run the image processor inside the step (TRL in ``_generate_and_score_completions``,
+ours in the in-process DataLoader), and run back to back in one process with the same thread count.
+
+Variants: (a) ``trl_image``; (b) ``ours_image`` (``share_prompt=True``); (c) ``ours_naive_image``
+(``share_prompt=False``: K rows per prompt, like TRL); (d) ``ours_video`` (2 fps clips, shared).
+
+Per step: wall seconds from one step's end to the next (data wait included), the process's CPU
+seconds over the same span (steadier than wall time on a shared machine), time inside the
+models' forward calls, and *prompt tokens forwarded*, counted by the same forward hook for every
+variant: in each call that carries the prompts' vision tokens, rows × the columns up to the end
+of the assistant header. Reported: median and spread (min, quartiles, max) over the steps after
+warm-up, ``ratio_vs_trl`` = median (b) / median (a) in wall time (``ratio_vs_trl_cpu`` in CPU time).
+
+    python benchmarks/grpo_step.py                       # K=8, 2 prompts, 32 new tokens, 256x256 images
+    python benchmarks/grpo_step.py --k 4 --steps 3 --warmup 1
+
+The last line printed is a JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
+
+
+# ---------------------------------------------------------------------------------------- model and prompts
+def build_model(out: Path, *, hidden: int, layers: int, image_side: int, frame_side: int, max_frames: int) -> Path:
+    """A tiny Qwen3-VL whose image processor keeps ``image_side``² pixels and video processor
+    ``max_frames`` frames of ``frame_side``² pixels (so the prompt dominates)."""
+    from transformers import AutoProcessor
+
+    from grasp_lightning.tiny import build_tiny_qwen3vl
+
+    build_tiny_qwen3vl(out, text_hidden_size=hidden, text_layers=layers, text_heads=4, vision_hidden_size=64,
+                       vision_depth=2, max_video_pixels=frame_side * frame_side * max_frames)
+    processor = AutoProcessor.from_pretrained(out)
+    processor.image_processor.size = {"shortest_edge": 16 * 16, "longest_edge": image_side * image_side}
+    processor.save_pretrained(out)
+    return out
+
+
+def read_items(n: int):
+    """The first ``n`` RL rows of the bundled sample (questions, answers, events), cycled if short."""
+    from grasp_lightning.data.formats import read_rl
+
+    items = read_rl(SAMPLE / "train" / "data_rl.jsonl").items
+    return [items[i % len(items)] for i in range(n)]
+
+
+def make_image(seed: int, side: int):
+    """A deterministic ``side``×``side`` RGB noise image (PIL)."""
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8))
+
+
+def image_messages(item, image=None) -> list[dict]:
+    """System + user (one image, then the GRASP question) — the same text as our video prompts."""
+    from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, user_text
+
+    part = {"type": "image", "image": image} if image is not None else {"type": "image"}
+    return [{"role": "system", "content": [{"type": "text", "text": DEFAULT_SYSTEM_PROMPT}]},
+            {"role": "user", "content": [part, {"type": "text", "text": user_text(item)}]}]
+
+
+class ImagePrompts(torch.utils.data.Dataset):
+    """Step ``i`` → a :class:`~grasp_lightning.data.collate.Batch` of prompts ``i*B .. i*B+B-1`` with images,
+    processed on the fly (left-padded; ``pixel_values``/``image_grid_thw``)."""
+
+    def __init__(self, processor, items, images, batch: int) -> None:
+        self.processor, self.items, self.images, self.batch = processor, items, images, batch
+
+    def __len__(self) -> int:
+        return len(self.items) // self.batch
+
+    def __getitem__(self, i: int):
+        from grasp_lightning.data.collate import Batch
+
+        idx = list(range(i * self.batch, (i + 1) * self.batch))
+        texts = [self.processor.apply_chat_template(image_messages(self.items[j]), add_generation_prompt=True,
+                                                    tokenize=False) for j in idx]
+        enc = self.processor(text=texts, images=[self.images[j] for j in idx], padding=True, padding_side="left",
+                             return_tensors="pt")
+        inputs = {k: enc[k] for k in ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values",
+                                      "image_grid_thw")}
+        return Batch(inputs=inputs, items=[self.items[j] for j in idx], indices=idx,
+                     valid=torch.ones(len(idx), dtype=torch.bool), prompt_lengths=enc["attention_mask"].sum(1),
+                     padding_side="left")
+
+
+class VideoPrompts(torch.utils.data.Dataset):
+    """Step ``i`` → a Batch of ``B`` prompts with synthetic ``seconds``-long clips at 2 fps, encoded by our
+    pipeline (:func:`grasp_lightning.data.prompts.encode_example`, collated left-padded)."""
+
+    def __init__(self, processor, items, batch: int, seconds: float, side: int) -> None:
+        self.processor, self.items, self.batch, self.seconds, self.side = processor, items, batch, seconds, side
+
+    def __len__(self) -> int:
+        return len(self.items) // self.batch
+
+    def __getitem__(self, i: int):
+        from grasp_lightning.data.collate import Sample, collate_samples
+        from grasp_lightning.data.prompts import encode_example
+
+        samples = []
+        n = max(2, int(round(self.seconds * 2)))
+        for j in range(i * self.batch, (i + 1) * self.batch):
+            frames = np.random.default_rng(j).integers(0, 256, (n, self.side, self.side, 3), dtype=np.uint8)
+            meta = {"total_num_frames": n * 15, "fps": 30.0, "frames_indices": [15 * t for t in range(n)],
+                    "duration": n / 2, "width": self.side, "height": self.side, "video_backend": "decord"}
+            example = encode_example(self.processor, self.items[j], frames, meta, target=None)
+            samples.append(Sample(index=j, item=self.items[j], example=example))
+        return collate_samples(samples, self.processor.tokenizer.pad_token_id, padding_side="left")
+
+
+# ---------------------------------------------------------------------------------------- measurement
+class ForwardMeter:
+    """Forward hooks on top-level models: seconds inside forward calls and prompt tokens forwarded.
+
+    Prompt tokens of a call: if ``input_ids`` holds vision placeholder tokens, rows × the columns up
+    to the end of the assistant header that follows the last vision token (left padding included);
+    otherwise 0 (decode steps, completion-only passes).
+    """
+
+    def __init__(self, tokenizer, models) -> None:
+        vocab = tokenizer.get_vocab()
+        self.vision = torch.tensor([vocab["<|image_pad|>"], vocab["<|video_pad|>"]])
+        self.im_start = vocab["<|im_start|>"]
+        self.header = len(tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+        self.seconds, self.prompt_tokens, self.calls, self._depth, self._t0 = 0.0, 0, 0, 0, 0.0
+        self.handles = []
+        for model in {id(m): m for m in models if m is not None}.values():
+            self.handles.append(model.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(model.register_forward_hook(self._post))
+
+    def _pre(self, module, args, kwargs) -> None:
+        if self._depth == 0:
+            self._t0 = time.perf_counter()
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+                self.calls += 1
+                row = ids[0]
+                hits = torch.isin(row, self.vision).nonzero()
+                if len(hits):
+                    after = (row[hits[-1, 0]:] == self.im_start).nonzero()
+                    end = int(hits[-1, 0]) + int(after[0, 0]) + self.header if len(after) else row.numel()
+                    self.prompt_tokens += ids.shape[0] * min(end, row.numel())
+        self._depth += 1
+
+    def _post(self, module, args, output) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+
+    def take(self) -> dict:
+        """This step's totals, then reset."""
+        out = {"model_s": self.seconds, "prompt_tokens": self.prompt_tokens, "calls": self.calls}
+        self.seconds, self.prompt_tokens, self.calls = 0.0, 0, 0
+        return out
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def summarise(records: list[dict], warmup: int) -> dict:
+    """Median and spread of each per-step figure after ``warmup`` steps."""
+    rows = records[warmup:]
+    if not rows:
+        raise ValueError(f"no steps left after {warmup} warm-up steps")
+    out = {"steps": len(rows)}
+    for key in rows[0]:
+        vals = sorted(float(r[key]) for r in rows)
+        out[key] = statistics.median(vals)
+        if key == "step_s":
+            q = np.quantile(vals, [0.25, 0.75])
+            out["spread_s"] = {"min": vals[0], "q1": float(q[0]), "q3": float(q[1]), "max": vals[-1]}
+    return out
+
+
+# ---------------------------------------------------------------------------------------- runners
+def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: float, share: bool, steps: int,
+             seed: int = 0) -> list[dict]:
+    """Our GraspModule + GRPOTask under a Lightning Trainer; one record per step."""
+    import lightning as L
+
+    from callbacks.timing import StepTiming
+    from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig
+    from grasp_lightning.policy import PolicyConfig
+    from tasks.grpo import GRPOTask
+
+    class Meter(L.Callback):
+        def __init__(self):
+            self.meter, self.records, self.last = None, [], None
+
+        def on_train_start(self, trainer, pl_module):
+            self.meter = ForwardMeter(pl_module.tokenizer, [pl_module.policy, pl_module.reference_model])
+            self.last = (time.perf_counter(), time.process_time())
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            now = (time.perf_counter(), time.process_time())
+            self.records.append({"step_s": now[0] - self.last[0], "cpu_s": now[1] - self.last[1], **self.meter.take()})
+            self.last = now
+
+    torch.manual_seed(seed)
+    timing, meter = StepTiming(), Meter()
+    task = GRPOTask(rewards=["accuracy", "format"], beta=beta, loss_type="grpo", share_prompt=share)
+    module = GraspModule(task, policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",
+                                                   attn_implementation="sdpa", freeze_vision=True),
+                         rollout=RolloutConfig(num_generations=k, max_new_tokens=max_new_tokens, temperature=1.0,
+                                               top_p=1.0, stop_at_answer=False),
+                         optim=OptimConfig(lr=1e-5, scheduler="constant"))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, precision="32-true", callbacks=[timing, meter])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, collate_fn=lambda b: b)
+    trainer.fit(module, train_dataloaders=loader)
+    meter.meter.close()
+    records = []
+    for m, t in zip(meter.records, timing.history):
+        records.append({**m, "rollout_s": t["time/rollout_s"], "scoring_s": t["time/scoring_s"],
+                        "update_s": t["time/update_s"], "data_wait_s": t["time/data_wait_s"],
+                        "overhead_fraction": t["time/overhead_fraction"],
+                        "task_prompt_tokens": t.get("throughput/prompt_tokens_per_step", 0.0)})
+    return records
+
+
+def run_trl(model_dir: Path, items, images, *, k: int, batch: int, max_new_tokens: int, beta: float, steps: int,
+            seed: int = 0) -> list[dict]:
+    """TRL 1.16 ``GRPOTrainer`` on CPU (``use_cpu=True, bf16=False``) on the same image prompts."""
+    from datasets import Dataset
+    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    def reward_format(completions, **kwargs):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [float("<answer>" in t) for t in texts]
+
+    class Meter(TrainerCallback):
+        def __init__(self):
+            self.meter, self.records, self.last = None, [], None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.last = (time.perf_counter(), time.process_time())
+
+        def on_step_end(self, args, state, control, **kw):
+            now = (time.perf_counter(), time.process_time())
+            self.records.append({"step_s": now[0] - self.last[0], "cpu_s": now[1] - self.last[1], **self.meter.take()})
+            self.last = now
+
+    torch.manual_seed(seed)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    rows = [{"prompt": image_messages(it), "image": im} for it, im in zip(items, images)]
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, per_device_train_batch_size=batch * k,
+                          num_generations=k, max_completion_length=max_new_tokens, max_steps=steps, learning_rate=1e-5,
+                          lr_scheduler_type="constant", beta=beta, loss_type="grpo", temperature=1.0, top_p=1.0,
+                          top_k=0, logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False,
+                          dataloader_num_workers=0, gradient_accumulation_steps=1, disable_tqdm=True, seed=seed)
+        meter = Meter()
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward_format], args=args,
+                              train_dataset=Dataset.from_list(rows), processing_class=processor, callbacks=[meter])
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # keep stdout for our summary lines
+        meter.meter = ForwardMeter(processor.tokenizer, [trainer.model, trainer.ref_model])
+        trainer.train()
+        meter.meter.close()
+    return meter.records
+
+
+# ---------------------------------------------------------------------------------------- main
+def quiet() -> None:
+    """Silence per-step library logging so the JSON stays the last line."""
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "lightning.fabric",
+                 "transformers", "trl", "grasp_lightning", "tasks", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--k", type=int, default=8, help="completions per prompt (group size)")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (both frameworks run a reference)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per variant")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the statistics")
+    p.add_argument("--image-side", type=int, default=256, help="image side in pixels (16 px per visual token)")
+    p.add_argument("--video-seconds", type=float, default=8.0, help="clip length for (d), sampled at 2 fps")
+    p.add_argument("--frame-side", type=int, default=64, help="video frame side in pixels")
+    p.add_argument("--hidden", type=int, default=256, help="text model width")
+    p.add_argument("--layers", type=int, default=4, help="text model layers")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared machine)")
+    p.add_argument("--variants", default="trl_image,ours_image,ours_naive_image,ours_video")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    quiet()
+    torch.set_num_threads(args.threads)
+    total = args.steps + args.warmup
+    n = args.prompts * total
+    items = read_items(n)
+    images = [make_image(i, args.image_side) for i in range(n)]
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(Path(tmp) / "model", hidden=args.hidden, layers=args.layers,
+                                image_side=args.image_side, frame_side=args.frame_side,
+                                max_frames=int(args.video_seconds * 2))
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=total)
+        for variant in args.variants.split(","):
+            t0 = time.perf_counter()
+            if variant == "trl_image":
+                recs = run_trl(model_dir, items, images, batch=args.prompts, **common)
+            elif variant in ("ours_image", "ours_naive_image"):
+                recs = run_ours(model_dir, ImagePrompts(processor, items, images, args.prompts),
+                                share=variant == "ours_image", **common)
+            elif variant == "ours_video":
+                recs = run_ours(model_dir, VideoPrompts(processor, items, args.prompts, args.video_seconds,
+                                                        args.frame_side), share=True, **common)
+            else:
+                raise SystemExit(f"unknown variant {variant!r}")
+            results[variant] = summarise(recs, args.warmup)
+            results[variant]["prompt_tokens_per_group"] = results[variant]["prompt_tokens"] / args.prompts
+            print(f"{variant}: median {results[variant]['step_s']:.3f} s/step "
+                  f"({time.perf_counter() - t0:.0f} s total)", flush=True)
+        probe = ImagePrompts(processor, items, images, args.prompts)[0]
+        prompt_len = int(probe.inputs["input_ids"].shape[1])
+        visual = int((probe.inputs["mm_token_type_ids"][0] != 0).sum())
+    report = {"benchmark": "grpo_step", "k": args.k, "prompts_per_step": args.prompts,
+              "max_new_tokens": args.max_new_tokens, "beta": args.beta, "threads": args.threads,
+              "model": {"hidden": args.hidden, "layers": args.layers}, "image_prompt_tokens": prompt_len,
+              "image_visual_tokens": visual, "video_seconds": args.video_seconds, **results}
+    if "trl_image" in results and "ours_image" in results:
+        report["ratio_vs_trl"] = results["ours_image"]["step_s"] / results["trl_image"]["step_s"]
+        report["ratio_vs_trl_cpu"] = results["ours_image"]["cpu_s"] / results["trl_image"]["cpu_s"]
+    if "trl_image" in results and "ours_naive_image" in results:
+        report["ratio_naive_vs_trl"] = results["ours_naive_image"]["step_s"] / results["trl_image"]["step_s"]
+    if "ours_image" in results and "ours_naive_image" in results:
+        report["ratio_shared_vs_naive"] = results["ours_image"]["step_s"] / results["ours_naive_image"]["step_s"]
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Time accounting of every training step: data wait, rollout, scoring, update, model calls, throughput.
+
+Per micro-batch, in seconds (wall clock, ``time.perf_counter``; CUDA is synchronised at each
+boundary so asynchronous kernels are charged to the phase that launched them):
+
+* ``time/data_wait_s``: from the end of the previous batch (or the epoch start) to this batch's
+  ``on_train_batch_start`` — the DataLoader fetch and the host-to-device transfer.
+* ``time/step_s``: ``on_train_batch_start`` to ``on_train_batch_end`` — everything else.
+* ``time/rollout_s``, ``time/scoring_s``: read from the task's metrics (GRPO logs them).
+* ``time/update_s``: the backward pass (``on_before_backward`` → ``on_after_backward``) plus the
+  optimizer step (``on_before_optimizer_step`` → ``on_train_batch_end``, clipping included).
+* ``time/other_s``: ``step_s`` minus rollout, scoring and update (rewards, logging, Lightning).
+* ``time/model_s``: time inside the forward calls of the policy and the reference model (measured
+  with forward hooks on the top-level modules; each ``generate`` step is one call);
+  ``time/overhead_fraction`` = 1 − (model + update) / step: the share of the step spent outside the
+  model (sampling logic in ``generate``, rewards, advantages, Lightning).
+* ``throughput/samples_per_s``: completions (or rows) of the batch per second of ``step_s`` +
+  ``data_wait_s``; ``throughput/generated_tokens_per_s`` likewise for the generated tokens;
+  ``throughput/prompt_tokens_per_step``: prompt tokens the language model ran this step (the
+  task's ``tokens/prompt_forwarded``).
+
+The callback only reads the task output (``module.last_task_output``) and the clock; it never
+changes training. ``history`` keeps every record (benchmarks read it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+
+
+class StepTiming(L.Callback):
+    """Log where each training step's time goes (see the module docstring for the keys).
+
+    Args:
+        model_calls: time the forward calls of the policy and reference model with hooks.
+        sync_cuda: ``torch.cuda.synchronize()`` at each boundary when running on CUDA (accurate
+            phases at a small cost); ignored on CPU.
+        keep_history: keep every step's record in ``self.history``.
+    """
+
+    def __init__(self, model_calls: bool = True, sync_cuda: bool = True, keep_history: bool = True) -> None:
+        self.model_calls = model_calls
+        self.sync_cuda = sync_cuda
+        self.keep_history = keep_history
+        self.history: list[dict[str, float]] = []
+        self._hooked: set[int] = set()
+        self._handles: list = []
+        self._last_end: float | None = None
+        self._start = 0.0
+        self._wait = 0.0
+        self._mark = 0.0
+        self._backward = 0.0
+        self._optimizer_start: float | None = None
+        self._model = 0.0
+        self._depth = 0
+        self._call_start = 0.0
+
+    # ------------------------------------------------------------------ clock
+    def _now(self) -> float:
+        if self.sync_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _pre_forward(self, module, args) -> None:
+        if self._depth == 0:
+            self._call_start = self._now()
+        self._depth += 1
+
+    def _post_forward(self, module, args, output) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._model += self._now() - self._call_start
+
+    def _hook(self, pl_module) -> None:
+        for model in (getattr(pl_module, "policy", None), getattr(pl_module, "reference_model", None)):
+            if model is not None and id(model) not in self._hooked:
+                self._hooked.add(id(model))
+                self._handles.append(model.register_forward_pre_hook(self._pre_forward))
+                self._handles.append(model.register_forward_hook(self._post_forward))
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._last_end = self._now()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = self._now()
+        self._wait = self._start - self._last_end if self._last_end is not None else 0.0
+        self._backward, self._model, self._depth, self._optimizer_start = 0.0, 0.0, 0, None
+        if self.model_calls:
+            self._hook(pl_module)
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._mark = self._now()
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._backward += self._now() - self._mark
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._optimizer_start = self._now()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        end = self._now()
+        self._last_end = end
+        step = end - self._start
+        optimizer = end - self._optimizer_start if self._optimizer_start is not None else 0.0
+        update = self._backward + optimizer
+        out = getattr(pl_module, "last_task_output", None)
+        metrics = out.metrics if out is not None else {}
+        extras = out.extras if out is not None else {}
+        rollout = float(metrics.get("time/rollout_s", 0.0))
+        scoring = float(metrics.get("time/scoring_s", 0.0))
+        rows = len(extras.get("completions", None) or batch)
+        wall = step + self._wait
+        record = {
+            "time/data_wait_s": self._wait, "time/step_s": step, "time/update_s": update,
+            "time/backward_s": self._backward, "time/optimizer_s": optimizer,
+            "time/other_s": step - rollout - scoring - update,
+            "throughput/samples_per_s": rows / wall if wall > 0 else 0.0,
+        }
+        if self.model_calls:
+            record["time/model_s"] = self._model
+            record["time/overhead_fraction"] = 1.0 - (self._model + update) / step if step > 0 else 0.0
+        if "tokens/generated" in metrics:
+            record["throughput/generated_tokens_per_s"] = float(metrics["tokens/generated"]) / wall if wall else 0.0
+        if "tokens/prompt_forwarded" in metrics:
+            record["throughput/prompt_tokens_per_step"] = float(metrics["tokens/prompt_forwarded"])
+        if self.keep_history:
+            self.history.append(dict(record, **{"time/rollout_s": rollout, "time/scoring_s": scoring}))
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(record, step=trainer.global_step)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._hooked = [], set()

@@ -1,0 +1,184 @@
+"""Export a training checkpoint to a Hugging Face model directory.
+
+``python -m grasp_lightning export --config <the run's config> --ckpt_path <ckpt> --out <dir>
+[--merge_lora true] [--dtype bfloat16] [--overwrite false]``
+
+* ``--config``: the run's resolved ``config.yaml`` (in its log directory) or the same ``--config``
+  files the run was started with; only ``model.policy`` and ``model.lora`` are used. Put the
+  ``--config`` options first (a saved config holds ``ckpt_path: null``).
+* ``--ckpt_path``: a Lightning ``.ckpt`` file or a DeepSpeed checkpoint directory (ZeRO-2/3; its
+  shards are consolidated to float32 with Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``).
+  A directory without the completion marker of ``callbacks.checkpoint.AtomicModelCheckpoint`` is
+  refused.
+* ``--out``: the directory to write: ``save_pretrained`` of the policy and of the processor, plus
+  ``export_info.json`` (source checkpoint, step, LoRA handling). ``from_pretrained`` loads it and the
+  next stage starts from it (``--model.policy.name_or_path <dir>``, e.g. SGR after SFT).
+* LoRA runs: merged into the base weights by default (``merge_and_unload``); ``--merge_lora false``
+  writes the adapter only (``adapter_config.json`` naming the base model), which
+  ``AutoModelForImageTextToText.from_pretrained`` also loads when peft is installed.
+
+The directory is written under a temporary name beside ``--out`` and renamed into place when
+complete (:func:`grasp_lightning.checkpointing.publish`), so a crash never leaves a half-written
+model under the final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from grasp_lightning.checkpointing import partial_path, publish, require_complete
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy, load_processor, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+POLICY_PREFIX = "policy."
+
+
+def load_checkpoint_state(ckpt_path: str | os.PathLike) -> dict:
+    """The Lightning checkpoint dict (``state_dict``, ``global_step``, ...) of a ``.ckpt`` file or of a
+    DeepSpeed checkpoint directory (consolidated to float32 on the CPU).
+
+    Raises:
+        GraspConfigError: missing path, incomplete directory, or no ``state_dict`` in it.
+    """
+    path = Path(ckpt_path)
+    require_complete(path)
+    if path.is_dir():
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+        with tempfile.TemporaryDirectory(prefix="grasp-export-") as tmp:
+            checkpoint = convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "fp32.ckpt")
+    else:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise GraspConfigError(f"{path}: not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
+
+
+def policy_state_dict(checkpoint: dict, where: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The policy's weights of a :class:`~grasp_lightning.module.GraspModule` checkpoint (``policy.``
+    prefix removed).
+
+    Raises:
+        GraspConfigError: the checkpoint holds no ``policy.*`` weights.
+    """
+    state = {k[len(POLICY_PREFIX):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(POLICY_PREFIX)}
+    if not state:
+        keys = list(checkpoint["state_dict"])[:5]
+        raise GraspConfigError(f"{where}: no '{POLICY_PREFIX}*' weights in its state_dict (first keys: {keys})")
+    return state
+
+
+def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, policy: PolicyConfig,
+                      lora: LoraConfig | None = None, *, merge_lora: bool = True, dtype: str | None = None,
+                      overwrite: bool = False) -> Path:
+    """Write the policy of ``ckpt_path`` (and its processor) as a Hugging Face directory at ``out``.
+
+    Args:
+        ckpt_path: Lightning ``.ckpt`` file or DeepSpeed checkpoint directory of a GraspModule run.
+        out: destination directory (written atomically).
+        policy: the run's ``model.policy`` (base model, dtype, remote-code flag).
+        lora: the run's ``model.lora``; when enabled the adapters are merged (``merge_lora``) or
+            saved alone.
+        merge_lora: merge LoRA adapters into the base weights (``merge_and_unload``).
+        dtype: dtype of the saved weights (``float32``, ``bfloat16``, ``float16``); default: the
+            policy's configured dtype (``auto`` keeps the loaded dtype).
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``out`` as a ``Path``.
+
+    Raises:
+        GraspConfigError: ``out`` exists and ``overwrite`` is false; the checkpoint is incomplete or
+            its weights do not match the configured model (missing/unexpected keys).
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise GraspConfigError(f"export: {out} exists; pass --overwrite true to replace it")
+    lora = lora or LoraConfig()
+    checkpoint = load_checkpoint_state(ckpt_path)
+    state = policy_state_dict(checkpoint, str(ckpt_path))
+    build_cfg = dataclasses.replace(policy, gradient_checkpointing=False, dtype=dtype or policy.dtype)
+    model = load_policy(build_cfg, lora)
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise GraspConfigError(
+            f"export: {ckpt_path} does not match {policy.name_or_path} with lora.enabled={lora.enabled}: "
+            f"missing {result.missing_keys[:5]} ({len(result.missing_keys)}), unexpected "
+            f"{result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); is --config the run's config?")
+    if lora.enabled and merge_lora:
+        model = model.merge_and_unload()
+    target = resolve_dtype(dtype or policy.dtype)
+    if target != "auto":
+        model = model.to(target)
+    model.eval()
+    processor = load_processor(policy.name_or_path, trust_remote_code=policy.trust_remote_code,
+                               revision=policy.revision)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_path(out)
+    try:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        info = {"source_checkpoint": str(ckpt_path), "global_step": checkpoint.get("global_step"),
+                "epoch": checkpoint.get("epoch"), "base_model": policy.name_or_path, "lora": lora.enabled,
+                "lora_merged": bool(lora.enabled and merge_lora), "dtype": str(dtype or policy.dtype)}
+        (tmp / "export_info.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        publish(tmp, out)
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported %s -> %s (step %s, lora=%s, merged=%s)", ckpt_path, out, checkpoint.get("global_step"),
+             lora.enabled, bool(lora.enabled and merge_lora))
+    return out
+
+
+def _as_dataclass(cls, value):
+    if isinstance(value, cls):
+        return value
+    data = value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def main(argv: list[str]) -> Path:
+    """``python -m grasp_lightning export ...`` (arguments after ``export``; see the module docstring).
+
+    The run's configuration is parsed with the training CLI's own parser (so several ``--config``
+    files compose exactly as for ``fit``), without building the trainer, model or data.
+    """
+    from grasp_lightning.cli import GraspCLI
+    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.module import GraspModule
+
+    class ExportCLI(GraspCLI):
+        def add_arguments_to_parser(self, parser) -> None:
+            super().add_arguments_to_parser(parser)
+            parser.add_argument("--ckpt_path", type=str | None, default=None,
+                                help="Lightning .ckpt file or DeepSpeed checkpoint directory")
+            parser.add_argument("--weights_only", type=bool | None, default=None, help="ignored (from a fit config)")
+            parser.add_argument("--out", type=str | None, default=None, help="Hugging Face directory to write")
+            parser.add_argument("--merge_lora", type=bool, default=True, help="merge LoRA adapters (merge_and_unload)")
+            parser.add_argument("--dtype", type=str | None, default=None, help="dtype of the saved weights")
+            parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
+
+        def instantiate_classes(self) -> None:  # configuration only
+            pass
+
+    cli = ExportCLI(GraspModule, GraspDataModule, args=argv, run=False, auto_configure_optimizers=False,
+                    save_config_callback=None, parser_kwargs={"default_env": False})
+    cfg = cli.config
+    if not cfg.get("ckpt_path") or not cfg.get("out"):
+        raise GraspConfigError("export needs --ckpt_path <checkpoint> and --out <directory> (after --config)")
+    return export_checkpoint(cfg["ckpt_path"], cfg["out"], _as_dataclass(PolicyConfig, cfg["model"]["policy"]),
+                             _as_dataclass(LoraConfig, cfg["model"]["lora"]), merge_lora=cfg["merge_lora"],
+                             dtype=cfg["dtype"], overwrite=cfg["overwrite"])

@@ -1,0 +1,157 @@
+"""Tests of :mod:`grasp_lightning.world`: every file read back by the GRASP readers, every answer
+re-derived from the drawn actions by an independent solver and, for gazes, from the decoded pixels."""
+
+from __future__ import annotations
+
+import collections
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from grasp_lightning import world
+from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.sample import OBJECT, Action
+from grasp_lightning.data.shards import ClipStore
+from grasp_lightning.data.video import decode_clip
+from grasp_lightning.parsing import extract_participants
+
+pytestmark = pytest.mark.timeout(120)
+
+N_TRAIN, N_RL, N_BENCH = 10, 10, 15
+TARGET_RE = re.compile(r"^<(gaze|gesture)>(?P<sentence>[^<]+)</\1><answer>(?P<letter>[A-D])</answer>$")
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("world")
+    world.generate_world(root, seed=3, n_train=N_TRAIN, n_bench=N_BENCH, n_rl=N_RL, clips_per_shard=8)
+    return root
+
+
+def _person(text: str) -> int:
+    m = re.search(r"Person (\d)", text)
+    assert m, text
+    return int(m.group(1))
+
+
+def solve(category: str, question: str, actions: tuple[Action, ...]) -> str:
+    """The answer text implied by the drawn actions (written independently of the generator)."""
+    gazes = {(a.actor, a.target) for a in actions if a.kind == "gaze"}
+    gestures = [a for a in actions if a.kind != "gaze"]
+    if category == "T1":
+        a = _person(question)
+        (target,) = [t for s, t in gazes if s == a]
+        return "An object" if target == OBJECT else f"Person {target}"
+    if category == "T4":
+        a = _person(question)
+        partners = [x for s, x in gazes if s == a and (x, a) in gazes]
+        assert len(partners) <= 1
+        return f"Person {partners[0]}" if partners else "No one"
+    if category == "T6":
+        counts = collections.Counter(t for _, t in gazes if t != OBJECT)
+        (focus,) = [p for p, n in counts.items() if n >= 2]
+        return f"Person {focus}"
+    if category == "G1":
+        (pointer,) = {g.actor for g in gestures}
+        return f"Person {pointer}"
+    if category == "G2":
+        (kind,) = [g.kind for g in gestures if g.actor == _person(question)]
+        return kind.capitalize()
+    raise AssertionError(f"unexpected category {category}")
+
+
+def _entries(split: str, n: int):
+    return [world.make_world_entry(3, split, k) for k in range(n)]
+
+
+def test_files_follow_the_grasp_schemas(out: Path) -> None:
+    sft = read_sft(out / "train" / "data_sft.jsonl")
+    rl = read_rl(out / "train" / "data_rl.jsonl")
+    ann = read_annotations(out / "train" / "annotations.jsonl")
+    bench = read_bench(out / "test" / "grasp_bench.tar")
+    test_ann = read_annotations(out / "test" / "annotations.jsonl")
+    assert (len(sft), len(rl), len(ann), len(bench), len(test_ann)) == (N_TRAIN, N_RL, N_TRAIN + N_RL, N_BENCH, N_BENCH)
+    assert not (sft.skipped or rl.skipped or ann.skipped or bench.skipped)
+    assert sorted(p.name for p in (out / "train" / "videos").glob("*.tar")) == [
+        "social_gesture_part000.tar", "social_gesture_part001.tar", "social_gesture_part002.tar"]
+    store = ClipStore(out / "train" / "videos")
+    for item in list(sft) + list(rl):
+        assert item.format == "mcq" and len(item.options) == 4 and item.answer in "ABCD"
+        assert item.clip.fps == 2.0 and item.clip.end_seconds == world.DURATION
+        assert item.clip.src_resolution == (world.SIZE, world.SIZE)
+        assert item.clip.path in store
+    for item in rl:
+        assert item.events and item.participants and item.difficulty in ("easy", "medium", "hard")
+    for item in bench:
+        assert item.category in world.CATEGORIES and item.events and item.participants
+    clip = decode_clip(bench_store(out / "test" / "grasp_bench.tar").open(bench[0].clip.path), fps=2.0)
+    assert clip.frames.shape == (4, world.SIZE, world.SIZE, 3)
+    assert np.allclose(clip.timestamps, [0.0, 0.5, 1.0, 1.5])
+
+
+def test_answers_follow_from_the_drawn_actions(out: Path) -> None:
+    files = {"t": read_sft(out / "train" / "data_sft.jsonl"), "r": read_rl(out / "train" / "data_rl.jsonl"),
+             "b": read_bench(out / "test" / "grasp_bench.tar")}
+    counts = {"t": N_TRAIN, "r": N_RL, "b": N_BENCH}
+    for split, items in files.items():
+        by_clip = {Path(i.clip.path).name: i for i in items}
+        for e in _entries(split, counts[split]):
+            item = by_clip[e.clip.name]
+            q = e.question
+            answer = solve(q.category, q.text, q.actions)
+            assert f"{item.answer}) {answer}" in item.options, (e.clip.name, item.options, answer)
+            assert q.text in item.question
+            gt = {p for _, persons in q.events for p in persons}
+            assert {p for ev in item.events for p in ev.persons} == (gt if split != "t" else set())
+            m = TARGET_RE.match(e.response)
+            assert m and m.group("letter") == e.letter, e.response
+            assert set(extract_participants(m.group("sentence"))) == gt, (e.response, q.events)
+            if split == "t":
+                assert item.response == e.response
+
+
+def test_categories_and_letters_are_balanced() -> None:
+    entries = _entries("b", 40)
+    assert collections.Counter(e.question.category for e in entries) == {c: 8 for c in world.CATEGORIES}
+    letters = collections.Counter(e.letter for e in entries)
+    assert set(letters) == set("ABCD") and max(letters.values()) <= 16
+
+
+def test_gaze_dots_end_inside_the_targets_square(out: Path) -> None:
+    """In the last decoded frame, exactly the persons some gaze targets hold a white dot inside their square."""
+    store = bench_store(out / "test" / "grasp_bench.tar")
+    checked = 0
+    for k in range(N_BENCH):
+        e, scene = world.make_world_item(3, "b", k)
+        frame = decode_clip(store.open(f"video/{e.clip.name}"), fps=2.0).frames[-1].astype(float)
+        light = frame @ np.array([0.299, 0.587, 0.114]) > 225  # the dot's luma; yellow is about 196
+        r = 2  # the dot covers pixels within 2 of the target's centre; arms (white too) start farther out
+        holding = {pid for pid, (x, y) in enumerate(scene.centres) if light[y - r:y + r + 1, x - r:x + r + 1].any()}
+        targets = {a.target for a in e.question.actions if a.kind == "gaze" and a.target != OBJECT}
+        assert holding == targets, (e.clip.name, holding, targets)
+        checked += bool(targets)
+    assert checked >= N_BENCH // 2
+
+
+def test_generation_is_deterministic(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        world.main([str(tmp_path / name), "--seed", "1", "--train", "3", "--rl", "2", "--bench", "5"])
+    for rel in ("train/data_sft.jsonl", "train/data_rl.jsonl", "train/annotations.jsonl", "test/annotations.jsonl"):
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    assert (tmp_path / "a" / "test" / "grasp_bench.tar").read_bytes() == \
+        (tmp_path / "b" / "test" / "grasp_bench.tar").read_bytes()
+    other = world.make_world_entry(2, "b", 0)
+    assert other.clip.data != world.make_world_entry(1, "b", 0).clip.data
+
+
+@pytest.mark.parametrize("name", ["world_sft.yaml", "world_grpo.yaml", "world_sgr.yaml"])
+def test_world_recipes_carry_the_colour_key(name: str) -> None:
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    assert config["data"]["system_prompt"] == world.SYSTEM_PROMPT
+    assert all(f"Person {i} {c}" in world.SYSTEM_PROMPT for i, c in enumerate(world.COLOUR_NAMES))
+    assert config["data"]["max_pixels"] == world.SIZE * world.SIZE
+    assert config["model"]["policy"]["freeze_vision"] is False

@@ -9,7 +9,8 @@ beta; median seconds per step after warm-up):
   shared and naive (TRL has no video path; naive is its row layout).
 
 Each sweep's least-squares slope is reported (seconds per extra completion; seconds per extra
-second of video) and the shared slope divided by the naive one. A PNG with both sweeps is written
+second of video) and the shared slope divided by the naive one, in wall time and in the process's
+CPU time (steadier on a shared machine). A PNG with both sweeps is written
 to ``--out-dir`` beside ``scaling.json``; the JSON object is also the last line printed.
 
     python benchmarks/scaling.py                         # full sweeps (minutes on 2 CPU cores)
@@ -95,6 +96,8 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     k_sweep: dict[str, list[float]] = {"shared": [], "naive": []} | ({} if args.no_trl else {"trl": []})
     clip_sweep: dict[str, list[float]] = {"shared": [], "naive": []}
+    k_cpu: dict[str, list[float]] = {name: [] for name in k_sweep}
+    clip_cpu: dict[str, list[float]] = {name: [] for name in clip_sweep}
     detail: dict = {"k": {}, "seconds": {}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp) / "model", hidden=args.hidden, layers=args.layers,
@@ -114,6 +117,7 @@ def main(argv=None) -> dict:
                                     share=name == "shared", **common)
                 stats = summarise(recs, args.warmup)
                 k_sweep[name].append(stats["step_s"])
+                k_cpu[name].append(stats["cpu_s"])
                 detail["k"].setdefault(name, []).append({"k": k, "step_s": stats["step_s"], "cpu_s": stats["cpu_s"],
                                                          "spread_s": stats["spread_s"],
                                                          "prompt_tokens": stats["prompt_tokens"]})
@@ -126,6 +130,7 @@ def main(argv=None) -> dict:
                 recs = run_ours(model_dir, dataset, k=args.k, share=name == "shared", **common)
                 stats = summarise(recs, args.warmup)
                 clip_sweep[name].append(stats["step_s"])
+                clip_cpu[name].append(stats["cpu_s"])
                 detail["seconds"].setdefault(name, []).append({"seconds": sec, "visual_tokens": visual,
                                                                "step_s": stats["step_s"], "cpu_s": stats["cpu_s"],
                                                                "spread_s": stats["spread_s"],
@@ -134,6 +139,8 @@ def main(argv=None) -> dict:
                       flush=True)
     slopes_k = {name: slope(ks, ys) for name, ys in k_sweep.items()}
     slopes_s = {name: slope(seconds, ys) for name, ys in clip_sweep.items()}
+    cpu_slopes_k = {name: slope(ks, ys) for name, ys in k_cpu.items()}
+    cpu_slopes_s = {name: slope(seconds, ys) for name, ys in clip_cpu.items()}
     png = out_dir / "scaling.png"
     plot(png, k_sweep, clip_sweep, ks, seconds)
     report = {
@@ -143,6 +150,9 @@ def main(argv=None) -> dict:
         "slope_s_per_completion": slopes_k, "slope_s_per_video_second": slopes_s,
         "k_slope_shared_over_naive": slopes_k["shared"] / slopes_k["naive"],
         "clip_slope_shared_over_naive": slopes_s["shared"] / slopes_s["naive"],
+        "cpu_s_vs_k": k_cpu, "cpu_s_vs_seconds": clip_cpu,
+        "cpu_slope_s_per_completion": cpu_slopes_k, "cpu_slope_s_per_video_second": cpu_slopes_s,
+        "cpu_k_slope_shared_over_naive": cpu_slopes_k["shared"] / cpu_slopes_k["naive"],
         "detail": detail, "plot": str(png),
     }
     if "trl" in slopes_k:

@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -36,26 +37,14 @@ ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("benchmarks.world")
 
 
-def export_checkpoint(ckpt: Path, init_dir: Path, out_dir: Path) -> Path:
-    """Write the policy of a Lightning checkpoint as a Hugging Face directory (model + processor).
+def export_policy(ckpt: Path, init_dir: Path, out_dir: Path) -> Path:
+    """Export the policy of an SFT checkpoint as a Hugging Face directory with
+    :func:`grasp_lightning.export.export_checkpoint` (the world's model is float32, vision trained)."""
+    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.policy import PolicyConfig
 
-    The weights under ``policy.`` in the checkpoint's ``state_dict`` are loaded, strictly, into the
-    architecture of ``init_dir`` (the model the run started from) and saved with ``save_pretrained``.
-
-    Raises:
-        RuntimeError: the checkpoint's policy weights do not match the architecture.
-    """
-    from transformers import AutoModelForImageTextToText
-
-    from grasp_lightning.policy import load_processor
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    policy = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
-    model = AutoModelForImageTextToText.from_pretrained(init_dir, dtype=torch.float32)
-    model.load_state_dict(policy, strict=True)
-    model.save_pretrained(out_dir)
-    load_processor(str(init_dir)).save_pretrained(out_dir)
-    return out_dir
+    policy = PolicyConfig(name_or_path=str(init_dir), dtype="float32", freeze_vision=False)
+    return export_checkpoint(ckpt, out_dir, policy, overwrite=True)
 
 
 def scalars(log_dir: Path, tag: str) -> list[tuple[int, float, float]]:
@@ -78,6 +67,7 @@ def fit(name: str, recipe: str, overrides: dict, work: Path, threads: int) -> tu
     Raises:
         RuntimeError: the run exited with an error (its log is ``<work>/<name>.log``).
     """
+    shutil.rmtree(work / "runs" / name, ignore_errors=True)  # a rerun must not append to old event files
     override = work / f"{name}.override.yaml"
     override.write_text(yaml.safe_dump(overrides, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", GRASP_LOG_LEVEL="WARNING",
@@ -182,12 +172,12 @@ def main(argv: list[str] | None = None) -> None:
                 "init_args": {"filename": "{step}", "every_n_train_steps": args.val_every, "save_top_k": -1,
                               "save_weights_only": True}},
                {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
-    sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", run_overrides("sft", data, init, work, args.seed, args.sft_steps,
-                                                                args.val_every, ckpt_cb), work, args.threads)
+    sft_overrides = run_overrides("sft", data, init, work, args.seed, args.sft_steps, args.val_every, ckpt_cb)
+    sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
     acc = scalars(sft_run, "val/acc/overall")
     hand = next((a for a in acc if a[1] >= args.handoff_acc), acc[-1])
     handoff = summary(sft_run, sft_started, at_step=hand[0])
-    export = export_checkpoint(sft_run / "checkpoints" / f"step={hand[0] + 1}.ckpt", init, work / "sft_export")
+    export = export_policy(sft_run / "checkpoints" / f"step={hand[0] + 1}.ckpt", init, work / "sft_export")
     from transformers import AutoModelForImageTextToText
 
     params = sum(t.numel() for t in AutoModelForImageTextToText.from_pretrained(export).parameters())

@@ -1,5 +1,7 @@
 """GRASP-Bench reports: after each validation or test, ``results.json``, a Markdown table laid out
-like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard.
+like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard. The other
+benchmarks of ``data.benchmarks`` (MMSI, TVQA+, HumanSense, ...) get their own ``results.json``
+section and ``table_<name>.md`` (:mod:`grasp_lightning.benchmarks.report`).
 
 The numbers come from ``module.bench_metric`` (a torchmetrics metric synced across ranks) and the
 per-item records from every rank (gathered here). ``validate`` prints the table to the terminal.
@@ -14,7 +16,8 @@ import sys
 import lightning as L
 import torch.distributed as dist
 
-from grasp_lightning.reports import category_bar_chart, markdown_table, write_results_json
+from grasp_lightning.benchmarks.report import write_results, write_tables
+from grasp_lightning.reports import category_bar_chart, markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -37,40 +40,58 @@ class GraspBenchReport(L.Callback):
         self.print_table = print_table
         self.last_dir: str | None = None
 
-    def _records(self, pl_module) -> list[dict]:
-        records = list(pl_module.bench_records)
+    @staticmethod
+    def _gather(records: list[dict]) -> list[dict]:
+        """Every rank's records, in rank order (a collective under DDP: all ranks call it)."""
+        records = list(records)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, records)
             records = [r for part in gathered for r in part]
         return records
 
+    def _records(self, pl_module) -> list[dict]:
+        return self._gather(pl_module.bench_records)
+
     def _report(self, trainer, pl_module) -> None:
         metrics = getattr(pl_module, "bench_results", None)
-        if metrics is None:
+        suite = getattr(pl_module, "benchmark_suite", None)
+        others = dict(suite.results) if suite is not None else {}  # the other benchmarks (data.benchmarks)
+        if metrics is None and not others:
             return
-        records = self._records(pl_module)
+        records = self._records(pl_module) if metrics is not None else []
+        other_records = {name: self._gather(suite.records[name]) for name in others}
         if not trainer.is_global_zero:
             return
         root = os.path.join(trainer.log_dir or trainer.default_root_dir, "bench")
-        table = markdown_table(metrics, label=self.label)
+        table = markdown_table(metrics, label=self.label) if metrics is not None else ""
+        tables = suite.tables() if others else {}
+        sections = {name: {"title": suite.by_name(name).title, "metrics": values, "items": other_records[name],
+                           "table": f"table_{name}.md"} for name, values in others.items()}
         meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
                 "stage": str(trainer.state.stage), "decoding": vars(pl_module.eval_cfg)}
+        image = None
         for sub in (f"step_{trainer.global_step}", "latest"):
             out = os.path.join(root, sub)
-            write_results_json(os.path.join(out, "results.json"), metrics, records, meta)
-            with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as fh:
-                fh.write(table + "\n")
-            image = category_bar_chart(metrics, path=os.path.join(out, "categories.png"))
+            write_results(os.path.join(out, "results.json"), meta,
+                          (metrics, records) if metrics is not None else None, sections)
+            write_tables(out, tables)
+            if metrics is not None:
+                with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as fh:
+                    fh.write(table + "\n")
+                image = category_bar_chart(metrics, path=os.path.join(out, "categories.png"))
         self.last_dir = os.path.join(root, "latest")
         for logger in trainer.loggers:
             exp = getattr(logger, "experiment", None)
             if exp is not None and hasattr(exp, "add_image"):
-                exp.add_image("bench/category_accuracy", image, global_step=trainer.global_step, dataformats="HWC")
-                exp.add_text("bench/table", table, global_step=trainer.global_step)
+                if image is not None:
+                    exp.add_image("bench/category_accuracy", image, global_step=trainer.global_step, dataformats="HWC")
+                    exp.add_text("bench/table", table, global_step=trainer.global_step)
+                for name, text in tables.items():
+                    exp.add_text(f"bench/{name}/table", text, global_step=trainer.global_step)
         if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
-            sys.stdout.write(table + "\n")
-        log.info("GRASP-Bench report written to %s", self.last_dir)
+            sys.stdout.write((table + "\n" if table else "") + "".join(f"\n{t}\n" for t in tables.values()))
+        log.info("benchmark reports written to %s", self.last_dir)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:

@@ -32,6 +32,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "check-data":  # dataset checks before training (grasp_lightning/check_data.py)
+        from grasp_lightning.check_data import main as check_data_main
+
+        sys.exit(check_data_main(args[1:]))
+    if args and args[0] == "pipeline":  # multi-stage recipes, e.g. SFT -> SGR (grasp_lightning/pipeline.py)
+        from grasp_lightning.pipeline import main as pipeline_main
+
+        sys.exit(pipeline_main(args[1:]))
     if args and args[0] == "export":  # checkpoint -> Hugging Face directory (grasp_lightning/export.py)
         from grasp_lightning.export import main as export_main
 

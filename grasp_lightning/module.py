@@ -18,6 +18,7 @@ import lightning as L
 import torch
 
 from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.benchmarks.suite import BenchmarkSuite
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
@@ -126,6 +127,7 @@ class GraspModule(L.LightningModule):
         self.processor = None
         self.bench_metric = BenchAccuracy()
         self.bench_records: list[dict] = []
+        self.benchmark_suite = BenchmarkSuite()  # the other benchmarks of data.benchmarks (MMSI, TVQA+, ...)
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
 
@@ -219,9 +221,14 @@ class GraspModule(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.bench_metric.reset()
         self.bench_records = []
+        self.benchmark_suite.start(getattr(self._trainer, "datamodule", None) if self._trainer else None, self.device)
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        """Decode answers for a bench batch and update the bench metric (padding rows are not counted)."""
+    def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Decode answers for a bench batch and update the bench metric (padding rows are not counted).
+
+        With several benchmarks (``data.benchmarks``) ``dataloader_idx`` picks the benchmark; batches of
+        benchmarks other than GRASP-Bench are scored by :class:`~grasp_lightning.benchmarks.suite.BenchmarkSuite`.
+        """
         if len(batch) == 0:
             return
         cfg = self.eval_cfg
@@ -232,11 +239,22 @@ class GraspModule(L.LightningModule):
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
             stop_strings=("</answer>",) if cfg.stop_at_answer else ())
         self.policy.train(was_training)
+        bench = self.benchmark_suite.route(dataloader_idx)
+        if bench is not None and not bench.is_grasp:
+            self.benchmark_suite.update(bench, completions.texts, batch)
+            return
         records = [score_completion(text, item) for text, item in zip(completions.texts, batch.items)]
         self.bench_metric.update_from_records(records, valid=batch.valid)
         self.bench_records.extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
 
     def on_validation_epoch_end(self) -> None:
+        for name, values in self.benchmark_suite.compute().items():
+            for key, value in values.items():
+                if key.startswith("acc/") and value == value:  # skip NaN
+                    self.log(f"val/{name}/{key}", float(value), rank_zero_only=True)
+        if self.benchmark_suite.active and not self.benchmark_suite.has_grasp:
+            self.bench_results = None  # GRASP-Bench did not run: no Table-1 report
+            return
         metrics = self.bench_metric.compute()
         self.bench_results = metrics
         for key in ("acc/overall", "acc/gaze", "acc/gesture", "acc/joint", "acc_macro/overall", "unparseable_rate",
@@ -247,9 +265,9 @@ class GraspModule(L.LightningModule):
             if cat_key.startswith("acc/") and len(cat_key) == 6 and value == value:
                 self.log(f"val_category/{cat_key[4:]}", float(value), rank_zero_only=True)
 
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
+    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Same as :meth:`validation_step`."""
-        self.validation_step(batch, batch_idx)
+        self.validation_step(batch, batch_idx, dataloader_idx)
 
     def on_test_epoch_start(self) -> None:
         self.on_validation_epoch_start()
@@ -272,11 +290,6 @@ class GraspModule(L.LightningModule):
         scheduler = get_scheduler(cfg.scheduler, optimizer, num_warmup_steps=cfg.warmup_steps,
                                   num_training_steps=max(total, cfg.warmup_steps + 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self, *args, **kwargs):
-        """Only the policy's weights are saved; the frozen reference model is never part of a checkpoint."""
-        return super().state_dict(*args, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same

@@ -83,10 +83,10 @@ SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the
 COLOUR_NAMES = ("red", "green", "blue", "yellow")
 CATEGORIES = ("T1", "T4", "T6", "G1", "G2")
 #: The system prompt of every world recipe (``data.system_prompt`` in ``configs/world_*.yaml``).
+#: Short on purpose (43 tokens of the tiny tokenizer): prompt length is most of the CPU time per step.
 SYSTEM_PROMPT = (
-    "People are squares: Person 0 red, Person 1 green, Person 2 blue, Person 3 yellow. A gaze is a line "
-    "in the gazer's colour whose white dot ends on what they look at; a short white bar is pointing. "
-    "Answer with only the option letter inside <answer> tags."
+    "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow. "
+    "Answer the multiple-choice question with only the option letter inside <answer> tags."
 )
 #: Sizes of the world's tiny Qwen3-VL (about 1.4 M parameters), for :func:`build_world_model`.
 MODEL_SIZES = dict(text_hidden_size=128, text_layers=2, text_heads=4, vision_hidden_size=128, vision_depth=2,

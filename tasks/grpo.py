@@ -7,6 +7,10 @@ Eq. for ``r_gnd``; DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option na
 
 ``num_iterations`` > 1 reuses a batch's rollouts for that many optimizer steps with the old
 log-probs of the sampling policy; the DataModule repeats each batch (``data.repeat_batches``).
+
+A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
+and reference log-prob forwards) runs once per prompt (``share_prompt``, default; exact, see
+:mod:`grasp_lightning.rollout`); ``share_prompt: false`` repeats each prompt K times like TRL.
 """
 
 from __future__ import annotations
@@ -73,7 +77,10 @@ class Rollout:
 
 
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
-    """Repeat each prompt's rows and vision patches K times (naive rows); see :func:`grasp_lightning.rollout.repeat_prompts`."""
+    """Repeat each prompt's rows and vision patches K times (naive rows).
+
+    Kept for callers of the old name; see :func:`grasp_lightning.rollout.repeat_prompts`.
+    """
     return repeat_prompts(inputs, k)
 
 

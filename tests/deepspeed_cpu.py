@@ -73,9 +73,11 @@ class StepRecorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = pl_module.last_task_output
         boundary = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        metrics = out.metrics if out is not None else {}
         row = {"rank": trainer.global_rank, "global_step": trainer.global_step, "batch_idx": batch_idx,
                "epoch": trainer.current_epoch, "indices": list(batch.indices),
                "loss": float(out.loss.detach()) if out is not None and out.loss is not None else None,
+               "kl": float(metrics["kl"]) if "kl" in metrics else None,
                "lr": float(trainer.optimizers[0].param_groups[0]["lr"]),
                "rng": float(torch.rand(1).item()),
                "grad_norm": _global_grad_norm(trainer, pl_module) if boundary else None}
@@ -83,7 +85,31 @@ class StepRecorder(L.Callback):
         with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        # What the optimizer holds (DeepSpeed's ZeRO optimizer keeps the model's own tensors in
+        # ``bit16_groups``) against the policy's trainable parameters and the reference model's.
+        opt = trainer.optimizers[0]
+        groups = getattr(opt, "bit16_groups", None) or [g["params"] for g in opt.param_groups]
+        held = {id(p) for group in groups for p in group}
+        ref = getattr(pl_module, "reference_model", None)
+        meta = {"optimizer": type(opt).__name__, "world_size": trainer.world_size,
+                "optimizer_numel": sum(p.numel() for group in groups for p in group),
+                "policy_trainable_numel": sum(p.numel() for p in pl_module.policy.parameters() if p.requires_grad),
+                "reference_loaded": ref is not None,
+                "reference_params_in_optimizer": sum(id(p) in held for p in ref.parameters()) if ref is not None else 0,
+                "reference_in_state_dict": any(k.startswith("reference") for k in pl_module.state_dict())}
+        self._write_meta(trainer, "start", meta)
+
+    def _write_meta(self, trainer, name: str, meta: dict) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"meta_{name}_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(meta), encoding="utf-8")
+
     def on_train_end(self, trainer, pl_module) -> None:
+        engine = trainer.model if hasattr(trainer.model, "global_steps") else None
+        self._write_meta(trainer, "end", {"global_step": trainer.global_step,
+                                          "engine_global_steps": getattr(engine, "global_steps", None),
+                                          "engine_micro_steps": getattr(engine, "micro_steps", None)})
         if trainer.global_rank != 0:
             return
         policy = pl_module.policy
@@ -114,3 +140,8 @@ def read_steps(out_dir: str | os.PathLike, rank: int = 0) -> list[dict]:
     """The rows :class:`StepRecorder` wrote for ``rank``, in order."""
     path = Path(out_dir) / f"steps_rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_meta(out_dir: str | os.PathLike, name: str, rank: int = 0) -> dict:
+    """The ``meta_{name}_rank{rank}.json`` :class:`StepRecorder` wrote (``start`` or ``end``)."""
+    return json.loads((Path(out_dir) / f"meta_{name}_rank{rank}.json").read_text(encoding="utf-8"))

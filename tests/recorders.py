@@ -73,9 +73,16 @@ class FaultInjector(L.Callback):
         self.nan_grad_at = set(nan_grad_at)
         self.count = -1
         self._hook = None
+        self.changed: list[bool] = []  # per micro-batch: did the trainable weights change?
+        self._before = 0.0
+
+    @staticmethod
+    def _checksum(pl_module) -> float:
+        return sum(float(p.detach().double().abs().sum()) for p in pl_module.parameters() if p.requires_grad)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.count += 1
+        self._before = self._checksum(pl_module)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -91,6 +98,7 @@ class FaultInjector(L.Callback):
                     break
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.changed.append(self._checksum(pl_module) != self._before)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

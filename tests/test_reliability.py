@@ -30,15 +30,15 @@ BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", 
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-def _cli(tmp: Path, seen: Path, extra: list[str], pause_at: int | None = None) -> list[str]:
+def _args(tmp: Path, seen: Path, extra: list[str], pause_at: int | None = None) -> list[str]:
     recorder = ["--trainer.callbacks+=tests.recorders.SampleRecorder", f"--trainer.callbacks.init_args.path={seen}"]
     if pause_at is not None:
         recorder.append(f"--trainer.callbacks.init_args.pause_at={pause_at}")
     periodic = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                 f"--trainer.callbacks.init_args.dirpath={tmp / 'periodic'}",
                 "--trainer.callbacks.init_args.every_n_train_steps=2", "--trainer.callbacks.init_args.save_last=true"]
-    return [sys.executable, "-m", "grasp_lightning", *BASE, f"--trainer.logger.init_args.save_dir={tmp}",
-            f"--trainer.default_root_dir={tmp}", *periodic, *recorder, *extra]
+    return [*BASE, f"--trainer.logger.init_args.save_dir={tmp}", f"--trainer.default_root_dir={tmp}", *periodic,
+            *recorder, *extra]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -54,7 +54,8 @@ def run(tmp: Path, name: str, extra: list[str] = (), *, pause_at: int | None = N
     seen = tmp / f"{name}.jsonl"
     out = tmp / f"{name}.log"
     with open(out, "w") as fh:
-        proc = subprocess.Popen(_cli(tmp, seen, list(extra), pause_at), cwd=REPO, env=env or _env(), stdout=fh,
+        proc = subprocess.Popen([sys.executable, "-m", "grasp_lightning", *_args(tmp, seen, list(extra), pause_at)],
+                                cwd=REPO, env=env or _env(), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         try:
@@ -71,6 +72,13 @@ def run(tmp: Path, name: str, extra: list[str] = (), *, pause_at: int | None = N
                 proc.wait()
     rows = [json.loads(line) for line in seen.open()] if seen.exists() else []
     return rc, rows, out.read_text()
+
+
+def run_here(tmp: Path, name: str, extra: list[str] = ()) -> list[dict]:
+    """The same run in this process (no interpreter start-up); returns the recorder rows."""
+    seen = tmp / f"{name}.jsonl"
+    run_cli(_args(tmp, seen, list(extra)), tmp)
+    return [json.loads(line) for line in seen.open()]
 
 
 def micro_batches(rows: list[dict], before_step: int | None = None) -> list[tuple[int, int, tuple, float]]:
@@ -92,11 +100,16 @@ def assert_same_samples(merged, full) -> None:
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory) -> list[tuple]:
-    tmp = tmp_path_factory.mktemp("full")
-    rc, rows, log = run(tmp, "full")
-    assert rc == 0, log[-3000:]
-    done = micro_batches(rows)
+def in_repo_module():
+    """The repository as working directory for the whole module (configs use repo-relative paths)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        yield REPO
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory, in_repo_module) -> list[tuple]:
+    done = micro_batches(run_here(tmp_path_factory.mktemp("full"), "full"))
     assert len(done) == 18 and [d[0] for d in done] == [k // 2 for k in range(18)]
     assert sorted(i for d in done[:12] for i in d[2]) == list(range(24))  # epoch 1: every row once
     return done
@@ -144,9 +157,98 @@ def test_preempted_and_killed_runs_resume_exactly(full, tmp_path):
     assert ckpt_step(periodic) == 6
     assert micro_batches(rows_c)[0][0] == 3
 
-    # Run d: resumed from the last periodic checkpoint, runs to the end.
-    rc, rows_d, log = run(tmp_path, "d", [f"--ckpt_path={periodic}"])
-    assert rc == 0, log[-3000:]
-    d = micro_batches(rows_d)
+    # Run d: resumed from the last periodic checkpoint, runs to the end (in this process).
+    d = micro_batches(run_here(tmp_path, "d", [f"--ckpt_path={periodic}"]))
     assert d[0][:2] == (6, 1)
     assert_same_samples(a + b + micro_batches(rows_c, before_step=6) + d, full)
+
+
+# ---------------------------------------------------------------------- numerical guards
+FAST = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.bench=null",
+        "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def _callback(cli, name: str):
+    return next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == name)
+
+
+def test_nonfinite_loss_and_gradient_skip_the_update(in_repo, tmp_path, caplog):
+    inject = ["--trainer.callbacks+=tests.recorders.FaultInjector", "--trainer.callbacks.init_args.nan_loss_at=[1]",
+              "--trainer.callbacks.init_args.nan_grad_at=[3]"]
+    with caplog.at_level("WARNING"):
+        cli = run_cli([*FAST, "--trainer.max_steps=5", "--model.optim.warmup_steps=0",  # lr > 0 from step 0
+                       "--model.optim.scheduler=constant_with_warmup", *inject], tmp_path)
+    faults, guard = _callback(cli, "FaultInjector"), _callback(cli, "NonFiniteGuard")
+    assert faults.changed == [True, False, True, False, True]  # the NaN-loss and Inf-gradient steps changed nothing
+    assert cli.model.nonfinite_losses == 1
+    assert guard.skipped_steps == 1 and guard.bad_streak == 0
+    assert [step for step, _ in guard.bad_steps] == [1, 3]
+    assert all(len(indices) == 2 for _, indices in guard.bad_steps)  # batch 2: the items are named
+    adam = cli.trainer.optimizers[0]
+    assert {int(adam.state[p]["step"]) for p in adam.param_groups[0]["params"]} == {3}  # 5 steps, 2 skipped
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("non-finite loss" in m and str(guard.bad_steps[0][1]) in m for m in messages)
+    assert any("non-finite gradient norm" in m and str(guard.bad_steps[1][1]) in m for m in messages)
+
+
+def test_too_many_nonfinite_steps_in_a_row_stop_the_run(in_repo, tmp_path):
+    inject = ["--trainer.callbacks+=tests.recorders.FaultInjector",
+              "--trainer.callbacks.init_args.nan_loss_at=[1, 2, 3, 4, 5, 6]"]
+    with pytest.raises(FloatingPointError, match=r"5 optimizer steps in a row .*\(5, \["):
+        run_cli([*FAST, "--trainer.max_steps=8", *inject], tmp_path)  # sft.yaml: max_consecutive 5
+
+
+# ---------------------------------------------------------------------- skips with a budget
+def _sample_copy(tmp: Path) -> Path:
+    import shutil
+
+    root = tmp / "data"
+    shutil.copytree(REPO / "grasp_lightning" / "assets" / "sample", root)
+    return root
+
+
+def _break_clips(root: Path, rows: list[int]) -> list[str]:
+    """Shadow the clips of these SFT rows (0-based) with garbage: an extracted file wins over the shard."""
+    lines = (root / "train" / "data_sft.jsonl").read_text().splitlines()
+    uids = []
+    for n in rows:
+        video = next(s for s in json.loads(lines[n]) if s["type"] == "video")["path"]
+        target = root / "train" / "videos" / video
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"\x00\x00\x00\x18ftypmp42 not a video")
+        uids.append(f"data_sft:{n + 1}")
+    return uids
+
+
+def test_unreadable_clips_and_lines_are_skipped_counted_and_listed(in_repo, tmp_path):
+    root = _sample_copy(tmp_path)
+    broken = _break_clips(root, [3])
+    sft = root / "train" / "data_sft.jsonl"
+    sft.write_text(sft.read_text() + "{not json\n")  # line 25, read before the run directory exists
+    cli = run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+                   "--trainer.max_steps=12"], tmp_path)
+    rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "skipped.jsonl").open()]
+    assert [r["where"] for r in rows] == [f"{sft}:25", f"{sft}:4"]
+    assert "malformed JSON" in rows[0]["reason"] and "corrupt" in rows[1]["reason"]
+    assert rows[1]["uid"] == broken[0]
+    dm = cli.datamodule
+    assert (dm.samples_seen, dm.samples_skipped) == (24, 1)
+    assert dm.state_dict()["samples_skipped"] == 1  # kept across a resume
+    from .conftest import scalars
+
+    assert sum(v for _, v in scalars(cli.trainer.log_dir)["data/skipped"]) == 1
+
+
+def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
+    from grasp_lightning.errors import GraspDataError
+
+    root = _sample_copy(tmp_path)
+    _break_clips(root, [0, 1, 2])
+    with pytest.raises(GraspDataError, match=r"3 of 2\d samples skipped, over data.max_skip_fraction=0.1"):
+        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+                 "--trainer.max_steps=12"], tmp_path)
+    sft = root / "train" / "data_sft.jsonl"
+    sft.write_text(sft.read_text() + "{not json\n[]\n[1]\n")  # 3 bad lines of 27: over 0.1 at setup
+    with pytest.raises(GraspDataError, match=r"3 of 27 lines are unusable.*data_sft.jsonl:25"):
+        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1"], tmp_path)

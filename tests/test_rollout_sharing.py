@@ -111,6 +111,12 @@ def test_sampling_shared_matches_generate_with_num_return_sequences(prompts):
     assert outs[0].texts == outs[1].texts and outs[0].ids.shape[0] == 2 * K
 
 
+def _assert_grad_close(actual, expected, name: str) -> None:
+    """Float32 tolerance relative to the tensor's largest entry (sums run in a different order)."""
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item() + 1e-9,
+                               msg=lambda m: f"{name}: {m}")
+
+
 def _completions(tok, n: int, lc: int = 9):
     gen = torch.Generator().manual_seed(11)
     ids = torch.randint(0, 500, (n, lc), generator=gen)
@@ -146,8 +152,7 @@ def test_shared_scoring_matches_naive_logps_and_gradients(prompts, checkpointing
     assert set(shared[2]) == set(naive[2])
     assert any("visual" in n for n in naive[2]) == train_vision
     for name, grad in naive[2].items():
-        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-6 * grad.abs().max().item() + 1e-9,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        _assert_grad_close(shared[2][name], grad, name)
     assert max(g.abs().max() for g in naive[2].values()) > 1e-3  # real gradients were compared
     assert not any("_can_checkpoint_with_cache" in vars(m) for m in model.modules())  # flag restored
 
@@ -209,7 +214,7 @@ def test_grpo_task_shared_step_equals_naive_step(prompts):
     assert shared.extras["completions"] == naive.extras["completions"]
     torch.testing.assert_close(shared.loss, naive.loss, rtol=1e-5, atol=1e-6)
     for name, grad in naive_grads.items():
-        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-6 * grad.abs().max().item() + 1e-9)
+        _assert_grad_close(shared_grads[name], grad, name)
     b, lp = batch.inputs["input_ids"].shape
     # Per step: generation, reference and policy scoring. Naive forwards K times the prompts.
     assert naive.metrics["tokens/prompt_forwarded"] == 3 * K * b * lp
@@ -239,3 +244,37 @@ def test_step_timing_logs_every_phase_each_step(in_repo, tmp_path):
     lp = series["train/tokens/prompt_forwarded"]
     assert series["throughput/prompt_tokens_per_step"] == lp
     assert series["train/rollout/shared_prompt"] == [1.0, 1.0, 1.0]
+
+
+def test_sharing_through_a_lora_policy_and_its_adapter_disabled_reference(prompts):
+    """peft-wrapped policy: shared sampling and scoring (adapters on and off) equal the naive paths."""
+    from peft import LoraConfig, get_peft_model
+
+    inputs, tok = prompts
+    model = get_peft_model(load_model(train=True, noise=0.1),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                      init_lora_weights=False))
+    assert sharing_unsupported_reason(model, inputs) is None
+    ids, mask = _completions(tok, 2 * K)
+    naive_logp, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, 1.0)
+    naive_logp[mask].sum().backward()
+    naive_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    shared_logp, _ = shared_completion_logps(model, inputs, ids, mask, K, 1.0)
+    shared_logp[mask].sum().backward()
+    torch.testing.assert_close(shared_logp[mask], naive_logp[mask], **LOGP_TOL)
+    assert naive_grads and all("lora_" in n for n in naive_grads)
+    for name, grad in naive_grads.items():
+        _assert_grad_close(model.get_parameter(name).grad, grad, name)
+    with torch.no_grad(), model.disable_adapter():
+        ref_shared, _ = shared_completion_logps(model, inputs, ids, mask, K, 1.0)
+        ref_naive, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, 1.0)
+    torch.testing.assert_close(ref_shared[mask], ref_naive[mask], **LOGP_TOL)
+    assert (ref_shared - shared_logp.detach())[mask].abs().max() > 1e-3  # the adapters really were off
+    model.eval()
+    outs = []
+    for share in (False, True):
+        torch.manual_seed(9)
+        outs.append(sample_completions(model, tok, inputs, num_return_sequences=K, max_new_tokens=8, stop_strings=(),
+                                       share_prompt=share))
+    assert torch.equal(outs[0].ids, outs[1].ids)

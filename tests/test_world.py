@@ -152,6 +152,6 @@ def test_generation_is_deterministic(tmp_path: Path) -> None:
 def test_world_recipes_carry_the_colour_key(name: str) -> None:
     config = yaml.safe_load((CONFIGS / name).read_text())
     assert config["data"]["system_prompt"] == world.SYSTEM_PROMPT
-    assert all(f"Person {i} {c}" in world.SYSTEM_PROMPT for i, c in enumerate(world.COLOUR_NAMES))
+    assert all(f"Person {i} is {c}" in world.SYSTEM_PROMPT for i, c in enumerate(world.COLOUR_NAMES))
     assert config["data"]["max_pixels"] == world.SIZE * world.SIZE
     assert config["model"]["policy"]["freeze_vision"] is False

@@ -21,8 +21,9 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from grasp_lightning.benchmarks.base import Benchmark
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
-from grasp_lightning.data.formats import SkipRecord, bench_store, read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.formats import SkipRecord, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, encode_example
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
@@ -136,6 +137,9 @@ class GraspDataModule(L.LightningDataModule):
             task's ``num_iterations`` (the task reuses the rollouts of a repeated batch).
         train_limit: use only the first N training rows (quick runs).
         val_limit: use only the first N bench items.
+        benchmarks: more validation benchmarks (``class_path`` plugins of ``grasp_lightning.benchmarks``:
+            MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
+            and its own ``results.json`` section and table (``configs/benchmarks.yaml``).
     """
 
     def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
@@ -145,13 +149,15 @@ class GraspDataModule(L.LightningDataModule):
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
                  num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int = 1, train_limit: int | None = None,
-                 val_limit: int | None = None) -> None:
+                 val_limit: int | None = None, benchmarks: list[Benchmark] | None = None) -> None:
         super().__init__()
         if mode not in ("sft", "rl"):
             raise GraspConfigError(f"data.mode must be 'sft' or 'rl', got {mode!r}")
         if on_bad_item not in ("raise", "skip"):
             raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["benchmarks"])  # plugin objects stay out of checkpoints
+        self.benchmarks: list[Benchmark] = list(benchmarks or [])
+        self.val_benchmarks: list[Benchmark] = []  # GRASP-Bench (data.bench) first, then data.benchmarks, loaded
         self.root = Path(root)
         self._processor = None
         self.train_items: list[GraspItem] = []
@@ -214,12 +220,36 @@ class GraspDataModule(L.LightningDataModule):
             items = result.items
             self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
             log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
+        if stage in ("fit", "validate", "test", "predict") and not self.val_benchmarks:
+            self.val_benchmarks = self._load_benchmarks()
 
-    def _dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool) -> GraspDataset:
+    def _load_benchmarks(self) -> list[Benchmark]:
+        """GRASP-Bench of ``bench`` (when it has items) then ``benchmarks``, loaded.
+
+        Raises:
+            GraspConfigError: two benchmarks share a name.
+        """
+        from grasp_lightning.benchmarks.audio import audio_unavailable_reason
+        from grasp_lightning.benchmarks.grasp import GraspBench
+
+        loaded = [GraspBench.from_items(str(self.root / self.hparams.bench), self.val_items)] if self.val_items else []
+        reason = audio_unavailable_reason(self.processor) if self.benchmarks else None
+        for bench in self.benchmarks:
+            bench.load(on_error=self.hparams.on_bad_item, audio_unavailable=reason)
+            loaded.append(bench)
+        names = [b.name for b in loaded]
+        if len(set(names)) != len(names):
+            raise GraspConfigError(f"data.benchmarks: benchmark names must be unique, got {names} "
+                                   f"(set `name` in their init_args)")
+        return loaded
+
+    def _dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool,
+                 system_prompt: str | None = None) -> GraspDataset:
         h = self.hparams
         return GraspDataset(items, store, self.processor, with_target=with_target, fps=h.fps,
                             max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
-                            max_target_tokens=h.max_target_tokens, system_prompt=h.system_prompt,
+                            max_target_tokens=h.max_target_tokens,
+                            system_prompt=h.system_prompt if system_prompt is None else system_prompt,
                             skip_bad=h.on_bad_item == "skip")
 
     def _rank(self) -> tuple[int, int]:
@@ -240,21 +270,30 @@ class GraspDataModule(L.LightningDataModule):
                                    world_size=world, pad="wrap")
         batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self.hparams.repeat_batches)
         if self._resume is not None:
-            batches.set_start(*self._resume)
-            self._epoch, self._consumed = self._resume
+            epoch, consumed = self._resume
+            if consumed >= len(batches):
+                # Saved after the last batch of an epoch: Lightning resumes with the next epoch, and builds
+                # this loader's iterator before it calls set_epoch, so start the next epoch here.
+                epoch, consumed = epoch + 1, 0
+            batches.set_start(epoch, consumed)
+            self._epoch, self._consumed = epoch, consumed
             self._resume = None
         dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.hparams.mode == "sft")
         return self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left")
 
-    def _bench_loader(self) -> DataLoader:
+    def _bench_loader(self, bench: Benchmark) -> DataLoader:
         rank, world = self._rank()
-        sampler = ResumableSampler(len(self.val_items), shuffle=False, rank=rank, world_size=world, pad="mark")
-        return self._loader(self._dataset(self.val_items, bench_store(self.root / self.hparams.bench), False),
+        sampler = ResumableSampler(len(bench.items), shuffle=False, rank=rank, world_size=world, pad="mark")
+        return self._loader(self._dataset(bench.items, bench.store(), False, system_prompt=bench.system_prompt),
                             ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 
     def val_dataloader(self) -> DataLoader | list:
-        """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows."""
-        return self._bench_loader() if self.val_items else []
+        """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows. With ``benchmarks``:
+        one loader per benchmark with items, GRASP-Bench first (``dataloader_idx`` in that order)."""
+        from grasp_lightning.benchmarks.suite import routes
+
+        loaders = [self._bench_loader(b) for b in routes(self.val_benchmarks)]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     def test_dataloader(self) -> DataLoader | list:
         """Same as validation: GRASP-Bench."""
@@ -272,12 +311,13 @@ class GraspDataModule(L.LightningDataModule):
             if batch.skipped:
                 self.samples_skipped += len(batch.skipped)
                 self._record_skips(batch.skipped)
-                if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
-                    raise GraspDataError(
-                        self.hparams.train_file,
-                        f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
-                        f"{self.hparams.max_skip_fraction}; the last: {batch.skipped[-1].uid} "
-                        f"({batch.skipped[-1].where}: {batch.skipped[-1].reason}); see {self._skip_file or 'the log'}")
+            if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
+                last = self.skipped[-1]
+                raise GraspDataError(
+                    self.hparams.train_file,
+                    f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
+                    f"{self.hparams.max_skip_fraction}; the last: {last.uid} ({last.where}: {last.reason}); "
+                    f"every skip is listed in {self._skip_file or 'the log'}")
         return batch
 
     def _open_skip_file(self) -> None:

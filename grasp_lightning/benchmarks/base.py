@@ -1,0 +1,364 @@
+"""The benchmark plugin interface, the clip store of a benchmark, and the per-task accuracy metric.
+
+A :class:`Benchmark` is a reader plus a scorer. :meth:`Benchmark.read` turns every item of the
+benchmark's annotation file(s) into a :class:`~grasp_lightning.data.records.GraspItem` (question
+text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the task), so the
+GRASP prompt, decoding and collate path serve every benchmark unchanged. :meth:`Benchmark.score`
+turns one completion into a JSON-ready record with ``task``, ``target``, ``predicted`` and
+``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`TaskAccuracy` sums them per
+task with sum-reduced states (exact across ranks); :meth:`Benchmark.markdown` renders the table.
+
+Configs select benchmarks by ``class_path`` under ``data.benchmarks``; the DataModule gives each
+one a validation dataloader and the module routes each dataloader's batches to its scorer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from grasp_lightning import parsing
+from grasp_lightning.data.formats import Collector, ReadResult
+from grasp_lightning.data.records import GraspItem
+from grasp_lightning.data.shards import ClipStore
+from grasp_lightning.errors import ClipNotFoundError, GraspConfigError, GraspDataError, GraspFormatError
+
+log = logging.getLogger(__name__)
+
+#: Appended to every lettered multiple-choice question of the non-GRASP benchmarks.
+LETTER_INSTRUCTION = "Give the letter of the correct option inside <answer> tags, e.g. <answer>A</answer>."
+#: System turn of the non-GRASP benchmarks (their questions carry their own answer instruction).
+SYSTEM_PROMPT = ("You are watching a video of people interacting. Answer the question about it and put "
+                 "only the final answer inside <answer> tags.")
+
+
+class VideoStore:
+    """Opens a benchmark's clips: paths relative to ``root`` (folder and/or tar shards, through
+    :class:`~grasp_lightning.data.shards.ClipStore`) or absolute paths.
+
+    Picklable, so DataLoader workers receive it. Raises :class:`ClipNotFoundError` naming the path.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._clips: ClipStore | None = None
+
+    def open(self, path: str) -> bytes:
+        """The bytes of the clip at ``path`` (absolute, or relative to the root)."""
+        p = Path(path)
+        if p.is_absolute():
+            if not p.is_file():
+                raise ClipNotFoundError(path, "no such video file")
+            return p.read_bytes()
+        if self._clips is None:
+            self._clips = ClipStore(self.root)
+        return self._clips.open(path)
+
+
+def load_rows(path: Path) -> list[tuple[str, Any]]:
+    """``[(where, row), ...]`` of a JSON list (``<file>:<index>``) or a JSONL file (``<file>:<line>``).
+
+    Raises:
+        GraspFormatError: missing file, malformed JSON, or a top level that is neither a list nor lines.
+    """
+    if not path.is_file():
+        raise GraspFormatError(str(path), "no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((f"{path}:{lineno}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise GraspFormatError(f"{path}:{lineno}", f"malformed JSON line ({e})") from None
+        return rows
+    if isinstance(data, dict):  # {"data": [...]} or {id: item, ...}
+        data = data.get("data", data.get("items", list(data.values())))
+    if not isinstance(data, list):
+        raise GraspFormatError(str(path), f"expected a JSON list of items, got {type(data).__name__}")
+    return [(f"{path}:[{i}]", row) for i, row in enumerate(data)]
+
+
+def lettered(options: Sequence[str]) -> tuple[str, ...]:
+    """``("A) x", "B) y", ...)`` for bare option strings."""
+    return tuple(f"{chr(65 + i)}) {str(o).strip()}" for i, o in enumerate(options))
+
+
+def answer_space(completion: str) -> tuple[str, bool]:
+    """``(text, in_block)``: the stripped content of the first ``<answer>`` block, else the stripped completion."""
+    block = parsing.answer_block(completion)
+    return (block.strip(), True) if block is not None else (completion.strip(), False)
+
+
+class Benchmark:
+    """Base class of the validation benchmarks: read items, score completions, aggregate, render.
+
+    Args:
+        path: annotation file (JSON list or JSONL), a list of such files, or a folder whose
+            ``*.json``/``*.jsonl`` files are all read (e.g. one file per task).
+        videos: root the items' video paths are relative to; default: the folder of the
+            (first) annotation file.
+        name: key of this benchmark in logs, ``results.json`` and file names (default per class).
+        limit: use only the first N items (after reading, before the audio check).
+        system_prompt: system turn of its prompts; default :data:`SYSTEM_PROMPT`.
+
+    Subclasses set :attr:`default_name`, :attr:`title`, :attr:`task_names` and implement
+    :meth:`parse_row` and :meth:`score`.
+    """
+
+    default_name: ClassVar[str] = "benchmark"
+    title: ClassVar[str] = "Benchmark"
+    #: task code -> long name, in table order; tasks found in the data but not listed come after, sorted.
+    task_names: ClassVar[dict[str, str]] = {}
+    #: True for GRASP-Bench, which keeps its own metric (``grasp_lightning.bench.BenchAccuracy``) and report.
+    is_grasp: ClassVar[bool] = False
+
+    def __init__(self, path: str | list[str], videos: str | None = None, name: str | None = None,
+                 limit: int | None = None, system_prompt: str | None = None) -> None:
+        self.paths = [Path(p) for p in ([path] if isinstance(path, str) else path)]
+        if not self.paths:
+            raise GraspConfigError(f"{type(self).__name__}: path is empty")
+        self.videos = videos
+        self.name = name or self.default_name
+        self.limit = limit
+        self.system_prompt = system_prompt if system_prompt is not None else SYSTEM_PROMPT
+        self.items: list[GraspItem] = []  # evaluated items (after load)
+        self.not_evaluated: dict[str, int] = {}  # task -> items left out (e.g. they need audio)
+        self.not_evaluated_reason = ""
+        self.tasks: list[str] = []
+        self.skipped: list = []
+
+    # ------------------------------------------------------------------ reading
+    def files(self) -> list[Path]:
+        """The annotation files: each path, the sorted ``*.json``/``*.jsonl`` of a folder, or the sorted
+        matches of a glob pattern (``werewolf/mmsi_test_*.json``).
+
+        Raises:
+            GraspFormatError: a pattern that matches no file.
+        """
+        out: list[Path] = []
+        for p in self.paths:
+            if any(ch in str(p) for ch in "*?["):
+                found = sorted(Path(p.anchor or ".").glob(str(p.relative_to(p.anchor)) if p.anchor else str(p)))
+                if not found:
+                    raise GraspFormatError(str(p), "the pattern matches no annotation file")
+                out += found
+            else:
+                out += sorted([*p.glob("*.json"), *p.glob("*.jsonl")]) if p.is_dir() else [p]
+        return out
+
+    def video_root(self) -> Path:
+        """Root of relative video paths (``videos``, else the first annotation file's folder)."""
+        if self.videos is not None:
+            return Path(self.videos)
+        first = self.paths[0]
+        while any(ch in first.name for ch in "*?["):
+            first = first.parent
+        return first if first.is_dir() else first.parent
+
+    def store(self) -> VideoStore:
+        """Where the items' ``clip.path`` are opened."""
+        return VideoStore(self.video_root())
+
+    def parse_row(self, row: Any, where: str) -> list[GraspItem]:
+        """Turn one raw item into GraspItems (usually one). Raise :class:`GraspFormatError` naming ``where``."""
+        raise NotImplementedError
+
+    def read(self, on_error: str = "raise") -> ReadResult:
+        """Read every item of :meth:`files` (``on_error``: ``"raise"`` or ``"skip"`` bad items).
+
+        Raises:
+            GraspFormatError: a missing or malformed file (always); a bad item with ``"raise"``.
+        """
+        col = Collector(on_error)
+        for file in self.files():
+            for where, row in load_rows(file):
+                try:
+                    col.result.items.extend(self.parse_row(row, where))
+                except GraspDataError as e:
+                    col.fail(e)
+        uids = [i.uid for i in col.result.items]
+        if len(set(uids)) != len(uids):
+            dup = next(u for u in uids if uids.count(u) > 1)
+            raise GraspFormatError(str(self.paths[0]), f"item id {dup!r} occurs more than once")
+        return col.result
+
+    def needs_audio(self, item: GraspItem) -> bool:
+        """True when the item cannot be answered without its audio track (none by default)."""
+        return False
+
+    def load(self, on_error: str = "raise", audio_unavailable: str | None = "no audio input was configured") -> None:
+        """Read the items (first :attr:`limit`), keep those the model can take, count the rest per task.
+
+        Items that need audio are evaluated only when ``audio_unavailable`` is ``None``; otherwise
+        they are counted in :attr:`not_evaluated` with that reason (reported, never scored as wrong).
+        """
+        result = self.read(on_error=on_error)
+        items = result.items[: self.limit] if self.limit else list(result.items)
+        self.skipped = list(result.skipped)
+        self.not_evaluated = {}
+        self.items = []
+        for item in items:
+            if audio_unavailable is not None and self.needs_audio(item):
+                self.not_evaluated[item.category] = self.not_evaluated.get(item.category, 0) + 1
+            else:
+                self.items.append(item)
+        if self.not_evaluated:
+            self.not_evaluated_reason = audio_unavailable
+            log.warning("%s: %d items not evaluated: %s", self.name, sum(self.not_evaluated.values()),
+                        self.not_evaluated_reason)
+        self.tasks = self.task_order({i.category for i in items})
+        log.info("%s: %d items to evaluate from %s", self.name, len(self.items), ", ".join(map(str, self.files())))
+
+    def task_order(self, found: set[str | None]) -> list[str]:
+        """Tasks in table order: :attr:`task_names` first, then the others found, sorted."""
+        found = {t for t in found if t is not None}
+        return [t for t in self.task_names if t in found] + sorted(found - set(self.task_names))
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, completion: str, item: GraspItem) -> dict[str, Any]:
+        """Score one completion; the record (``uid``, ``task``, ``target``, ``predicted``, ``score``,
+        ``correct``, ``completion``) is written to ``results.json`` and fed to :meth:`metric`."""
+        raise NotImplementedError
+
+    def metric(self) -> Metric:
+        """A fresh metric over :attr:`tasks` (call after :meth:`load`)."""
+        return TaskAccuracy(self.tasks)
+
+    def compute(self, metric: Metric) -> dict[str, float]:
+        """The metric's values plus ``not_evaluated/<task>`` and ``not_evaluated/overall`` counts."""
+        out = metric.compute()
+        for task in self.tasks:
+            out[f"not_evaluated/{task}"] = float(self.not_evaluated.get(task, 0))
+        out["not_evaluated/overall"] = float(sum(self.not_evaluated.values()))
+        return out
+
+    def markdown(self, metrics: dict[str, float]) -> str:
+        """A Markdown table: one row per task (accuracy %, n, not evaluated), then mean and overall."""
+        return task_table(self.title, self.tasks, self.task_names, metrics, self.not_evaluated_reason)
+
+    @staticmethod
+    def record(item: GraspItem, target: Any, predicted: Any, score: float, completion: str, **extra: Any) -> dict:
+        """The record of one scored item."""
+        return {"uid": item.uid, "task": item.category, "target": target, "predicted": predicted,
+                "score": float(score), "correct": score == 1.0, **extra, "completion": completion}
+
+
+# ---------------------------------------------------------------------- metric
+class TaskAccuracy(Metric):
+    """Accuracy per task, mean over tasks and pooled, with partial credit; exact across ranks.
+
+    States (all ``dist_reduce_fx="sum"``): ``score_sum`` float64 ``(T,)``, ``total`` and
+    ``unparseable`` int64 ``(T,)`` for the ``T`` tasks given at construction (every rank reads the
+    same files, so ``T`` and the order agree). Rows with ``valid=False`` (rank padding) are skipped.
+
+    :meth:`compute` keys: ``acc/<task>`` (score sum / items), ``n/<task>``; ``acc/mean`` (unweighted
+    mean over tasks with items), ``acc/overall`` (pooled), ``n/overall``, ``unparseable_rate``.
+    Undefined values are ``NaN``.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    score_sum: Tensor
+    total: Tensor
+    unparseable: Tensor
+
+    def __init__(self, tasks: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task_list = list(tasks)
+        self._index = {t: i for i, t in enumerate(self.task_list)}
+        n = max(1, len(self.task_list))
+        self.add_state("score_sum", torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("unparseable", torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update_from_records(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
+        """Same as :meth:`update` (the name :class:`~grasp_lightning.bench.BenchAccuracy` uses)."""
+        self.update(records, valid)
+
+    def update(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
+        """Count records of :meth:`Benchmark.score` (``valid``: bool ``(B,)`` or ``None`` for all).
+
+        Raises:
+            GraspDataError: a record's task is not one of the metric's tasks (names the uid).
+        """
+        keep = [True] * len(records) if valid is None else [bool(v) for v in valid.tolist()]
+        if len(keep) != len(records):
+            raise ValueError(f"TaskAccuracy: {len(records)} records but valid has {len(keep)} rows")
+        for record, ok in zip(records, keep):
+            if not ok:
+                continue
+            idx = self._index.get(record["task"])
+            if idx is None:
+                raise GraspDataError(str(record.get("uid")), f"task {record['task']!r} is not one of {self.task_list}")
+            self.score_sum[idx] += float(record["score"])
+            self.total[idx] += 1
+            self.unparseable[idx] += int(record["predicted"] is None)
+
+    def compute(self) -> dict[str, float]:
+        """The metric dict (accuracies in [0, 1], counts as floats)."""
+        out: dict[str, float] = {}
+        accs = []
+        for task, i in self._index.items():
+            n = int(self.total[i])
+            acc = float(self.score_sum[i]) / n if n else math.nan
+            out[f"acc/{task}"], out[f"n/{task}"] = acc, float(n)
+            if n:
+                accs.append(acc)
+        total = int(self.total.sum())
+        out["acc/mean"] = sum(accs) / len(accs) if accs else math.nan
+        out["acc/overall"] = float(self.score_sum.sum()) / total if total else math.nan
+        out["n/overall"] = float(total)
+        out["unparseable_rate"] = float(self.unparseable.sum()) / total if total else math.nan
+        return out
+
+
+# ---------------------------------------------------------------------- table
+def _pct(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100.0 * value:.1f}"
+
+
+def _n(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
+
+
+def task_table(title: str, tasks: Sequence[str], names: dict[str, str], metrics: dict[str, float],
+               reason: str = "") -> str:
+    """Markdown: a ``### title`` heading, one row per task (code, name, accuracy %, n, not evaluated),
+    the mean over tasks and the pooled overall, then the unparseable rate. NaN prints "–"."""
+    lines = [f"### {title}", "", "| task | name | accuracy (%) | n | not evaluated |", "|---|---|---:|---:|---:|"]
+    for task in tasks:
+        lines.append(f"| {task} | {names.get(task, task.replace('_', ' '))} | {_pct(metrics.get(f'acc/{task}'))} | "
+                     f"{_n(metrics.get(f'n/{task}'))} | {_n(metrics.get(f'not_evaluated/{task}', 0.0))} |")
+    lines.append(f"|  | **Mean over tasks** | {_pct(metrics.get('acc/mean'))} |  |  |")
+    lines.append(f"|  | **Overall** | {_pct(metrics.get('acc/overall'))} | {_n(metrics.get('n/overall'))} | "
+                 f"{_n(metrics.get('not_evaluated/overall', 0.0))} |")
+    lines += ["", f"Unparseable answers: {_pct(metrics.get('unparseable_rate'))}% of {_n(metrics.get('n/overall'))} items."]
+    skipped = metrics.get("not_evaluated/overall", 0.0)
+    if skipped and skipped == skipped:
+        lines.append(f"Not evaluated: {int(skipped)} items ({reason or 'see the log'}); they count neither as "
+                     f"right nor as wrong.")
+    return "\n".join(lines) + "\n"
+
+
+_WORD_RE = re.compile(r"[A-Za-z]+")
+
+
+def first_word(text: str) -> str:
+    """The first word of ``text`` in lower case (``""`` when there is none)."""
+    m = _WORD_RE.search(text)
+    return m.group(0).lower() if m else ""

@@ -182,16 +182,18 @@ class GraspModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and log its metrics under ``train/``."""
-        if batch.skipped:
-            self.log("data/skipped", float(len(batch.skipped)), reduce_fx="sum", on_step=True, batch_size=1)
+        # Logged at every step: Lightning repeats a step metric's last value in steps that do not log it.
+        self.log("data/skipped", float(len(batch.skipped)), reduce_fx="sum", on_step=True, batch_size=1)
         if len(batch) == 0:
-            return None
+            return self._no_update()
         out = self.task.training_step(self, batch)
         self.last_task_output = out
         if out.metrics:
             self.log_dict({f"train/{k}": v for k, v in out.metrics.items()}, on_step=True, prog_bar=False,
                           batch_size=len(batch))
-        if out.loss is not None and not bool(torch.isfinite(out.loss.detach()).all()):
+        finite = out.loss is None or bool(torch.isfinite(out.loss.detach()).all())
+        self.log("train/nonfinite_loss", float(not finite), reduce_fx="sum", on_step=True, batch_size=1)
+        if not finite:
             return self._skip_nonfinite_loss(out.loss, batch)
         if out.loss is not None:
             self.log("train/loss", out.loss.detach(), on_step=True, prog_bar=True, batch_size=len(batch))
@@ -206,10 +208,15 @@ class GraspModule(L.LightningModule):
         stops the run after too many in a row.
         """
         self.nonfinite_losses += 1
-        self.log("train/nonfinite_loss", 1.0, on_step=True, reduce_fx="sum", batch_size=1)
         log.warning("step %d: non-finite loss %s on items %s (dataset indices %s); micro-batch skipped",
                     self.trainer.global_step if self._trainer is not None else -1, float(loss.detach().float().sum()),
                     [item.uid for item in batch.items], list(batch.indices))
+        return self._no_update()
+
+    def _no_update(self):
+        """What a micro-batch that must not train returns: ``None`` on one process (Lightning skips
+        its backward and step); under DDP or DeepSpeed, where every rank must run the backward
+        collectives (and DeepSpeed refuses ``None``), a zero loss over the trainable weights."""
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         if self._trainer is None or (self.trainer.world_size == 1

@@ -394,7 +394,8 @@ def pipeline_from_args(argv: list[str]) -> tuple[Pipeline, str | None]:
     run_dir, common_configs = cfg.run_dir, list(cfg.common_configs)
     common_overrides, final_validate = dict(cfg.common_overrides), cfg.final_validate
     if cfg.demo:
-        run_dir = demo.run_dir
+        explicit = any(a == "--run_dir" or a.startswith("--run_dir=") for a in argv)
+        run_dir = run_dir if explicit else demo.run_dir  # a --run_dir on the command line wins
         common_configs += list(demo.configs)
         common_overrides.update(demo.overrides)
         final_validate = demo.final_validate if demo.final_validate is not None else final_validate

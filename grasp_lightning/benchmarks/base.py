@@ -239,7 +239,7 @@ class Benchmark:
 
     def compute(self, metric: Metric) -> dict[str, float]:
         """The metric's values plus ``not_evaluated/<task>`` and ``not_evaluated/overall`` counts."""
-        out = metric.compute()
+        out = dict(metric.compute())  # a copy: torchmetrics caches the computed dict
         for task in self.tasks:
             out[f"not_evaluated/{task}"] = float(self.not_evaluated.get(task, 0))
         out["not_evaluated/overall"] = float(sum(self.not_evaluated.values()))

@@ -25,6 +25,11 @@ uninterrupted run would have seen (``tests/test_reliability.py``). With SLURM us
 ``#SBATCH --signal=USR1@90`` (or ``B:USR1@90`` when the batch script forwards it) and leave the
 seconds for one optimizer step (all its micro-batches) plus the checkpoint write.
 
+A signal that arrives during validation is acted on at the end of the next optimizer step (a
+checkpoint taken inside validation would resume mid-evaluation): keep a validation pass, or lower
+``trainer.limit_val_batches``, within the grace period too. A signal before training starts (model
+loading) ends the process as usual: nothing has been trained yet.
+
 DataLoader workers ignore these signals (``GraspDataModule`` installs ``SIG_IGN`` in each
 worker), so a signal sent to the whole process group does not kill them before the checkpoint.
 """
@@ -135,14 +140,19 @@ class Preemption(L.Callback):
         stop = trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
         if not stop:
             return
+        requeue_signal = self._requeue_signal(trainer)  # the same on every rank
+        requeue = requeue_signal is not None and trainer.strategy.reduce_boolean_decision(
+            self.received == requeue_signal, all=False)  # collective: every rank saves the hpc checkpoint
         name = self.received.name if self.received is not None else "a signal on another rank"
         path = self.checkpoint_path(trainer)
         log.warning("Preemption: received %s; saving %s at step %d and stopping", name, path, trainer.global_step)
         save_checkpoint_atomic(trainer, path)
         self.saved_path = path
         self.stopped_at_step = trainer.global_step
-        if self.requeue and self.received is not None:
-            self._slurm_requeue(trainer)
+        if requeue:
+            # Lightning's SLURM routine (hpc_ckpt_N.ckpt on every rank, ``scontrol requeue`` on rank 0),
+            # now at a consistent point of training instead of inside its signal handler.
+            trainer._signal_connector._slurm_sigusr_handler_fn(requeue_signal, None)
         log.warning("Preemption: checkpoint saved; resume with --ckpt_path %s", path)
         raise SIGTERMException
 
@@ -155,17 +165,14 @@ class Preemption(L.Callback):
             folder = os.path.join(trainer.default_root_dir, "checkpoints")
         return str(Path(folder) / f"{self.filename}.ckpt")
 
-    def _slurm_requeue(self, trainer: L.Trainer) -> None:
-        """Under SLURM auto-requeue and its requeue signal: Lightning's routine (hpc checkpoint, then
-        ``scontrol requeue`` on rank 0), now at a consistent point of training."""
+    def _requeue_signal(self, trainer: L.Trainer) -> signal.Signals | None:
+        """SLURM's requeue signal when running under SLURM with auto-requeue and ``requeue`` is on."""
         from lightning.fabric.plugins.environments import SLURMEnvironment
 
         env = trainer._accelerator_connector.cluster_environment
-        if not (isinstance(env, SLURMEnvironment) and env.auto_requeue and self.received == env.requeue_signal):
-            return
-        connector = getattr(trainer, "_signal_connector", None)
-        requeue = getattr(connector, "_slurm_sigusr_handler_fn", None)
-        if requeue is None:  # pragma: no cover - Lightning moved its private routine
+        if not (self.requeue and isinstance(env, SLURMEnvironment) and env.auto_requeue):
+            return None
+        if not hasattr(getattr(trainer, "_signal_connector", None), "_slurm_sigusr_handler_fn"):  # pragma: no cover
             log.warning("Preemption: this Lightning version has no SLURM requeue routine; requeue the job yourself")
-            return
-        requeue(self.received, None)
+            return None
+        return signal.Signals(env.requeue_signal)

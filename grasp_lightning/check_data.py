@@ -51,7 +51,9 @@ KNOWN_FILES = {
     "test/annotations.jsonl": ("annotations", "bench"),
 }
 _READERS = {"sft": read_sft, "rl": read_rl, "annotations": read_annotations}
-RECYCLE_AFTER = 256  # clips per worker process before it is replaced
+_KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations"}
+RECYCLE_AFTER = 256  # clips per worker process before it is replaced (native decoder memory)
+_CHUNK = 4  # clips per task sent to a worker
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | No
     store = _STATE["stores"].get(store_name)
     try:
         if store is None or item.clip.path not in store:
-            return index, Problem(item.origin, f"clip {item.clip.path} not found under {s.root}", item.uid, "clip")
+            return index, _missing(item, s.root)
         clip = decode_clip(store.open(item.clip.path), fps=s.fps, start_seconds=item.clip.start_seconds,
                            end_seconds=item.clip.end_seconds, max_frames=s.max_frames, max_pixels=s.max_pixels,
                            where=f"{item.origin} ({item.clip.path})")
@@ -147,6 +149,10 @@ def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | No
     except Exception as err:  # noqa: BLE001 - any failure here would also stop training: report it
         return index, Problem(item.origin, f"unexpected {type(err).__name__}: {err}", item.uid, "unexpected")
     return index, None
+
+
+def _missing(item: GraspItem, root: Path) -> Problem:
+    return Problem(item.origin, f"clip {item.clip.path} not found under {root}", item.uid, "ClipNotFoundError")
 
 
 def _scan(shard: Path) -> list[Problem]:
@@ -166,8 +172,10 @@ def _map(func, jobs: list, workers: int, progress: str | None = None, ordered: b
         yield from _progress(map(func, jobs), len(jobs), progress)
         return
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, maxtasksperchild=RECYCLE_AFTER) as pool:
-        results = pool.imap(func, jobs) if ordered else pool.imap_unordered(func, jobs, chunksize=4)
+    chunk = 1 if ordered else _CHUNK
+    with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker,
+                  maxtasksperchild=max(1, RECYCLE_AFTER // chunk)) as pool:
+        results = pool.imap(func, jobs) if ordered else pool.imap_unordered(func, jobs, chunksize=chunk)
         yield from _progress(results, len(jobs), progress)
 
 
@@ -201,7 +209,8 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
     """
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     problems: list[Problem] = []
-    wanted = files if files is not None else [f for f in KNOWN_FILES if (s.root / f).is_file()]
+    wanted = [f for f in files if f != s.bench] if files is not None else \
+        [f for f in KNOWN_FILES if (s.root / f).is_file()]
     check_bench = s.bench is not None and (files is None or s.bench in files)
     shards = sorted(p for p in (s.root / s.videos).rglob("*.tar") if p.is_file()) if (s.root / s.videos).is_dir() \
         else []
@@ -218,7 +227,11 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
         report_files: dict[str, dict] = {}
         jobs: list[tuple[int, str, str, GraspItem]] = []
         for rel in wanted:
-            kind, store_name = KNOWN_FILES.get(rel, ("annotations", "videos"))
+            kind, store_name = KNOWN_FILES.get(rel, (_KINDS.get(Path(rel).name.split(".")[0]), "videos"))
+            if kind is None:
+                problems.append(Problem(str(s.root / rel), "not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
+                                                           "annotations.jsonl or the bench)", check="file"))
+                continue
             if not (s.root / rel).is_file():
                 problems.append(Problem(str(s.root / rel), "no such file", check="file"))
                 continue
@@ -246,11 +259,12 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
         if decode and jobs:
             problems.extend(_decode_all(s, stores, jobs, workers, progress))
         else:
-            problems.extend(Problem(it.origin, f"clip {it.clip.path} not found under {s.root}", it.uid, "clip")
-                            for _, name, _, it in jobs if stores.get(name) is None or it.clip.path not in stores[name])
+            problems.extend(_missing(it, s.root) for _, name, _, it in jobs
+                            if stores.get(name) is None or it.clip.path not in stores[name])
     for name, info in report_files.items():
         prefix = str(s.root / name)
         info["bad"] = sum(1 for p in problems if p.where.startswith(prefix))
+    problems.sort(key=lambda p: _sort_key(p.where.split(" (")[0]))
     return {"root": str(s.root), "files": report_files, "problems": [asdict(p) for p in problems],
             "ok": not problems}
 
@@ -278,7 +292,7 @@ def _decode_all(s: Settings, stores: dict, jobs: list, workers: int, progress: b
         found = [p for _, p in results if p is not None]
     finally:
         _STATE.clear()
-    return sorted(found, key=lambda p: _sort_key(p.where))
+    return found
 
 
 def _sort_key(where: str) -> tuple[str, int]:

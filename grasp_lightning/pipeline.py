@@ -145,8 +145,9 @@ def _stage_cli(args: list[str], root: Path):
     class StageCLI(GraspCLI):
         def add_arguments_to_parser(self, parser) -> None:
             super().add_arguments_to_parser(parser)
-            parser.add_argument("--ckpt_path", type=str | None, default=None, help="ignored (from a fit config)")
-            parser.add_argument("--weights_only", type=bool | None, default=None, help="ignored (from a fit config)")
+            parser.add_argument("--ckpt_path", type=str | None, default=None, help="ignored (the pipeline resumes)")
+            parser.add_argument("--weights_only", type=bool | None, default=None,
+                                help="how a resume checkpoint is loaded (torch.load weights_only), as for fit")
 
         def before_instantiate_classes(self) -> None:
             trainer = self.config.trainer
@@ -158,8 +159,12 @@ def _stage_cli(args: list[str], root: Path):
                 if "name" in init:
                     init.name = "logs"
 
-    return StageCLI(GraspModule, GraspDataModule, args=args, run=False, save_config_kwargs={"overwrite": True},
-                    auto_configure_optimizers=False, parser_kwargs={"default_env": False})
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both `args` and sys.argv
+    try:
+        return StageCLI(GraspModule, GraspDataModule, args=args, run=False, save_config_kwargs={"overwrite": True},
+                        auto_configure_optimizers=False, parser_kwargs={"default_env": False})
+    finally:
+        sys.argv = argv  # multi-process launchers re-run sys.argv
 
 
 def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
@@ -172,16 +177,21 @@ def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
     trainer, module = cli.trainer, cli.model
     final = root / "final.ckpt"
     try:
-        trainer.fit(module, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
+        trainer.fit(module, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None,
+                    weights_only=cli.config.get("weights_only"))  # the recipe's setting, as `fit` would use
     except SystemExit as e:  # Lightning's SIGTERMException after callbacks.preemption.Preemption saved last.ckpt
-        raise PipelineInterrupted(f"stage {root.name} stopped at step {trainer.global_step} ({type(e).__name__})") from e
+        raise PipelineInterrupted(f"stage {root.name} stopped at step {trainer.global_step} "
+                                  f"({type(e).__name__})") from e
     if trainer.interrupted or trainer.state.status != TrainerStatus.FINISHED:
         raise PipelineInterrupted(f"stage {root.name} stopped at step {trainer.global_step} ({trainer.state.status})")
     trainer.save_checkpoint(final, weights_only=True)
     if not trainer.is_global_zero:
         return {}
     export = export_checkpoint(final, root / "export", module.policy_cfg, module.lora_cfg, overwrite=True)
-    final.unlink(missing_ok=True)
+    if final.is_dir():  # DeepSpeed saves a folder
+        shutil.rmtree(final)
+    else:
+        final.unlink(missing_ok=True)
     results = Path(trainer.log_dir or root) / "bench" / "latest" / "results.json"
     return {"log_dir": str(trainer.log_dir), "global_step": int(trainer.global_step), "export": str(export),
             "resumed_from": str(resume) if resume else None,
@@ -197,6 +207,27 @@ def _validate(args: list[str], root: Path) -> dict:
     results = Path(cli.trainer.log_dir or root) / "bench" / "latest" / "results.json"
     return {"log_dir": str(cli.trainer.log_dir), "results": str(results) if results.is_file() else None,
             "finished_at": time.time()}
+
+
+def _run_forwarding_signals(cmd: list[str]) -> int:
+    """Run ``cmd`` and wait for it; SIGTERM/SIGUSR1 sent to this process are passed on to it (its
+    ``Preemption`` callback then checkpoints and stops), so this process stays to record the state."""
+    import signal
+
+    child = subprocess.Popen(cmd)
+    forward = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def handler(signum, frame) -> None:  # noqa: ARG001 (signal API)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    try:
+        for sig in forward:
+            signal.signal(sig, handler)
+        return child.wait()
+    finally:
+        for sig, previous in forward.items():
+            signal.signal(sig, previous)
 
 
 # ---------------------------------------------------------------------------------- the pipeline
@@ -317,7 +348,7 @@ class Pipeline:
             return self.run_one(name)
         cmd = [sys.executable, "-m", "grasp_lightning", "pipeline", *self.command, "--only", name]
         log.info("pipeline: %s", " ".join(cmd))
-        code = subprocess.call(cmd)
+        code = _run_forwarding_signals(cmd)
         result = read_json(root / RESULT_FILE)
         if code == INTERRUPTED_EXIT or (code == 0 and not result):
             raise PipelineInterrupted(f"stage {name} stopped before its end (exit status {code})")
@@ -347,7 +378,8 @@ class Pipeline:
                 self._update(name, status="failed", error=f"{type(e).__name__}: {e}")
                 raise
             self._update(name, status="done", **result)
-            log.info("pipeline: stage %s done%s", name, f", exported to {result['export']}" if "export" in result else "")
+            log.info("pipeline: stage %s done%s", name,
+                     f", exported to {result['export']}" if "export" in result else "")
         return self.collect_results(names[-1])
 
     def collect_results(self, name: str) -> Path | None:
@@ -418,7 +450,8 @@ def main(argv: list[str]) -> int:
             pipeline.run_one(only)
         else:
             results = pipeline.run()
-            sys.stdout.write(f"pipeline finished: {pipeline.run_dir}" + (f", results in {results}" if results else "") + "\n")
+            where = f", results in {results}" if results else ""
+            sys.stdout.write(f"pipeline finished: {pipeline.run_dir}{where}\n")
     except PipelineInterrupted as e:
         log.warning("pipeline interrupted: %s; run the same command again to resume", e)
         return INTERRUPTED_EXIT

@@ -13,7 +13,10 @@ measures both gradient norms and losses).
 Stepping is unchanged: Lightning calls ``engine.step()`` after every micro-batch (the strategy
 ``handles_gradient_accumulation``), and the engine applies the optimizer only at an accumulation
 boundary; Lightning's step counter, learning-rate scheduler and checkpoint intervals count
-optimizer steps, not micro-batches.
+optimizer steps, not micro-batches. Because the engine counts windows over the whole run while
+Lightning counts them per epoch, a multi-epoch run whose batches per epoch the accumulation does
+not divide is refused at setup (:func:`check_accumulation`, which names the
+``trainer.limit_train_batches`` to set).
 
 Inputs: Lightning's ``DeepSpeedPrecision.convert_input`` walks the whole batch with
 ``apply_to_collection`` and raises on the frozen record dataclasses a
@@ -38,6 +41,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from grasp_lightning.checkpointing import require_complete
+from grasp_lightning.errors import GraspConfigError
 
 
 class BatchDeepSpeedPrecision(DeepSpeedPrecision):
@@ -51,6 +55,33 @@ class BatchDeepSpeedPrecision(DeepSpeedPrecision):
             data.inputs = super().convert_input(inputs)
             return data
         return super().convert_input(data)
+
+
+def check_accumulation(batches_per_epoch: int | float, accumulate: int, max_epochs: int | None) -> None:
+    """Refuse DeepSpeed accumulation windows that would straddle epochs.
+
+    DeepSpeed counts accumulation windows over the whole run, Lightning per epoch, and under
+    DeepSpeed Lightning does not step on an epoch's last, partial window. With a remainder the
+    engine's optimizer steps and Lightning's ``zero_grad``/scheduler steps drift apart from the
+    second epoch on. A single epoch is allowed (its last partial window is not applied).
+
+    Args:
+        batches_per_epoch: training micro-batches per epoch and rank (``inf`` when unknown: not checked).
+        accumulate: ``trainer.accumulate_grad_batches``.
+        max_epochs: ``trainer.max_epochs`` (``None``/-1: unbounded).
+
+    Raises:
+        GraspConfigError: ``accumulate`` does not divide ``batches_per_epoch`` and more than one epoch may run.
+    """
+    if accumulate <= 1 or not isinstance(batches_per_epoch, int) or max_epochs == 1:
+        return
+    rest = batches_per_epoch % accumulate
+    if rest:
+        raise GraspConfigError(
+            f"DeepSpeed: {batches_per_epoch} training batches per epoch and rank are not a multiple of "
+            f"trainer.accumulate_grad_batches={accumulate}; DeepSpeed's accumulation windows would run across epochs, "
+            f"out of step with Lightning's. Set trainer.limit_train_batches={batches_per_epoch - rest} (drops the "
+            f"last {rest} batches of each epoch) or an accumulation that divides {batches_per_epoch}")
 
 
 class GraspDeepSpeedStrategy(DeepSpeedStrategy):
@@ -71,6 +102,12 @@ class GraspDeepSpeedStrategy(DeepSpeedStrategy):
         if type(plugin) is DeepSpeedPrecision:
             plugin = BatchDeepSpeedPrecision(plugin.precision)
         self._precision_plugin = plugin
+
+    def setup(self, trainer) -> None:
+        """Set up DeepSpeed, then :func:`check_accumulation` on the training batches per epoch."""
+        super().setup(trainer)
+        if trainer.training:
+            check_accumulation(trainer.num_training_batches, trainer.accumulate_grad_batches, trainer.max_epochs)
 
     def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):
         """Back-propagate ``closure_loss`` (already divided by ``accumulate_grad_batches`` by Lightning

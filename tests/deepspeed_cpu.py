@@ -120,22 +120,6 @@ class StepRecorder(L.Callback):
         torch.save({"input_ids": ids.cpu(), "logits": logits}, self.out_dir / "final_logits.pt")
 
 
-class StopAtStep(L.Callback):
-    """Stop training once ``trainer.global_step`` reaches ``step`` (after that step's checkpoint),
-    as a crash would, without changing the run's ``max_steps`` and hence its learning-rate schedule.
-
-    Args:
-        step: the optimizer step after which training stops.
-    """
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
-
-
 def read_steps(out_dir: str | os.PathLike, rank: int = 0) -> list[dict]:
     """The rows :class:`StepRecorder` wrote for ``rank``, in order."""
     path = Path(out_dir) / f"steps_rank{rank}.jsonl"

@@ -1,9 +1,10 @@
 """Test-only callbacks, passed to the CLI with ``--trainer.callbacks+=tests.recorders.<Name>``.
 
 - :class:`SampleRecorder` appends JSON lines per training micro-batch (at its start: step, epoch,
-  batch index, dataset indices; after its backward: the loss) to a file, so a test can compare the samples an interrupted-and-resumed
-  run saw with those of an uninterrupted run. It can pause at a given micro-batch until the test
-  has signalled the process, which makes the signal tests deterministic.
+  batch index, dataset indices; after its backward: the loss) to a file, so a test can compare the
+  samples an interrupted-and-resumed run saw with those of an uninterrupted run. It can pause at a
+  given micro-batch until the test has signalled the process, which makes the signal tests
+  deterministic.
 - :class:`FaultInjector` makes the loss or the gradients non-finite at chosen micro-batches.
 """
 

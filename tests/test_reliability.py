@@ -262,3 +262,104 @@ def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
     sft.write_text(sft.read_text() + "{not json\n[]\n[1]\n")  # 3 bad lines of 27: over 0.1 at setup
     with pytest.raises(GraspDataError, match=r"3 of 27 lines are unusable.*data_sft.jsonl:25"):
         run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1"], tmp_path)
+
+
+# ---------------------------------------------------------------------- hostile input
+def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, tiny_path):
+    from grasp_lightning.data.datamodule import GraspDataModule
+
+    from .data_fixtures import make_mp4, make_tar, sft_row, write_jsonl
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    root = tmp_path / "data"
+    clip = make_mp4(n_frames=10, fps=5)
+    make_tar(root / "train" / "videos" / "evil_part000.tar",
+             {"../escape.mp4": clip, "/abs.mp4": clip, "ok/video/good.mp4": clip},
+             symlinks={"ok/video/link.mp4": str(secret)}, hardlinks={"ok/video/hard.mp4": str(secret)})
+    paths = ["../escape.mp4", "/abs.mp4", "ok/video/link.mp4", "ok/video/hard.mp4", "ok/video/good.mp4"]
+    rows = []
+    for path in paths:
+        row = sft_row()
+        row[0]["path"] = path
+        rows.append(row)
+    write_jsonl(root / "train" / "data_sft.jsonl", rows)
+    before = {p for p in tmp_path.rglob("*")}
+    dm = GraspDataModule(root=str(root), bench=None, processor=str(tiny_path), batch_size=5, num_workers=0,
+                         max_frames=4, max_pixels=4096, on_bad_item="skip", max_skip_fraction=1.0)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert [item.clip.path for item in batch.items] == ["ok/video/good.mp4"]
+    skipped = {s.uid: s.reason for s in batch.skipped}
+    assert sorted(skipped) == [f"data_sft:{n}" for n in (1, 2, 3, 4)]
+    assert all("unsafe clip path" in r or "not found" in r for r in skipped.values())
+    created = {p for p in tmp_path.rglob("*")} - before
+    assert {p.name for p in created} == {".grasp_index.json"}  # the shard index, nothing extracted
+    assert not any(p.name == "escape.mp4" for p in tmp_path.parent.rglob("escape.mp4"))
+
+
+def test_huge_clips_are_decoded_within_the_frame_and_pixel_budget(tmp_path):
+    from grasp_lightning.data.video import decode_clip
+
+    from .data_fixtures import make_mp4
+
+    four_k = make_mp4(n_frames=3, fps=1, width=3840, height=2160)
+    long = make_mp4(n_frames=1800, fps=1, width=64, height=48)  # 30 minutes
+    for data, seconds in ((four_k, 3.0), (long, 1800.0)):
+        clip = decode_clip(data, fps=2.0, max_frames=8, max_pixels=4096)
+        t, h, w, _ = clip.frames.shape
+        assert 2 <= t <= 8 and h * w <= 4096
+        assert clip.duration == pytest.approx(seconds, rel=0.01)
+    assert w / h == pytest.approx(64 / 48, rel=0.1)  # aspect kept while downscaled
+    assert clip.timestamps[0] == 0 and clip.timestamps[-1] > 1700  # spread over the whole half hour
+
+
+def _remote_code_model(tmp_path: Path, marker: Path) -> Path:
+    model = tmp_path / "model"
+    shutil_copy = __import__("shutil").copytree
+    shutil_copy(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl", model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForImageTextToText": "evil.EvilModel"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    (model / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('remote code ran')\n"
+        "from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration\n"
+        "class EvilConfig(Qwen3VLConfig):\n    pass\n"
+        "class EvilModel(Qwen3VLForConditionalGeneration):\n    config_class = EvilConfig\n")
+    return model
+
+
+def test_remote_code_never_runs_unless_asked(tmp_path, monkeypatch):
+    import transformers.dynamic_module_utils as dmu
+
+    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy, load_processor
+
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    marker = tmp_path / "EXECUTED"
+    model = _remote_code_model(tmp_path, marker)
+    assert PolicyConfig().trust_remote_code is False and GraspDataModule().hparams.trust_remote_code is False
+    policy = load_policy(PolicyConfig(name_or_path=str(model), dtype="float32"), LoraConfig())
+    load_processor(str(model))
+    assert type(policy).__name__ == "Qwen3VLForConditionalGeneration" and not marker.exists()
+    policy = load_policy(PolicyConfig(name_or_path=str(model), dtype="float32", trust_remote_code=True), LoraConfig())
+    assert type(policy).__name__ == "EvilModel" and marker.exists()  # asked for: it runs
+
+
+def test_checkpoint_with_pickled_code_is_refused(in_repo, tmp_path):
+    import pickle
+
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.ckpt"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, "payload": Payload()}, evil)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        run_cli([*FAST, "--trainer.max_steps=1", f"--ckpt_path={evil}"], tmp_path)  # sft.yaml: weights_only
+    assert not marker.exists()
+    torch.load(evil, weights_only=False)  # the payload is live: a full unpickle runs it
+    assert marker.exists()

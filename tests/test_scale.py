@@ -9,7 +9,8 @@ on the SFT demo (deterministic):
   a checkpoint every 2 steps;
 * ``P``: the same global batch without DeepSpeed: 1 process x batch 1 x accumulate 4;
 * ``C``: resumed from A's step-2 checkpoint (a mid-epoch, mid-schedule checkpoint, byte for byte
-  what a run killed after step 2 leaves) to step 8;
+  what a run killed after step 2 leaves; a run stopped with ``max_steps=2`` instead would have built
+  a 2-step cosine schedule) to step 8;
 * ``G``: GRPO-SGR under ZeRO-2, starting from A's exported policy (the next stage after SFT).
 """
 
@@ -240,6 +241,18 @@ def test_incomplete_deepspeed_checkpoint_is_refused(runs, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_deepspeed_accumulation_windows_must_not_straddle_epochs():
+    from grasp_lightning.strategies import check_accumulation
+
+    check_accumulation(12, 2, 2)
+    check_accumulation(13, 2, 1)  # one epoch: the last partial window is simply not applied
+    check_accumulation(float("inf"), 4, None)
+    with pytest.raises(GraspConfigError, match="limit_train_batches=12 .*last 1 batches"):
+        check_accumulation(13, 4, 2)
+    with pytest.raises(GraspConfigError, match="not a multiple"):
+        check_accumulation(13, 2, -1)
+
+
 # ---------------------------------------------------------------------------- atomic saves
 class _FakeStrategy:
     def broadcast(self, obj):
@@ -368,7 +381,7 @@ def test_sgr_lora_demo_composes_and_runs_on_cpu(in_repo, tmp_path):
     GPU settings (bf16, accumulate 32, gradient checkpointing) are reset by demo.yaml, the LoRA flag
     stays, the reference is the adapter-disabled policy and the KL starts at exactly 0."""
     cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config",
-                   "configs/demo.yaml", "--trainer.max_steps=2", "--data.num_workers=0",
+                   "configs/demo.yaml", "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--data.num_workers=0",
                    "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=4"], tmp_path)
     trainer, module = cli.trainer, cli.model
     assert trainer.precision == "32-true" and trainer.accumulate_grad_batches == 1 and trainer.num_devices == 1

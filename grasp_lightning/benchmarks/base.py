@@ -347,7 +347,8 @@ def task_table(title: str, tasks: Sequence[str], names: dict[str, str], metrics:
     lines.append(f"|  | **Mean over tasks** | {_pct(metrics.get('acc/mean'))} |  |  |")
     lines.append(f"|  | **Overall** | {_pct(metrics.get('acc/overall'))} | {_n(metrics.get('n/overall'))} | "
                  f"{_n(metrics.get('not_evaluated/overall', 0.0))} |")
-    lines += ["", f"Unparseable answers: {_pct(metrics.get('unparseable_rate'))}% of {_n(metrics.get('n/overall'))} items."]
+    lines += ["", f"Unparseable answers: {_pct(metrics.get('unparseable_rate'))}% of "
+                  f"{_n(metrics.get('n/overall'))} items."]
     skipped = metrics.get("not_evaluated/overall", 0.0)
     if skipped and skipped == skipped:
         lines.append(f"Not evaluated: {int(skipped)} items ({reason or 'see the log'}); they count neither as "

@@ -96,7 +96,8 @@ def tone(seconds: float, hz: float = 440.0, sample_rate: int = 16000) -> np.ndar
 
 
 # ---------------------------------------------------------------------------------------- werewolf
-_GAMES = [  # (dataset, game id, clip, players, transcript (speaker, text), points (task, utterance index, answer, extra))
+# (dataset, game id, clip, players, transcript [(speaker, text)], points [(task, utterance index, answer, extra)])
+_GAMES = [
     ("youtube", "game01", "youtube_game01_clip003", 6,
      [(0, "I think we should vote for P4."), (2, "You have been quiet the whole round."),
       (4, "He is wrong, I am a villager."), (1, "She was defending P4 earlier."), (3, "Let us hear from P5.")],
@@ -201,7 +202,8 @@ def write_fixtures(out: str | Path) -> dict[str, Path]:
     """Write every fixture under ``out``; return name -> annotation path (pattern for (Online-)MMSI)."""
     out = Path(out)
     ww = out / "werewolf"
-    for online, prefix, videos in ((False, "mmsi_test", "MMSI/videos"), (True, "online_mmsi_test", "Online-MMSI/videos")):
+    for online, prefix, videos in ((False, "mmsi_test", "MMSI/videos"),
+                                   (True, "online_mmsi_test", "Online-MMSI/videos")):
         for task, items in _werewolf_points(online).items():
             _dump(ww / f"{prefix}_{task}.json", items)
         for dataset, _, clip, players, transcript, _ in _GAMES:

@@ -193,7 +193,8 @@ class HumanSense(Benchmark):
         if options and fmt.startswith("mcq"):
             lines += ["Options:", *options]
         lines.append(INSTRUCTIONS[fmt])
-        return GraspItem(uid=uid, origin=where, clip=ClipRef(path=str(row["video_path"]), fps=float(q.get("fps") or 2.0)),
+        clip = ClipRef(path=str(row["video_path"]), fps=float(q.get("fps") or 2.0))
+        return GraspItem(uid=uid, origin=where, clip=clip,
                          question="\n".join(lines), options=options if fmt.startswith("mcq") else (), answer=answer,
                          category=str(q["task_type"]), format=fmt, source="humansense",
                          question_text=str(q["question"]).strip())

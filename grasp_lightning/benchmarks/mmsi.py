@@ -119,7 +119,8 @@ class MMSI(Benchmark):
             # answer_idx is the player number (P3 -> 3), which is also the choice index when choices are P0..Pn-1
             by_index = choices.index(f"P{by_index}") if f"P{by_index}" in choices else by_index
             if not 0 <= by_index < len(choices):
-                raise GraspFormatError(where, f"'answer_idx' {row['answer_idx']!r} is out of range for {len(choices)} choices")
+                raise GraspFormatError(where, f"'answer_idx' {row['answer_idx']!r} is out of range for "
+                                              f"{len(choices)} choices")
         if by_label is None and by_index is None:
             raise GraspFormatError(where, "missing key 'answer' (or 'answer_idx')")
         if by_label is not None and by_index is not None and by_label != by_index:

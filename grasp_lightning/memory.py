@@ -63,7 +63,7 @@ DEFAULT_ARCHITECTURE = "Qwen3-VL-8B-Instruct"
 #: Memory of one H200 as ``nvidia-smi`` reports it (143771 MiB, sold as 141 GB), in GiB.
 H200_GIB = 143771 / 1024
 #: ``share_prompt`` when a GRPO config does not set it: the default of ``tasks.grpo.GRPOTask``.
-SHARE_PROMPT_DEFAULT = False
+SHARE_PROMPT_DEFAULT = True  # tasks/grpo.py: GRPOTask(share_prompt=True)
 #: Qwen3-VL's published ``video_preprocessor_config.json`` size: pixels over the whole clip.
 QWEN3VL_VIDEO_SIZE = {"shortest_edge": 4096, "longest_edge": 25165824}
 #: ``Qwen3VLVideoProcessor.max_video_tokens``: the per-frame ceiling of ``cap_pixels_per_frame``.
@@ -72,12 +72,13 @@ QWEN3VL_MAX_VIDEO_TOKENS = 768
 #: tokenizer splits digits) + ``<|vision_start|>`` + ``<|vision_end|>``.
 TIMESTAMP_TOKENS_PER_GROUP = 8
 #: Bytes per logit position and vocabulary entry in SFT: bf16 logits (2) + the float32 copy (4) +
-#: the float32 log-softmax ``F.cross_entropy`` keeps for backward (4) (``tasks/sft.py``).
+#: the float32 log-softmax ``F.cross_entropy`` keeps for backward (4) (``tasks/sft.py``; logits are
+#: computed for the response positions only, ``logits_to_keep``).
 SFT_LOGIT_BYTES = 10
 #: The same for GRPO scoring of completion positions: bf16 logits (2) + the float32 rows that
-#: ``logsumexp`` keeps for backward (4) + the no-grad entropy's scaled logits, probabilities and
-#: product (12) (``tasks/grpo.py: completion_logps``).
-GRPO_LOGIT_BYTES = 18
+#: ``logsumexp`` keeps for backward (4); the no-grad entropy works one row at a time
+#: (``grasp_lightning/rollout.py: logps_and_entropy``).
+GRPO_LOGIT_BYTES = 6
 
 _TEXT_COMMON = {"head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
                 "vocab_size": 151936, "pad_token_id": 151643,
@@ -534,7 +535,7 @@ def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoToke
                                                   checkpointing=spec.gradient_checkpointing)
         else:
             transient = patches * per_patch  # no graph is kept: one block's tensors at a time
-    scored = sequences * (prompt + completion if spec.task == "sft" else completion + 1)
+    scored = sequences * (completion + 1)  # logits only from the last prompt position on (both tasks)
     logit_bytes = SFT_LOGIT_BYTES if spec.task == "sft" else GRPO_LOGIT_BYTES
     how["activations"] = (f"{tokens} tokens x {layers} {'checkpointed ' if spec.gradient_checkpointing else ''}"
                           f"layers{' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")

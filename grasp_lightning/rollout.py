@@ -224,11 +224,16 @@ def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
     """Per-token log-probs (differentiable) and entropies (no grad) from ``(N, Lc, V)`` aligned logits.
 
     Logits are divided by the sampling temperature first (TRL). Returns two ``(N, Lc)`` float32 tensors.
+    The entropy is computed one row at a time, so at most one row's float32 copies of the
+    ``(Lc, V)`` logits exist beside the logits themselves.
     """
     logp = grpo.selective_log_softmax(logits, completion_ids, temperature)
     with torch.no_grad():
-        scaled = logits.float() / temperature
-        entropy = torch.logsumexp(scaled, -1) - (scaled.softmax(-1) * scaled).sum(-1)
+        rows = []
+        for row in logits:
+            scaled = row.float() / temperature
+            rows.append(torch.logsumexp(scaled, -1) - (scaled.softmax(-1) * scaled).sum(-1))
+        entropy = torch.stack(rows)
     return logp, entropy
 
 

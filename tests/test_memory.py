@@ -124,7 +124,7 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     #   x 2 B = 2112. Checkpointed: 2 layers x 2h x 2 B = 256 + one layer 2112 = 2368 per token -> 672 * 2368 = 1591296;
     #   embeddings + final norm 672 * 4h = 172032; DeepStack 4 seq x 16 visual x 1 x 64 x 2 B = 8192 -> 1771520.
     assert plan.activations == 1771520
-    assert plan.logits == 4 * 21 * 1000 * 18  # completion positions + 1, vocab, GRPO_LOGIT_BYTES
+    assert plan.logits == 4 * 21 * 1000 * 6  # completion positions + 1, vocab, GRPO_LOGIT_BYTES (entropy row by row)
     # vision (frozen) transient: 256 patches x 2 B x (attention 2*32 + 6*16 + 32 = 192, MLP 2*32 + 2*64 = 192) = 196608
     assert plan.vision_transient == 196608
     # KV: 2 (K, V) x 2 layers x 2 KV heads x 16 x 2 B = 256 B per token
@@ -132,13 +132,13 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     # prefill: 4 x 148 prompt tokens x (256 B cache + 2 B x (2h + 3i) = 768 B working set) = 757760
     assert plan.rollout == 757760
     # peak: static 492416 + 828672 + 1657344 + reference 492416 + buffers 4000 = 3474848, + training 3283520
-    assert plan.static == 3474848 and plan.peak == 3474848 + 1771520 + 1512000
+    assert plan.static == 3474848 and plan.peak == 3474848 + 1771520 + 504000
     no_ckpt = plan_memory(spec(gradient_checkpointing=False), tiny)
     assert no_ckpt.activations == 672 * 2 * 2112 + 172032 + 8192
     eager = plan_memory(spec(gradient_checkpointing=False, attn_implementation="eager"), tiny)
     assert eager.activations - no_ckpt.activations == 672 * 2 * 5 * 4 * 168  # Korthikanti's 5 a s per token per layer
     sft = plan_memory(spec(task="sft", response_tokens=50), tiny)
-    assert sft.logits == (PROMPT + 50) * 1000 * 10 and sft.rollout == 0
+    assert sft.logits == (50 + 1) * 1000 * 10 and sft.rollout == 0  # response positions only (logits_to_keep)
 
 
 def test_shared_prompt_grpo(tiny) -> None:

@@ -96,6 +96,7 @@ def test_injected_faults_are_listed_exactly(in_repo, tmp_path, capsys):
     assert f"{root}/train/data_sft.jsonl:5: prompt has" in out and f"{len(problems)} problem(s):" in out
 
 
+@pytest.mark.slow
 def test_clean_sample_passes_with_counts_in_a_subprocess(tmp_path):
     """The real command: all CPU cores, a progress bar, exit status 0, counts per category."""
     report = tmp_path / "r.json"

@@ -137,6 +137,7 @@ def _fake_slurm(tmp: Path) -> dict[str, str]:
                 SLURM_NODELIST="localhost")
 
 
+@pytest.mark.slow
 def test_preempted_and_killed_runs_resume_exactly(full, tmp_path):
     """USR1 under (fake) SLURM, then SIGTERM, then ``kill -9``: four runs together see exactly the
     samples of the uninterrupted run, in its order, with its losses."""

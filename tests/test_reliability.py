@@ -364,3 +364,27 @@ def test_checkpoint_with_pickled_code_is_refused(in_repo, tmp_path):
     assert not marker.exists()
     torch.load(evil, weights_only=False)  # the payload is live: a full unpickle runs it
     assert marker.exists()
+
+
+def test_an_unexpected_error_on_one_item_is_a_skip_not_a_crash(in_repo, tiny_path, monkeypatch):
+    import grasp_lightning.data.datamodule as dm_module
+
+    real = dm_module.encode_example
+
+    def flaky(processor, item, *args, **kwargs):
+        if item.uid == "data_sft:2":
+            raise RuntimeError("decoder bug")
+        return real(processor, item, *args, **kwargs)
+
+    monkeypatch.setattr(dm_module, "encode_example", flaky)
+    dm = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, batch_size=1, num_workers=0, max_frames=4,
+                                   max_pixels=4096, on_bad_item="skip", train_limit=3)
+    dm.setup("fit")
+    dataset = dm.train_dataloader().dataset
+    samples = [dataset[i] for i in range(3)]
+    assert [s.skip is None for s in samples] == [True, False, True]
+    assert samples[1].skip.uid == "data_sft:2" and "RuntimeError" in samples[1].skip.reason
+    dm_raise = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, num_workers=0, train_limit=3)
+    dm_raise.setup("fit")
+    with pytest.raises(RuntimeError, match="decoder bug"):
+        dm_raise.train_dataloader().dataset[1]  # on_bad_item=raise: the error is not hidden

@@ -102,6 +102,12 @@ class GraspDataset(Dataset):
                 raise
             log.warning("skipping %s: %s", item.uid, err)
             return Sample(index=index, item=item, skip=SkipRecord(err.where, err.reason, item.uid), valid=valid)
+        except Exception as err:  # noqa: BLE001 - a decoder/processor failure on one clip must not end the run
+            if not self.skip_bad:
+                raise
+            reason = f"unexpected {type(err).__name__} while decoding or encoding: {err}"
+            log.warning("skipping %s (%s): %s", item.uid, item.origin, reason)
+            return Sample(index=index, item=item, skip=SkipRecord(item.origin, reason, item.uid), valid=valid)
 
 
 class GraspDataModule(L.LightningDataModule):

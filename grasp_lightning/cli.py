@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
         from grasp_lightning.pipeline import main as pipeline_main
 
         sys.exit(pipeline_main(args[1:]))
+    if args and args[0] == "plan-memory":  # per-GPU memory of a config (grasp_lightning/memory.py)
+        from grasp_lightning.memory import main as memory_main
+
+        sys.exit(memory_main(args[1:]))
     if args and args[0] == "export":  # checkpoint -> Hugging Face directory (grasp_lightning/export.py)
         from grasp_lightning.export import main as export_main
 

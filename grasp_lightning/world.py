@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 
 SIZE = 64  #: frame width and height in pixels
 SQUARE = 10  #: side of a person square in pixels
-CORNERS = ((13, 15), (51, 15), (51, 51), (13, 51))  #: person centres (x, y) before a 2-pixel jitter
+CORNERS = ((13, 15), (51, 15), (51, 51), (13, 51))  #: person centres (x, y) before jitter
+JITTER = 2  #: largest shift of a person's centre in pixels (each axis)
 OBJECT_CENTRE = (32, 33)
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)
@@ -97,9 +98,11 @@ _VERBS = {"gaze": "looks at", "pointing": "points at", "reaching": "reaches towa
 
 # ------------------------------------------------------------------------------------ drawing
 def make_world_scene(rng: random.Random) -> Scene:
-    """Four persons at the corners of a ``SIZE x SIZE`` frame in a random order, each jittered by up to 2 pixels."""
+    """Four persons at the corners of a ``SIZE x SIZE`` frame in a random order, each shifted by up to
+    ``JITTER`` pixels per axis."""
     order = rng.sample(range(4), 4)
-    return Scene(tuple((CORNERS[c][0] + rng.randint(-2, 2), CORNERS[c][1] + rng.randint(-2, 2)) for c in order),
+    return Scene(tuple((CORNERS[c][0] + rng.randint(-JITTER, JITTER), CORNERS[c][1] + rng.randint(-JITTER, JITTER))
+                       for c in order),
                  OBJECT_CENTRE, SIZE, SIZE)
 
 

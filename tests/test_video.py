@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import fields
 
 import numpy as np
@@ -125,3 +126,24 @@ def test_store_to_frames_with_dotted_name(tmp_path, ten_frames):
     clip = decode_clip(ClipStore(tmp_path / "v").open(name), where=name)
     assert clip.frames.shape == (4, 32, 32, 3)
     assert not any(type(v).__name__ == "VideoReader" for v in vars(video).values())
+
+
+def test_sizes_decord_cannot_scale_to_fall_back_to_resizing_after_decoding():
+    """decord's scaler rejects some sizes (width 48 for a 16:9 source); the frames still come back
+    at the requested size, close to the decoder-scaled frames of a neighbouring size."""
+    import numpy as np
+
+    from grasp_lightning.data.video import decode_clip
+
+    data = open(Path(__file__).resolve().parents[1] / "grasp_lightning/assets/sample/train/videos/social-iq_part000.tar", "rb").read()
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("kitchen.two_person_qa0000.mp4"))
+        clip_bytes = tar.extractfile(member).read()
+    odd = decode_clip(clip_bytes, max_pixels=48 * 28)       # 26 x 48: decord refuses, fallback resizes
+    near = decode_clip(clip_bytes, max_pixels=46 * 26)      # 24 x 46: decord scales itself
+    assert odd.frames.shape == (7, 26, 48, 3) and near.frames.shape == (7, 24, 46, 3)
+    assert abs(float(odd.frames.mean()) - float(near.frames.mean())) < 3.0
+    assert odd.indices.tolist() == near.indices.tolist()

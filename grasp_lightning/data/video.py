@@ -24,6 +24,7 @@ call, in the calling process (a DataLoader worker), never kept at module level.
 from __future__ import annotations
 
 import io
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError
 #: per token after the 2x2 merge), the released GRASP setting (``shared/grasp-format.md``).
 DEFAULT_MAX_PIXELS = 256 * 32 * 32
 _DECODE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, AssertionError, ValueError, OSError, IndexError)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,16 @@ def reduced_size(height: int, width: int, max_pixels: int | None) -> tuple[int, 
     return max(2, int(height * scale) // 2 * 2), max(2, int(width * scale) // 2 * 2)
 
 
+def _resize(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize ``(T, H, W, 3)`` uint8 frames to ``size = (height, width)`` pixels (bilinear, antialiased)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
 def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: float | None = None,
                 end_seconds: float | None = None, max_frames: int = 240, min_frames: int = 2,
                 max_pixels: int | None = DEFAULT_MAX_PIXELS, num_threads: int = 1,
@@ -152,7 +165,18 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
     try:
         batch = reader.get_batch(indices.tolist())
     except (decord.DECORDError, *_DECODE_ERRORS) as e:
-        raise ClipDecodeError(where, f"corrupt or truncated video: {_short(e)}") from e
+        if size == (-1, -1):
+            raise ClipDecodeError(where, f"corrupt or truncated video: {_short(e)}") from e
+        # decord's in-decoder scaler rejects some output sizes (e.g. widths 24, 48, 72 for 16:9
+        # sources) with a size-mismatch error: decode at the native size and resize afterwards.
+        log.debug("%s: decord cannot scale to %s (%s); resizing after decoding", where, size, _short(e))
+        try:
+            fresh = str(data) if isinstance(data, (str, Path)) else io.BytesIO(data)
+            native = decord.VideoReader(fresh, ctx=decord.cpu(0), num_threads=num_threads)
+            batch = native.get_batch(indices.tolist())
+        except (decord.DECORDError, *_DECODE_ERRORS) as e2:
+            raise ClipDecodeError(where, f"corrupt or truncated video: {_short(e2)}") from e2
+        batch = _resize(batch.asnumpy() if hasattr(batch, "asnumpy") else np.asarray(batch), size)
     frames = np.ascontiguousarray(batch.asnumpy() if hasattr(batch, "asnumpy") else np.asarray(batch), dtype=np.uint8)
     if frames.ndim != 4 or frames.shape[0] != len(indices) or frames.shape[-1] != 3:
         raise ClipDecodeError(where, f"decoder returned frames of shape {frames.shape} for {len(indices)} indices")

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from grpo_step import (  # noqa: I001 (sibling script; benchmarks/ is sys.path[0] when run as a script)
     ImagePrompts,
     VideoPrompts,

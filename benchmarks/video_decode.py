@@ -107,8 +107,13 @@ def main() -> None:
         made = time.perf_counter() - t0
         store = ClipStore(shard, cache_dir=tmp)
         members = [m for m in store.members if m.endswith(".mp4")][: args.clips]
-        ours_fn = lambda m: decode_clip(store.open(m), fps=args.fps, num_threads=args.threads, where=m)
-        base_fn = lambda m: baseline(store.open(m), args.fps, args.threads)
+
+        def ours_fn(m):
+            return decode_clip(store.open(m), fps=args.fps, num_threads=args.threads, where=m)
+
+        def base_fn(m):
+            return baseline(store.open(m), args.fps, args.threads)
+
         first = members[0]
         same = np.array_equal(ours_fn(first).frames, base_fn(first))
         rates = timed({"ours": ours_fn, "baseline": base_fn}, members, args.repeats)

@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 
 import lightning as L
-import torch
 
 log = logging.getLogger(__name__)
 

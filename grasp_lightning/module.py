@@ -23,7 +23,14 @@ from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_state
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import sample_completions
-from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig, load_policy, load_processor, load_reference
+from grasp_lightning.policy import (
+    LoraConfig,
+    PolicyConfig,
+    ReferenceConfig,
+    load_policy,
+    load_processor,
+    load_reference,
+)
 from grasp_lightning.task import Task, TaskOutput
 
 log = logging.getLogger(__name__)

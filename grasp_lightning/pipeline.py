@@ -28,17 +28,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grasp_lightning.errors import GraspConfigError, GraspError
+from grasp_lightning.reports import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +96,6 @@ def override_args(overrides: dict[str, Any]) -> list[str]:
     """``{"a.b": 1}`` -> ``["--a.b=1"]``."""
     return [f"--{key}={cli_value(value)}" for key, value in overrides.items()]
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> dict:

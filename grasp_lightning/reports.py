@@ -72,6 +72,28 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as JSON to ``path`` atomically: a temporary file in the same folder, fsync, then
+    ``os.replace``; a crash leaves the previous file. Parent folders are created.
+
+    Raises:
+        ValueError: ``data`` holds NaN or infinity (strict JSON; see :func:`write_results_json`).
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, ensure_ascii=False, allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
+
+
 def write_results_json(path: str | os.PathLike[str], metrics: dict[str, float], items: list[dict[str, Any]],
                        meta: dict[str, Any]) -> Path:
     """Write ``{"meta", "metrics", "items"}`` to ``path`` atomically (temp file in the same folder + ``os.replace``).
@@ -94,16 +116,7 @@ def write_results_json(path: str | os.PathLike[str], metrics: dict[str, float], 
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     payload = _json_safe({"meta": meta, "metrics": metrics, "items": items})
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1, ensure_ascii=False, allow_nan=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(dest, payload)
     log.info("wrote GRASP-Bench results for %d items to %s", len(items), dest)
     return dest
 

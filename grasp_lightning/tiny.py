@@ -13,7 +13,6 @@ Command line: ``python -m grasp_lightning.tiny OUT_DIR [--seed N]``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import random
 from pathlib import Path
@@ -76,7 +75,7 @@ def _corpus(seed: int) -> list[str]:
         v = rng.choice(verbs)
         t0 = rng.randint(0, 20) / 2
         q = rng.choice(questions).format(a=a, b=b, v=v, t0=t0, t1=t0 + rng.randint(1, 6) / 2)
-        opts = "\n".join(f"{l}) {p}" for l, p in zip("ABCD", rng.sample(people, 4)))
+        opts = "\n".join(f"{letter}) {p}" for letter, p in zip("ABCD", rng.sample(people, 4)))
         ans = rng.choice("ABCD")
         lines.append(f"{q}\n{opts}")
         lines.append(

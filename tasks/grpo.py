@@ -26,6 +26,7 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions, sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
+from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
 from grasp_lightning.rollout import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
     prompt_tokens_forwarded,
@@ -33,7 +34,6 @@ from grasp_lightning.rollout import (
     score_completions,
     sharing_unsupported_reason,
 )
-from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
 from grasp_lightning.task import Task, TaskOutput
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+
 def _real_clip() -> Path:
     """The real two-person clip: ``../shared`` beside the checkout when present, else the byte-identical
     copy shipped inside the sample shard (extracted once into a temporary file)."""

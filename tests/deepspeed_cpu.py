@@ -21,8 +21,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies.ddp import DDPStrategy
 
 from grasp_lightning.strategies import GraspDeepSpeedStrategy
 

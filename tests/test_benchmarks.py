@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from grasp_lightning.benchmarks import MMSI, GraspBench, HumanSense, OnlineMMSI, TaskAccuracy, TVQAPlus
-from grasp_lightning.benchmarks import fixtures
+from grasp_lightning.benchmarks import MMSI, GraspBench, HumanSense, OnlineMMSI, TaskAccuracy, TVQAPlus, fixtures
 from grasp_lightning.benchmarks.audio import decode_audio, processor_accepts_audio
 from grasp_lightning.benchmarks.humansense import multi_score, pattern_of
 from grasp_lightning.benchmarks.report import read_sections

@@ -8,12 +8,26 @@ import logging
 import pytest
 
 from grasp_lightning.data.formats import (
-    ReadResult, SkipRecord, bench_store, options_from_text, read_annotations, read_bench, read_rl, read_sft,
+    ReadResult,
+    SkipRecord,
+    bench_store,
+    options_from_text,
+    read_annotations,
+    read_bench,
+    read_rl,
+    read_sft,
 )
 from grasp_lightning.data.records import SocialEvent
 from grasp_lightning.errors import ClipNotFoundError, GraspConfigError, GraspFormatError
 from tests.data_fixtures import (
-    OPTIONS, annotation_row, bench_json, bench_members, make_tar, rl_row, sft_row, write_jsonl,
+    OPTIONS,
+    annotation_row,
+    bench_json,
+    bench_members,
+    make_tar,
+    rl_row,
+    sft_row,
+    write_jsonl,
 )
 
 VIDEO = b"\x00\x00\x00 ftypisom-not-decoded-here"

@@ -18,7 +18,6 @@ from grasp_lightning.grpo import (
     zero_variance_groups,
 )
 
-
 # --- advantages ------------------------------------------------------------------------------------
 
 def test_group_advantages_by_hand() -> None:

@@ -19,8 +19,8 @@ from grasp_lightning.rollout import (
     prefill_for_generation,
     prompt_tokens_forwarded,
     repeat_prompts,
-    sharing_unsupported_reason,
     shared_completion_logps,
+    sharing_unsupported_reason,
     vl_core,
 )
 

@@ -3,8 +3,6 @@
 import json
 import re
 
-import pytest
-
 from .conftest import event_tags, run_cli, scalars
 
 FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]

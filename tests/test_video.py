@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,7 +131,6 @@ def test_store_to_frames_with_dotted_name(tmp_path, ten_frames):
 def test_sizes_decord_cannot_scale_to_fall_back_to_resizing_after_decoding():
     """decord's scaler rejects some sizes (width 48 for a 16:9 source); the frames still come back
     at the requested size, close to the decoder-scaled frames of a neighbouring size."""
-    import numpy as np
 
     from grasp_lightning.data.video import decode_clip
 

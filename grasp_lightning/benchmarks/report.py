@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from grasp_lightning.reports import _json_safe, write_results_json
+from grasp_lightning.reports import _json_safe, write_json_atomic, write_results_json
 
 
 def write_results(path: str | os.PathLike, meta: dict[str, Any], grasp: tuple[dict, list] | None,
@@ -45,17 +44,7 @@ def write_results(path: str | os.PathLike, meta: dict[str, Any], grasp: tuple[di
     if grasp is not None:
         payload.update(metrics=grasp[0], items=grasp[1])
     payload["benchmarks"] = sections
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(_json_safe(payload), fh, indent=1, ensure_ascii=False, allow_nan=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    return write_json_atomic(dest, _json_safe(payload))
 
 
 def read_sections(path: str | os.PathLike) -> dict[str, dict[str, Any]]:

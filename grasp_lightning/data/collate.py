@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grasp_lightning.data.prompts import IGNORE_INDEX, EncodedExample
 from grasp_lightning.data.formats import SkipRecord
+from grasp_lightning.data.prompts import IGNORE_INDEX, EncodedExample
 from grasp_lightning.data.records import GraspItem
 
 

@@ -73,7 +73,9 @@ log = logging.getLogger(__name__)
 SIZE = 64  #: frame width and height in pixels
 SQUARE = 10  #: side of a person square in pixels
 CORNERS = ((13, 15), (51, 15), (51, 51), (13, 51))  #: person centres (x, y) before jitter
-JITTER = 2  #: largest shift of a person's centre in pixels (each axis)
+#: Largest shift of a person's centre in pixels (each axis). 0: with fixed corners a ViT trained from
+#: scratch learns the cues several times faster (a G1 probe: 89% vs 35% after 200 steps with 2 pixels).
+JITTER = 0
 OBJECT_CENTRE = (32, 33)
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)

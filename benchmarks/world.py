@@ -15,7 +15,7 @@
 Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP_NUM_THREADS`` set to
 ``--threads``; seconds are wall-clock and include validation. Usage (from the repository root)::
 
-    python benchmarks/world.py --seed 0 [--sft-steps 300] [--rl-steps 150] [--work /tmp/world_bench]
+    python benchmarks/world.py --seed 0 [--sft-steps 900] [--rl-steps 150] [--work /tmp/grasp_world_bench]
 """
 
 from __future__ import annotations
@@ -147,13 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     """Command line; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0, help="seed of the world, the initial weights and training")
-    p.add_argument("--train", type=int, default=4000, help="SFT clips (and as many RL clips)")
+    p.add_argument("--train", type=int, default=8000, help="SFT clips (and as many RL clips)")
     p.add_argument("--bench", type=int, default=200, help="held-out bench clips")
-    p.add_argument("--sft-steps", type=int, default=300, help="SFT optimizer steps (batch 32)")
-    p.add_argument("--rl-steps", type=int, default=150, help="GRPO and SGR optimizer steps each (4 prompts x K=8)")
-    p.add_argument("--val-every", type=int, default=25, help="validate (and checkpoint SFT) every N steps")
+    p.add_argument("--sft-steps", type=int, default=900, help="SFT optimizer steps (batch 32)")
+    p.add_argument("--rl-steps", type=int, default=150, help="GRPO and SGR optimizer steps each (16 prompts x K=8)")
+    p.add_argument("--val-every", type=int, default=100, help="validate and checkpoint SFT every N steps")
+    p.add_argument("--rl-val-every", type=int, default=25, help="validate GRPO and SGR every N steps")
     p.add_argument("--handoff-acc", type=float, default=0.5, help="hand off the first SFT checkpoint at this accuracy")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each stage")
+    p.add_argument("--reuse-sft", action="store_true",
+                   help="keep the world and the SFT run of an earlier call with the same --work and --seed "
+                        "(rerun only GRPO and SGR)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grasp_world_bench"), help="scratch directory")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
     args = p.parse_args(argv)
@@ -162,17 +166,24 @@ def main(argv: list[str] | None = None) -> None:
 
     work = args.work / f"seed{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    data, init = work / "world", work / "init"
-    world_mod.generate_world(data, seed=args.seed, n_train=args.train, n_bench=args.bench)
-    world_mod.build_world_model(init, seed=args.seed)
-    gen_seconds = time.perf_counter() - t0
-    ckpt_cb = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"filename": "{step}", "every_n_train_steps": args.val_every, "save_top_k": -1,
-                              "save_weights_only": True}},
-               {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
-    sft_overrides = run_overrides("sft", data, init, work, args.seed, args.sft_steps, args.val_every, ckpt_cb)
-    sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
+    data, init, stage = work / "world", work / "init", work / "sft_stage.json"
+    if args.reuse_sft and stage.exists():
+        done = json.loads(stage.read_text())
+        gen_seconds, sft_s, sft_started = done["world_seconds"], done["seconds"], done["started"]
+        sft_run = work / "runs" / "sft" / "version_0"
+        log.info("reusing the world and the SFT run of %s", stage)
+    else:
+        t0 = time.perf_counter()
+        world_mod.generate_world(data, seed=args.seed, n_train=args.train, n_bench=args.bench)
+        world_mod.build_world_model(init, seed=args.seed)
+        gen_seconds = time.perf_counter() - t0
+        ckpt_cb = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"filename": "{step}", "every_n_train_steps": args.val_every, "save_top_k": -1,
+                                  "save_weights_only": True}},
+                   {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
+        sft_overrides = run_overrides("sft", data, init, work, args.seed, args.sft_steps, args.val_every, ckpt_cb)
+        sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
+        stage.write_text(json.dumps({"world_seconds": gen_seconds, "seconds": sft_s, "started": sft_started}))
     acc = scalars(sft_run, "val/acc/overall")
     hand = next((a for a in acc if a[1] >= args.handoff_acc), acc[-1])
     handoff = summary(sft_run, sft_started, at_step=hand[0])
@@ -189,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     result["sft"]["steps_to_90"] = reached[0][0] + 1 if reached else None
     for name, recipe in (("grpo", "world_grpo.yaml"), ("sgr", "world_sgr.yaml")):
         run, secs, started = fit(name, recipe, run_overrides(name, data, export, work, args.seed, args.rl_steps,
-                                                             args.val_every), work, args.threads)
+                                                             args.rl_val_every), work, args.threads)
         result[name] = summary(run, started)
         result[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
     args.results.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,7 @@ class Settings:
     system_prompt: str
     processor: str | None
     trust_remote_code: bool
+    instruction: str | None = None  #: ``None``: the GRASP instruction (``grasp_lightning.data.prompts.INSTRUCTION``)
 
 
 # ---------------------------------------------------------------------- clip stores
@@ -143,7 +144,8 @@ def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | No
         target = item.response if kind in ("sft", "annotations") else None
         encode_example(_STATE["processor"], item, clip.frames, video_metadata(clip), target=target,
                        system_prompt=s.system_prompt, max_prompt_tokens=s.max_prompt_tokens,
-                       max_target_tokens=s.max_target_tokens)
+                       max_target_tokens=s.max_target_tokens,
+                       **({} if s.instruction is None else {"instruction": s.instruction}))
     except GraspDataError as err:
         return index, Problem(item.origin, err.reason, item.uid, type(err).__name__)
     except Exception as err:  # noqa: BLE001 - any failure here would also stop training: report it
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(root=Path(d.root), videos=d.videos, bench=d.bench, fps=d.fps, max_frames=d.max_frames,
                         max_pixels=d.max_pixels, max_prompt_tokens=d.max_prompt_tokens,
                         max_target_tokens=d.max_target_tokens, system_prompt=d.system_prompt, processor=d.processor,
-                        trust_remote_code=d.trust_remote_code)
+                        trust_remote_code=d.trust_remote_code, instruction=d.instruction)
     report = run_check(settings, files=cfg.files, workers=cfg.workers, decode=cfg.decode, progress=cfg.progress)
     print(format_report(report))  # noqa: T201 - the command's output
     if cfg.report:

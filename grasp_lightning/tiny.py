@@ -16,6 +16,7 @@ import argparse
 import logging
 import random
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -86,12 +87,13 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 1024, seed: int = 0):
+def build_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str] = ()):
     """Train a byte-level BPE on GRASP-style text and wrap it as a ``Qwen2Tokenizer``.
 
     Args:
         vocab_size: size of the BPE vocabulary before the special tokens are appended.
         seed: seed of the training corpus; the same seed gives the same tokenizer.
+        corpus: more training lines (e.g. a dataset's own prompts, so its words become single tokens).
 
     Returns:
         ``transformers.Qwen2Tokenizer`` with the Qwen vision special tokens, ``<|im_end|>`` as EOS
@@ -105,7 +107,7 @@ def build_tokenizer(vocab_size: int = 1024, seed: int = 0):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
+    bpe.train_from_iterator(_corpus(seed) + list(corpus), trainer=trainer)
     state = bpe.model.__getstate__()
     import json
 
@@ -138,6 +140,7 @@ def build_tiny_qwen3vl(
     patch_size: int = 8,
     vocab_size: int = 1024,
     max_video_pixels: int = 64 * 64 * 16,
+    corpus: Sequence[str] = (),
 ) -> Path:
     """Build a random-initialised tiny Qwen3-VL with its processor and save it to ``out_dir``.
 
@@ -153,6 +156,7 @@ def build_tiny_qwen3vl(
         patch_size: spatial patch size in pixels (temporal patch 2, merge 2 as in Qwen3-VL).
         vocab_size: BPE vocabulary size before special tokens.
         max_video_pixels: the video processor's pixel budget summed over all frames of a clip.
+        corpus: more tokenizer training lines (:func:`build_tokenizer`).
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -176,7 +180,7 @@ def build_tiny_qwen3vl(
     mrope = [half - 2 * (half // 3), half // 3, half // 3]  # sums to head_dim / 2
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, corpus=corpus)
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
     config = Qwen3VLConfig(
         text_config=dict(

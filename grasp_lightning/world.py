@@ -1,13 +1,15 @@
 """A synthetic social world whose answers are in the pixels: the project's end-to-end learning benchmark.
 
 Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264). Four persons are coloured squares
-with their id drawn above them (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`),
-placed at the four corners in a random order per clip, with a grey object in the middle. Social
+(Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id is drawn: the colour
+identifies them), placed in the four 16x16-pixel corner cells in a random order per clip, with a grey
+object; the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
 events are drawn with the primitives of :mod:`grasp_lightning.data.sample`: a gaze is a 2-pixel line
 in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
 the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
-the same square, pointing a short white bar; the other gestures of G2 are reaching (long bar),
-showing (orange object held up) and giving (orange object travelling to the receiver).
+the same square, pointing a short thin white bar; the other gestures of G2 are reaching (a long
+thick bar), showing (an orange object held beside the actor) and giving (an orange object carried
+into the receiver's square).
 
 Questions (each with four options, one answer letter, balanced letters):
 
@@ -19,7 +21,10 @@ Questions (each with four options, one answer letter, balanced letters):
 - ``G1`` who points: "Who is pointing?" (Person 0-3), half with a distractor gaze.
 - ``G2`` gesture type: "What kind of gesture does Person a make?" (Pointing, Showing, Giving, Reaching).
 
-The SFT target is one short grounded sentence and the letter, e.g.
+Every question ends with the short :data:`INSTRUCTION`, and the world's tokenizer is trained on the
+world's own prompts (:func:`world_corpus`): a language model trained from scratch must learn to find
+the few video tokens that matter among the prompt's tokens, and it learns that faster in a short
+prompt. The SFT target is one short grounded sentence and the letter, e.g.
 ``<gaze>Person 0 looks at Person 2.</gaze><answer>C</answer>``; it names exactly the participants of
 the question's ground-truth events (``gt_events`` of the RL rows and ``qa.events`` of every bench
 item), so grounding precision 1.0 is reachable. Options are listed in a fixed order (persons by id,
@@ -27,7 +32,7 @@ then the non-person option) unless ``shuffle_options`` puts the answer at a rand
 
 Usage::
 
-    python -m grasp_lightning.world OUT_DIR [--seed 0] [--train 4000] [--rl N] [--bench 400]
+    python -m grasp_lightning.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
         [--shuffle-options] [--model-dir DIR]
 
 Deterministic for a given seed (mp4 bytes for a given libx264 build, like the sample data).
@@ -47,6 +52,7 @@ import numpy as np
 from grasp_lightning.data.sample import (
     BACKGROUND,
     GESTURES,
+    HELD,
     OBJECT,
     PERSON_COLOURS,
     Action,
@@ -59,6 +65,7 @@ from grasp_lightning.data.sample import (
     draw_gesture,
     draw_object,
     draw_person,
+    draw_pointing,
     encode_mp4,
     make_options,
     rl_row,
@@ -71,28 +78,34 @@ from grasp_lightning.data.sample import (
 log = logging.getLogger(__name__)
 
 SIZE = 64  #: frame width and height in pixels
-SQUARE = 10  #: side of a person square in pixels
-CORNERS = ((13, 15), (51, 15), (51, 51), (13, 51))  #: person centres (x, y) before jitter
-#: Largest shift of a person's centre in pixels (each axis). 0: with fixed corners a ViT trained from
-#: scratch learns the cues several times faster (a G1 probe: 89% vs 35% after 200 steps with 2 pixels).
+CELL = 16  #: the tiny model's visual token covers 16x16 pixels (patch 8, spatial merge 2); the layout follows it
+SQUARE = 12  #: side of a person square in pixels; with its 2-pixel id box it fills one 16x16 corner cell
+CORNERS = ((8, 8), (56, 8), (56, 56), (8, 56))  #: person centres (x, y): the four corner cells
+#: Largest shift of a person's centre in pixels (each axis). 0: a ViT trained from scratch learns
+#: position-fixed cues several times faster (a G1 probe: 89% vs 35% after 200 steps with 2 pixels).
 JITTER = 0
-OBJECT_CENTRE = (32, 33)
+OBJECT_CENTRE = (40, 24)  #: the grey object, centred in one visual token
+ARM_START, ARM, REACH = 4, (9, 2), (18, 6)  #: arms start 3 px from the centre; (length, width) in pixels
+GIVE_RAMP = 0.25  #: a given object reaches the receiver after this fraction of the clip (by the second frame)
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)
-LINE, DOT = 2, 3  #: gaze line width and tip dot side in pixels
+LINE, DOT = 2, 4  #: gaze line width and tip dot side in pixels
 CRF = 18  #: libx264 quality; low enough that 2-pixel coloured lines survive yuv420p
 DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
 SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the seven the format allows)
 COLOUR_NAMES = ("red", "green", "blue", "yellow")
 CATEGORIES = ("T1", "T4", "T6", "G1", "G2")
 #: The system prompt of every world recipe (``data.system_prompt`` in ``configs/world_*.yaml``).
-#: Short on purpose (43 tokens of the tiny tokenizer): prompt length is most of the CPU time per step.
-SYSTEM_PROMPT = (
-    "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow. "
-    "Answer the multiple-choice question with only the option letter inside <answer> tags."
-)
-#: Sizes of the world's tiny Qwen3-VL (about 1.4 M parameters), for :func:`build_world_model`.
-MODEL_SIZES = dict(text_hidden_size=128, text_layers=2, text_heads=4, vision_hidden_size=128, vision_depth=2,
+#: Short on purpose (24 tokens of the world's tokenizer): every prompt token costs CPU time and attention.
+SYSTEM_PROMPT = "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow."
+#: The world's instruction, ending every question (``data.instruction`` in the recipes, so the bench's
+#: questions end with it too). Short on purpose: a language model trained from scratch must learn to
+#: find the few video tokens that matter, and with GRASP's longer instruction and 2 layers it did
+#: not within 1,600 steps.
+INSTRUCTION = "Name who is involved in <gaze> or <gesture> tags, then give the letter in <answer> tags."
+#: Sizes of the world's tiny Qwen3-VL (1.74 M parameters: vision 1.0 M), for :func:`build_world_model`.
+#: Four language-model layers: with two, the held-out accuracy left chance several times later.
+MODEL_SIZES = dict(text_hidden_size=128, text_layers=4, text_heads=4, vision_hidden_size=128, vision_depth=2,
                    patch_size=8)
 _VERBS = {"gaze": "looks at", "pointing": "points at", "reaching": "reaches toward",
           "showing": "shows an object to", "giving": "gives an object to"}
@@ -111,25 +124,39 @@ def make_world_scene(rng: random.Random) -> Scene:
 def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.ndarray:
     """The frame at second ``t``: background, object, persons, then the actions active at ``t``.
 
+    Cues are bold and aligned with the visual tokens, which a model trained from scratch needs: a
+    gaze is a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is
+    nearly as light as the white dot) with a ``DOT``-pixel white dot that ends inside the target's
+    square (:func:`~grasp_lightning.data.sample.draw_gaze`); pointing and reaching are white bars
+    from inside the actor's square toward the target (:func:`~grasp_lightning.data.sample.draw_pointing`),
+    thin and short for pointing, three times as thick and twice as long for reaching; showing is an
+    orange object held beside the actor, toward the middle of the frame; giving an orange object that
+    leaves the actor's square and sits in the receiver's square from the second frame on (so from
+    frame to frame, the object is always outside a square when shown and inside one when given). Persons carry no number tab (white digits would look
+    like gaze dots): the colour identifies them.
+
     Returns:
-        ``(SIZE, SIZE, 3)`` uint8 RGB. Gazes use :func:`~grasp_lightning.data.sample.draw_gaze` with
-        a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is nearly
-        as light as the white dot); gestures
-        :func:`~grasp_lightning.data.sample.draw_gesture`.
+        ``(SIZE, SIZE, 3)`` uint8 RGB.
     """
     frame = np.empty((scene.height, scene.width, 3), np.uint8)
     frame[:] = BACKGROUND
     draw_object(frame, scene.object_centre)
     for pid, centre in enumerate(scene.centres):
-        draw_person(frame, centre, pid, SQUARE)
+        draw_person(frame, centre, pid, SQUARE, label=False)
     for a in actions:
-        if a.start <= t < a.end:
-            src, dst = scene.point(a.actor), scene.point(a.target)
-            if a.kind == "gaze":
-                draw_gaze(frame, src, dst, a.progress(t), PERSON_COLOURS[a.actor], offset=1.0 if a.target == OBJECT else 2.0,
-                          thickness=LINE, dot=DOT)
-            else:
-                draw_gesture(frame, a.kind, src, dst, a.progress(t, ramp=0.8), square=SQUARE)
+        if not a.start <= t < a.end:
+            continue
+        src, dst = scene.point(a.actor), scene.point(a.target)
+        if a.kind == "gaze":
+            draw_gaze(frame, src, dst, a.progress(t), PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT)
+        elif a.kind in ("pointing", "reaching"):
+            length, width = ARM if a.kind == "pointing" else REACH
+            draw_pointing(frame, src, dst, length, width, square=ARM_START)
+        elif a.kind == "showing":
+            inward = 1 if src[1] < scene.height // 2 else -1
+            draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), 5, HELD)
+        else:
+            draw_gesture(frame, a.kind, src, dst, a.progress(t, ramp=GIVE_RAMP), square=SQUARE)
     return frame
 
 
@@ -292,7 +319,7 @@ class WorldSummary:
     n_bench: int
 
 
-def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 4000, n_bench: int = 400,
+def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 8000, n_bench: int = 200,
                    n_rl: int | None = None, shuffle_options: bool = False, clips_per_shard: int = 1000) -> WorldSummary:
     """Write a complete GRASP-format world dataset under ``out_dir``.
 
@@ -320,8 +347,8 @@ def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 4000, n_be
     sft = [make_world_entry(seed, "t", k, shuffle_options) for k in range(n_train)]
     rl = [make_world_entry(seed, "r", k, shuffle_options) for k in range(n_rl)]
     bench = [make_world_entry(seed, "b", k, shuffle_options) for k in range(n_bench)]
-    write_jsonl(out / "train" / "data_sft.jsonl", _rows(sft, seed, "sft", lambda r, e, k: sft_row(r, e)))
-    write_jsonl(out / "train" / "data_rl.jsonl", _rows(rl, seed, "rl", rl_row))
+    write_jsonl(out / "train" / "data_sft.jsonl", _rows(sft, seed, "sft", lambda r, e, k: sft_row(r, e, INSTRUCTION)))
+    write_jsonl(out / "train" / "data_rl.jsonl", _rows(rl, seed, "rl", lambda r, e, k: rl_row(r, e, k, INSTRUCTION)))
     write_jsonl(out / "train" / "annotations.jsonl", [annotation(e, k) for k, e in enumerate(sft + rl)])
     write_shards(out / "train" / "videos", [e.clip for e in sft + rl], clips_per_shard)
     write_jsonl(out / "test" / "annotations.jsonl", [annotation(e, k, bench=True) for k, e in enumerate(bench)])
@@ -342,11 +369,24 @@ def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, shuffle: bool) -> st
             f"System prompt of the world recipes:\n\n> {SYSTEM_PROMPT}\n")
 
 
+def world_corpus(seed: int = 0, n: int = 400) -> list[str]:
+    """Tokenizer training text of the world: its system prompt, and the user turns and SFT targets of
+    ``n`` clips of a split of its own (``"k"``), so the world's words become single tokens."""
+    lines = [SYSTEM_PROMPT]
+    for k in range(n):
+        rng = random.Random(f"world:{seed}:k:{k}")
+        wq = TEMPLATES[CATEGORIES[k % len(CATEGORIES)]](rng, False)
+        options, letter = make_options(rng, wq.question)
+        lines += ["\n".join([wq.question.text, *options, INSTRUCTION]), f"{wq.reasoning}<answer>{letter}</answer>"]
+    return lines
+
+
 def build_world_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``."""
+    """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``, with a
+    tokenizer trained on :func:`world_corpus` too (prompts about half as long as with the generic one)."""
     from grasp_lightning.tiny import build_tiny_qwen3vl
 
-    return build_tiny_qwen3vl(out_dir, seed=seed, **MODEL_SIZES)
+    return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed), **MODEL_SIZES)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -354,9 +394,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Generate the synthetic social world (GRASP format).")
     parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
-    parser.add_argument("--train", type=int, default=4000, help="SFT clips")
+    parser.add_argument("--train", type=int, default=8000, help="SFT clips")
     parser.add_argument("--rl", type=int, default=None, help="RL clips (default: as many as --train)")
-    parser.add_argument("--bench", type=int, default=400, help="bench clips")
+    parser.add_argument("--bench", type=int, default=200, help="bench clips")
     parser.add_argument("--shuffle-options", action="store_true", help="answer at a random option position")
     parser.add_argument("--clips-per-shard", type=int, default=1000, help="clips per train tar shard")
     parser.add_argument("--model-dir", type=Path, default=None,

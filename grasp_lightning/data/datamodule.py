@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from grasp_lightning.benchmarks.base import Benchmark
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
 from grasp_lightning.data.formats import SkipRecord, read_annotations, read_bench, read_rl, read_sft
-from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, encode_example
+from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
@@ -56,11 +56,13 @@ class GraspDataset(Dataset):
         max_target_tokens: target budget in tokens.
         system_prompt: the system turn.
         skip_bad: turn a :class:`GraspDataError` into a counted skip instead of raising.
+        instruction: appended to questions that carry none (bench items), see
+            :func:`~grasp_lightning.data.prompts.user_text`.
     """
 
     def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
                  max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
-                 system_prompt: str, skip_bad: bool) -> None:
+                 system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION) -> None:
         self.items = items
         self.store = store
         self.processor = processor
@@ -71,6 +73,7 @@ class GraspDataset(Dataset):
         self.max_prompt_tokens = max_prompt_tokens
         self.max_target_tokens = max_target_tokens
         self.system_prompt = system_prompt
+        self.instruction = instruction
         self.skip_bad = skip_bad
 
     def __len__(self) -> int:
@@ -90,7 +93,7 @@ class GraspDataset(Dataset):
                            max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
         return encode_example(self.processor, item, clip.frames, video_metadata(clip), target=target,
                               system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
-                              max_target_tokens=self.max_target_tokens)
+                              max_target_tokens=self.max_target_tokens, instruction=self.instruction)
 
     def __getitem__(self, index: int) -> Sample:
         valid = index < len(self.items)
@@ -139,6 +142,8 @@ class GraspDataModule(L.LightningDataModule):
         max_skip_fraction: with ``"skip"``, stop with an error once more than this fraction of
             the samples seen so far (after at least 20) was skipped.
         system_prompt: the system turn of every prompt.
+        instruction: appended to every question that carries no instruction of its own (GRASP-Bench
+            and annotation items; SFT and RL rows carry theirs); ``""`` appends nothing.
         repeat_batches: yield each training batch this many times in a row; must equal the GRPO
             task's ``num_iterations`` (the task reuses the rollouts of a repeated batch).
         train_limit: use only the first N training rows (quick runs).
@@ -155,7 +160,8 @@ class GraspDataModule(L.LightningDataModule):
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
                  num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int = 1, train_limit: int | None = None,
-                 val_limit: int | None = None, benchmarks: list[Benchmark] | None = None) -> None:
+                 val_limit: int | None = None, benchmarks: list[Benchmark] | None = None,
+                 instruction: str = INSTRUCTION) -> None:
         super().__init__()
         if mode not in ("sft", "rl"):
             raise GraspConfigError(f"data.mode must be 'sft' or 'rl', got {mode!r}")
@@ -256,7 +262,7 @@ class GraspDataModule(L.LightningDataModule):
                             max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
                             max_target_tokens=h.max_target_tokens,
                             system_prompt=h.system_prompt if system_prompt is None else system_prompt,
-                            skip_bad=h.on_bad_item == "skip")
+                            skip_bad=h.on_bad_item == "skip", instruction=h.instruction)
 
     def _rank(self) -> tuple[int, int]:
         trainer = self._trainer if hasattr(self, "_trainer") else None

@@ -32,28 +32,30 @@ INSTRUCTION = (
 IGNORE_INDEX = -100
 
 
-def user_text(item: GraspItem) -> str:
-    """The user turn's text: the item's question (with options) plus the GRASP instruction.
+def user_text(item: GraspItem, instruction: str = INSTRUCTION) -> str:
+    """The user turn's text: the item's question (with options) plus the instruction.
 
-    RL and SFT rows already carry the instruction in their text; bench and annotation items get it
-    appended.
+    RL and SFT rows already carry an instruction in their text (it names the ``<answer>`` tags);
+    bench and annotation items get ``instruction`` appended (``""``: nothing appended).
     """
     text = item.question.rstrip()
-    if "<answer>" not in text:
-        text = f"{text}\n{INSTRUCTION}"
+    if instruction and "<answer>" not in text:
+        text = f"{text}\n{instruction}"
     return text
 
 
-def build_messages(item: GraspItem, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> list[dict]:
+def build_messages(item: GraspItem, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                   instruction: str = INSTRUCTION) -> list[dict]:
     """Chat messages of the prompt (no assistant turn): system, then user with the video first."""
     messages: list[dict] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user_text(item)}]})
+    messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user_text(item, instruction)}]})
     return messages
 
 
-def render_texts(processor, item: GraspItem, target: str | None, system_prompt: str) -> tuple[str, str]:
+def render_texts(processor, item: GraspItem, target: str | None, system_prompt: str,
+                 instruction: str = INSTRUCTION) -> tuple[str, str]:
     """Render the prompt text and the target suffix with the processor's chat template.
 
     Returns:
@@ -65,7 +67,7 @@ def render_texts(processor, item: GraspItem, target: str | None, system_prompt: 
         GraspConfigError: if the template renders the prompt differently once an assistant turn
             follows (then prompt tokens would differ between SFT and generation).
     """
-    messages = build_messages(item, system_prompt)
+    messages = build_messages(item, system_prompt, instruction)
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     if target is None:
         return prompt, ""
@@ -103,7 +105,7 @@ class EncodedExample:
 
 def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target: str | None,
                    system_prompt: str = DEFAULT_SYSTEM_PROMPT, max_prompt_tokens: int | None = None,
-                   max_target_tokens: int | None = None) -> EncodedExample:
+                   max_target_tokens: int | None = None, instruction: str = INSTRUCTION) -> EncodedExample:
     """Encode one example: prompt with video through the processor, target tokens appended.
 
     Args:
@@ -116,12 +118,13 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target
         system_prompt: the system turn ("" for none).
         max_prompt_tokens: budget for the prompt in tokens, video tokens included.
         max_target_tokens: budget for the target in tokens.
+        instruction: appended to questions that carry no instruction (see :func:`user_text`).
 
     Raises:
         TokenBudgetError: the prompt or target is over its budget. A multimodal prompt is never
             truncated: truncation would cut video tokens or the question.
     """
-    prompt, suffix = render_texts(processor, item, target, system_prompt)
+    prompt, suffix = render_texts(processor, item, target, system_prompt, instruction)
     enc = processor(text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
                     cap_pixels_per_frame=True,
                     return_tensors="pt")

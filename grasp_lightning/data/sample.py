@@ -110,7 +110,7 @@ def draw_line(frame: np.ndarray, p0: tuple[float, float], p1: tuple[float, float
         fill_rect(frame, x - lo, y - lo, x - lo + thickness, y - lo + thickness, colour)
 
 
-def draw_person(frame: np.ndarray, centre: tuple[int, int], pid: int, size: int = SQUARE) -> None:
+def draw_person(frame: np.ndarray, centre: tuple[int, int], pid: int, size: int = SQUARE, label: bool = True) -> None:
     """Draw Person ``pid`` as a coloured square with an id box (outline) and its number tab above-left.
 
     Args:
@@ -118,6 +118,7 @@ def draw_person(frame: np.ndarray, centre: tuple[int, int], pid: int, size: int 
         centre: square centre (x, y) in pixels.
         pid: 0-based person id; colour ``PERSON_COLOURS[pid % 4]``.
         size: square side in pixels.
+        label: draw the number tab (white digits on black); without it the colour alone identifies the person.
     """
     colour = PERSON_COLOURS[pid % len(PERSON_COLOURS)]
     x0, y0 = centre[0] - size // 2, centre[1] - size // 2
@@ -126,9 +127,10 @@ def draw_person(frame: np.ndarray, centre: tuple[int, int], pid: int, size: int 
     for x_a, y_a, x_b, y_b in ((bx0, by0, bx1, by0 + 1), (bx0, by1 - 1, bx1, by1),
                                (bx0, by0, bx0 + 1, by1), (bx1 - 1, by0, bx1, by1)):
         fill_rect(frame, x_a, y_a, x_b, y_b, colour)
-    label = str(pid)
-    fill_rect(frame, bx0, by0 - 7, bx0 + 4 * len(label) + 1, by0, (0, 0, 0))
-    draw_text(frame, bx0 + 1, by0 - 6, label, (255, 255, 255))
+    if label:
+        text = str(pid)
+        fill_rect(frame, bx0, by0 - 7, bx0 + 4 * len(text) + 1, by0, (0, 0, 0))
+        draw_text(frame, bx0 + 1, by0 - 6, text, (255, 255, 255))
 
 
 def draw_object(frame: np.ndarray, centre: tuple[int, int], size: int = 6, colour: Sequence[int] = OBJECT_COLOUR) -> None:
@@ -658,11 +660,11 @@ def make_entry(rng: random.Random, q: Question, clip: Clip, fmt: str, short: boo
     return Entry(clip, q, fmt, options, letter, think)
 
 
-def user_text(entry: Entry) -> str:
-    """The user turn: question, options one per line, then the instruction."""
+def user_text(entry: Entry, instruction: str = INSTRUCTION) -> str:
+    """The user turn: question, options one per line, then ``instruction`` (MCQ) or the open-ended one."""
     if entry.fmt == "open_ended":
         return f"{entry.question.text}\n{OPEN_INSTRUCTION}"
-    return "\n".join([entry.question.text, *entry.options, INSTRUCTION])
+    return "\n".join([entry.question.text, *entry.options, instruction])
 
 
 # ---------------------------------------------------------------------------------------- plans
@@ -761,19 +763,21 @@ def _maybe_shuffle(rng: random.Random, specs: list[dict]) -> list[dict]:
     return specs[1:] + specs[:1] if rng.random() < 0.2 else specs
 
 
-def sft_row(rng: random.Random, e: Entry) -> list[dict]:
-    """A data_sft.jsonl row: video spec, user text, assistant reasoning + answer."""
-    return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e), "output": False},
+def sft_row(rng: random.Random, e: Entry, instruction: str = INSTRUCTION) -> list[dict]:
+    """A data_sft.jsonl row: video spec, user text (ending with ``instruction``), assistant reasoning + answer."""
+    return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e, instruction), "output": False},
                                 {"type": "text", "content": e.response, "output": True}])
 
 
-def rl_row(rng: random.Random, e: Entry, k: int) -> list[dict]:
-    """A data_rl.jsonl row: video spec, user text, target letter, meta with ground-truth events."""
+def rl_row(rng: random.Random, e: Entry, k: int, instruction: str = INSTRUCTION) -> list[dict]:
+    """A data_rl.jsonl row: video spec, user text (ending with ``instruction``), target letter, meta with
+    ground-truth events."""
     meta = {"type": "meta", "difficulty": CATEGORY_DIFFICULTY[e.question.category], "question_text": e.question.text,
             "gt_events": [{"source": s, "persons": list(p)} for s, p in e.question.events]}
     if k % 3 == 2:
         meta["category"] = e.question.category  # an extra key: readers must ignore unknown keys
-    return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e), "output": False},
+    return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e, instruction),
+                                                      "output": False},
                                 {"type": "text", "content": e.letter, "output": True}, meta])
 
 

@@ -104,7 +104,8 @@ SYSTEM_PROMPT = "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 
 #: not within 1,600 steps.
 INSTRUCTION = "Name who is involved in <gaze> or <gesture> tags, then give the letter in <answer> tags."
 #: Sizes of the world's tiny Qwen3-VL (1.74 M parameters: vision 1.0 M), for :func:`build_world_model`.
-#: Four language-model layers: with two, the held-out accuracy left chance several times later.
+#: Four language-model layers: with two, learning from the pixels started much later (a probe: 17 % vs
+#: 44 % of held-out SFT targets exactly right after 700 and 500 steps).
 MODEL_SIZES = dict(text_hidden_size=128, text_layers=4, text_heads=4, vision_hidden_size=128, vision_depth=2,
                    patch_size=8)
 _VERBS = {"gaze": "looks at", "pointing": "points at", "reaching": "reaches toward",
@@ -131,9 +132,9 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
     from inside the actor's square toward the target (:func:`~grasp_lightning.data.sample.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
     orange object held beside the actor, toward the middle of the frame; giving an orange object that
-    leaves the actor's square and sits in the receiver's square from the second frame on (so from
-    frame to frame, the object is always outside a square when shown and inside one when given). Persons carry no number tab (white digits would look
-    like gaze dots): the colour identifies them.
+    leaves the actor's square and sits in the receiver's square from the second frame on (so the
+    object is always outside a square when shown and inside one when given). Persons carry no
+    number tab (white digits would look like gaze dots): the colour identifies them.
 
     Returns:
         ``(SIZE, SIZE, 3)`` uint8 RGB.
@@ -383,7 +384,7 @@ def world_corpus(seed: int = 0, n: int = 400) -> list[str]:
 
 def build_world_model(out_dir: str | Path, seed: int = 0) -> Path:
     """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``, with a
-    tokenizer trained on :func:`world_corpus` too (prompts about half as long as with the generic one)."""
+    tokenizer trained on :func:`world_corpus` too (user turns about a quarter shorter than with the generic one)."""
     from grasp_lightning.tiny import build_tiny_qwen3vl
 
     return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed), **MODEL_SIZES)

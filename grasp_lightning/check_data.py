@@ -129,7 +129,7 @@ def _init_worker() -> None:
 
 def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | None]:
     """Decode one item's clip and encode its prompt (and target) as training does."""
-    from grasp_lightning.data.prompts import encode_example
+    from grasp_lightning.data.prompts import INSTRUCTION, encode_example
     from grasp_lightning.data.video import decode_clip, video_metadata
 
     index, store_name, kind, item = job
@@ -145,7 +145,7 @@ def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | No
         encode_example(_STATE["processor"], item, clip.frames, video_metadata(clip), target=target,
                        system_prompt=s.system_prompt, max_prompt_tokens=s.max_prompt_tokens,
                        max_target_tokens=s.max_target_tokens,
-                       **({} if s.instruction is None else {"instruction": s.instruction}))
+                       instruction=INSTRUCTION if s.instruction is None else s.instruction)
     except GraspDataError as err:
         return index, Problem(item.origin, err.reason, item.uid, type(err).__name__)
     except Exception as err:  # noqa: BLE001 - any failure here would also stop training: report it

@@ -7,7 +7,9 @@ with ``save_pretrained`` and loaded back by :func:`grasp_lightning.policy.load_p
 ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` — the same
 path as a real checkpoint. Facts used: ``shared/stack-notes.md`` (Qwen3-VL in transformers 5.x).
 
-Command line: ``python -m grasp_lightning.tiny OUT_DIR [--seed N]``.
+Command line: ``python -m grasp_lightning.tiny OUT_DIR [--seed N]``; with ``--like
+Qwen3-VL-2B-Instruct`` (or another checkpoint name) it writes a stand-in of that real checkpoint
+instead (:mod:`grasp_lightning.standin`: real widths, vocabulary, templates; a few layers).
 """
 
 from __future__ import annotations
@@ -243,13 +245,24 @@ def build_tiny_qwen3vl(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line entry: ``python -m grasp_lightning.tiny OUT_DIR``."""
+    """Command line entry: ``python -m grasp_lightning.tiny OUT_DIR [--like NAME --text-layers N --vision-layers N]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--like", default=None,
+                        help="build a stand-in of this checkpoint, e.g. Qwen3-VL-2B-Instruct or Qwen3-VL-8B-Thinking")
+    parser.add_argument("--text-layers", type=int, default=2, help="stand-in language-model layers")
+    parser.add_argument("--vision-layers", type=int, default=2, help="stand-in vision-tower blocks")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="stand-in weight dtype")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    build_tiny_qwen3vl(args.out_dir, seed=args.seed)
+    if args.like is None:
+        build_tiny_qwen3vl(args.out_dir, seed=args.seed)
+        return
+    from grasp_lightning.standin import build_standin
+
+    build_standin(args.out_dir, args.like, text_layers=args.text_layers, vision_layers=args.vision_layers,
+                  dtype=args.dtype, seed=args.seed)
 
 
 if __name__ == "__main__":

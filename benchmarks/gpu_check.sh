@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: bf16 DeepSpeed ZeRO-2 SFT and GRPO-SGR steps of a random-initialised Qwen3-VL-2B on one
-# GPU; prints samples/s, tokens/s, peak memory and MFU as one JSON line (benchmarks/gpu_check.py
-# documents the figures). Stops within 8 minutes; without a CUDA device it stops at once (status 2).
-#   bash benchmarks/gpu_check.sh [--arch Qwen3-VL-4B-Instruct] [--sft-steps 10] [--sgr-steps 5]
+# GPU check: bf16 DeepSpeed ZeRO-2 SFT and GRPO-SGR steps of a random-initialised stand-in of
+# Qwen3-VL-2B (published depth, real Qwen3 vocabulary and templates) on one GPU, through
+# `python -m grasp_lightning fit`; prints samples/s, tokens/s, peak memory, MFU and the memory
+# planner's predicted peak as one JSON line (benchmarks/gpu_check.py documents the figures).
+# Stops within 8 minutes (killed at 480 s); without a CUDA device it stops at once (status 2).
+#   bash benchmarks/gpu_check.sh [--like Qwen3-VL-4B-Instruct] [--sft-steps 10] [--sgr-steps 5]
+#   bash benchmarks/gpu_check.sh --smoke-cpu     # the same path on the CPU with tiny sizes
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then

@@ -80,11 +80,26 @@ def score_completion(completion: str, item: GraspItem) -> dict[str, Any]:
     Raises:
         GraspDataError: naming ``item.origin`` when the item has no category or a non-letter answer.
     """
+    target = _target_letter(item.answer, item.origin)
+    predicted = parsing.extract_answer(completion)
+    return make_record(completion, item, target=target, predicted=predicted,
+                       correct=predicted is not None and predicted.strip().upper() == target)
+
+
+def make_record(completion: str, item: GraspItem, *, target: str, predicted: str | None,
+                correct: bool) -> dict[str, Any]:
+    """The results.json record of one scored completion (keys of :func:`score_completion`).
+
+    The caller decides ``predicted`` and ``correct`` (an evaluation protocol's answer extraction and
+    rule, e.g. :mod:`grasp_lightning.eval_protocol`); participants and grounding precision are
+    computed here from the completion's reasoning.
+
+    Raises:
+        GraspDataError: naming ``item.origin`` when the item has no category.
+    """
     if item.category is None:
         raise GraspDataError(item.origin, "bench item has no category")
     category = normalise_category(item.category, item.origin)
-    target = _target_letter(item.answer, item.origin)
-    predicted = parsing.extract_answer(completion)
     named = frozenset(parsing.extract_participants(parsing.reasoning_text(completion)))
     gt = item.participants
     return {
@@ -93,7 +108,7 @@ def score_completion(completion: str, item: GraspItem) -> dict[str, Any]:
         "difficulty": item.difficulty,
         "target": target,
         "predicted": predicted,
-        "correct": predicted is not None and predicted.strip().upper() == target,
+        "correct": bool(correct),
         "participants_named": sorted(named),
         "participants_gt": sorted(gt),
         "precision": _precision(named, gt),
@@ -154,6 +169,7 @@ class BenchAccuracy(Metric):
         named: list[frozenset[int] | None],
         gt: list[frozenset[int]],
         valid: Tensor | None = None,
+        correct: list[bool] | None = None,
     ) -> None:
         """Count one batch of B scored items.
 
@@ -166,13 +182,17 @@ class BenchAccuracy(Metric):
             named: B sets of person ids named in the reasoning, ``None`` when not computed.
             gt: B sets of ground-truth participant ids (empty when the item carries no events).
             valid: bool ``(B,)``; ``False`` marks sampler padding, which is skipped. ``None``: all valid.
+            correct: B verdicts decided by the caller (an evaluation protocol's rule, which may score
+                open-ended items); ``None``: a row is correct when its prediction equals its target letter.
 
         Raises:
             ValueError: if the lists and ``valid`` differ in length.
-            GraspDataError: naming the batch row for an unknown category/difficulty or a non-letter target.
+            GraspDataError: naming the batch row for an unknown category/difficulty, or a non-letter target
+                when ``correct`` is ``None``.
         """
         size = len(predictions)
-        lengths = {len(targets), len(categories), len(difficulties), len(named), len(gt)}
+        lengths = {len(targets), len(categories), len(difficulties), len(named), len(gt),
+                   *(() if correct is None else (len(correct),))}
         if lengths != {size} or (valid is not None and tuple(valid.shape) != (size,)):
             raise ValueError(f"BenchAccuracy.update: inputs differ in length (predictions {size}, others {sorted(lengths)}, "
                              f"valid {None if valid is None else tuple(valid.shape)})")
@@ -184,7 +204,10 @@ class BenchAccuracy(Metric):
             if not keep[row]:
                 continue
             where = f"batch row {row}"
-            ok = predictions[row] is not None and predictions[row].strip().upper() == _target_letter(targets[row], where)
+            if correct is not None:
+                ok = bool(correct[row])
+            else:
+                ok = predictions[row] is not None and predictions[row].strip().upper() == _target_letter(targets[row], where)
             cat_idx.append(_CAT_INDEX[normalise_category(categories[row], where)])
             cat_ok.append(ok)
             if difficulties[row] is not None:
@@ -218,7 +241,8 @@ class BenchAccuracy(Metric):
         correct += torch.bincount(idx[hit], minlength=correct.numel())
 
     def update_from_records(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
-        """:meth:`update` from records of :func:`score_completion` (``valid``: bool ``(B,)`` or ``None``)."""
+        """:meth:`update` from records of :func:`score_completion` or :func:`make_record` (``valid``: bool
+        ``(B,)`` or ``None``); each record's ``correct`` is the verdict counted."""
         self.update(
             [r["predicted"] for r in records],
             [r["target"] for r in records],
@@ -227,6 +251,7 @@ class BenchAccuracy(Metric):
             [frozenset(r["participants_named"]) for r in records],
             [frozenset(r["participants_gt"]) for r in records],
             valid,
+            [bool(r["correct"]) for r in records],
         )
 
     def compute(self) -> dict[str, float]:

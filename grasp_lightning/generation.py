@@ -1,13 +1,16 @@
 """Sampling completions from the policy with transformers' ``generate``, shared by GRPO rollouts and
 bench evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
-suppressed, completions cut at the first end-of-turn and decoded once.
+suppressed, completions cut at the first sampled end-of-turn token or stop string (never at padding,
+which Qwen3-VL's generation config writes with an end-of-turn id) and decoded once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from grasp_lightning.parsing import opens_think
 
 #: Special tokens that must never be sampled: a sampled placeholder would make the next forward
 #: fail with a token/feature count mismatch (``shared/stack-notes.md``).
@@ -20,16 +23,21 @@ class Completions:
 
     Attributes:
         ids: ``(N, T)`` int64 completion token ids, right-padded with the pad id.
-        mask: ``(N, T)`` bool, true on real completion tokens (up to and including the first
-            end-of-turn token or the stop string).
+        mask: ``(N, T)`` bool, true on the tokens ``generate`` sampled: up to and including the
+            first sampled end-of-turn token or the token that completes the stop string, never on
+            padding (:func:`completion_ends`), even where the pad id is an end-of-turn id.
         texts: ``N`` decoded completions (special tokens removed).
         truncated: ``(N,)`` bool, true where the completion hit ``max_new_tokens`` without stopping.
+        prompt_opened_think: ``N`` flags, true where the row's prompt ended inside an opened
+            ``<think>`` (a Thinking template's generation prompt), so the completion starts inside
+            the think block; rewards and parsers take it as ``opened_think``.
     """
 
     ids: torch.Tensor
     mask: torch.Tensor
     texts: list[str]
     truncated: torch.Tensor
+    prompt_opened_think: list[bool] = field(default_factory=list)
 
 
 def vision_token_ids(tokenizer) -> list[int]:
@@ -47,29 +55,125 @@ def eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def completion_mask(ids: torch.Tensor, stop_ids: list[int], pad_id: int | None = None) -> torch.Tensor:
-    """``(N, T)`` bool mask of the real completion tokens of each row.
+def stop_string_ends(ids: torch.Tensor, tokenizer, stop_strings: tuple[str, ...] | list[str],
+                     limits: torch.Tensor | None = None) -> torch.Tensor:
+    """``(N,)`` int64: for each row, the number of tokens up to and including the one that completes a
+    stop string, or ``-1`` where no stop string occurs.
 
-    A row ends after its first end-of-turn token (included) or before its first pad token
-    (``generate`` pads rows that finished early, e.g. on a stop string), whichever comes first.
-    When the pad id is itself an end-of-turn id, only the end-of-turn rule applies.
+    The stop token is the first token at which the decoded row (special tokens written out, no
+    clean-up of spaces) contains one of ``stop_strings``; that is the token at which transformers'
+    ``StopStringCriteria`` ends a row, overhangs included (a token ``"er>\n"`` that completes
+    ``"</answer>"`` is the stop token). Found by bisection on the prefix length, as containing a
+    stop string is monotone in it.
+
+    Args:
+        ids: ``(N, T)`` completion ids.
+        tokenizer: the tokenizer that decodes them.
+        stop_strings: the stop strings; empty gives ``-1`` everywhere.
+        limits: ``(N,)`` optional number of leading tokens of each row to search (tokens).
+    """
+    n, t = ids.shape
+    out = torch.full((n,), -1, dtype=torch.long)
+    if not stop_strings or t == 0:
+        return out.to(ids.device)
+    rows = ids.tolist()
+
+    def has_stop(row: list[int], length: int) -> bool:
+        text = tokenizer.decode(row[:length], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return any(s in text for s in stop_strings)
+
+    for i, row in enumerate(rows):
+        hi = t if limits is None else int(limits[i])
+        if hi <= 0 or not has_stop(row, hi):
+            continue
+        lo = 1  # smallest prefix length that may contain a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if has_stop(row, mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        out[i] = hi
+    return out.to(ids.device)
+
+
+def prompt_opens_think(tokenizer, input_ids: torch.Tensor, num_return_sequences: int = 1,
+                       attention_mask: torch.Tensor | None = None, tail: int = 8) -> list[bool]:
+    """Whether each prompt ends inside an opened ``<think>`` block, repeated for its K rows.
+
+    Decodes the last ``tail`` real tokens of each prompt (special tokens written out) and applies
+    :func:`grasp_lightning.parsing.opens_think`: true after a Qwen3 Thinking generation prompt
+    (``<|im_start|>assistant\n<think>\n``), false after an Instruct one.
+
+    Args:
+        tokenizer: the prompt's tokenizer.
+        input_ids: ``(B, L)`` prompt ids.
+        num_return_sequences: K; each prompt's flag is repeated K times (``B * K`` flags).
+        attention_mask: ``(B, L)`` optional, 1 on real tokens (any padding side); without it the
+            prompts are taken as left-padded.
+        tail: tokens decoded from the end of each prompt.
+    """
+    flags = []
+    for b in range(input_ids.shape[0]):
+        row = input_ids[b] if attention_mask is None else input_ids[b][attention_mask[b].bool()]
+        text = tokenizer.decode(row[-tail:].tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        flags.extend([opens_think(text)] * num_return_sequences)
+    return flags
+
+
+def completion_ends(ids: torch.Tensor, stop_ids: list[int], tokenizer=None,
+                    stop_strings: tuple[str, ...] | list[str] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Length and end reason of each sampled completion.
+
+    A row ends at its first end-of-turn token (included) or at the token that completes a stop
+    string (included, :func:`stop_string_ends`), whichever comes first; a row with neither ran to the
+    end of ``ids``. Padding never ends a row and is never counted: ``generate`` pads a row only after
+    it finished by one of those two rules, so a pad id that is also an end-of-turn id (Qwen3-VL's
+    generation config: ``eos_token_id [151645, 151643]``, ``pad_token_id 151643``) is counted only
+    where it was sampled, i.e. before any other end.
+
+    Args:
+        ids: ``(N, T)`` completion ids as ``generate`` returned them (prompt removed).
+        stop_ids: end-of-turn token ids.
+        tokenizer: decodes ids for the stop strings (needed when ``stop_strings`` is not empty).
+        stop_strings: the stop strings generation was given.
+
+    Returns:
+        ``(lengths, finished)``: ``(N,)`` int64 completion lengths in tokens, and ``(N,)`` bool, true
+        where the row ended on an end-of-turn token or a stop string (false: it hit the budget).
+
+    Raises:
+        ValueError: if ``stop_strings`` are given without a tokenizer.
+    """
+    n, t = ids.shape
+    if stop_strings and tokenizer is None:
+        raise ValueError("completion_ends: stop_strings need the tokenizer that decodes the ids")
+    hit = torch.isin(ids, torch.tensor(list(stop_ids) or [-1], device=ids.device))
+    eos_end = torch.where(hit.any(1), hit.int().argmax(1) + 1, torch.full((n,), t, device=ids.device))
+    stop_end = stop_string_ends(ids, tokenizer, stop_strings, limits=eos_end)
+    by_stop = stop_end > 0
+    lengths = torch.where(by_stop, stop_end, eos_end)
+    return lengths, hit.any(1) | by_stop
+
+
+def completion_mask(ids: torch.Tensor, stop_ids: list[int], tokenizer=None,
+                    stop_strings: tuple[str, ...] | list[str] = ()) -> torch.Tensor:
+    """``(N, T)`` bool mask of the real (sampled) completion tokens of each row.
+
+    True on the first ``length`` tokens of each row, lengths from :func:`completion_ends` (end at
+    the first end-of-turn token or the stop-string token, both included; never at padding).
 
     Args:
         ids: ``(N, T)`` completion ids.
         stop_ids: end-of-turn token ids.
-        pad_id: the padding id.
+        tokenizer: decodes ids for the stop strings.
+        stop_strings: the stop strings generation was given.
+
+    Raises:
+        ValueError: if ``stop_strings`` are given without a tokenizer.
     """
-    n, t = ids.shape
-    positions = torch.arange(t, device=ids.device)
-
-    def first(hit: torch.Tensor, offset: int) -> torch.Tensor:
-        return torch.where(hit.any(1), hit.int().argmax(1) + offset, torch.full((n,), t, device=ids.device))
-
-    stop = torch.tensor(stop_ids or [-1], device=ids.device)
-    end = first(torch.isin(ids, stop), 1)
-    if pad_id is not None and pad_id not in stop_ids:
-        end = torch.minimum(end, first(ids == pad_id, 0))
-    return positions[None, :] < end[:, None]
+    lengths, _ = completion_ends(ids, stop_ids, tokenizer, stop_strings)
+    return torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
 
 
 @torch.no_grad()
@@ -100,6 +204,7 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         :class:`Completions` with ``N = B * K`` rows.
     """
     prompt_len = inputs["input_ids"].shape[1]
+    prompt_ids, prompt_mask = inputs["input_ids"], inputs.get("attention_mask")
     stop = eos_ids(model, tokenizer)
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, num_return_sequences=num_return_sequences,
                       pad_token_id=tokenizer.pad_token_id, eos_token_id=stop,
@@ -117,12 +222,11 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         gen_kwargs.update(num_return_sequences=1, cache=cache)
     out = model.generate(**inputs, **gen_kwargs)
     ids = out[:, prompt_len:]
-    if ids.shape[1] == 0:
+    lengths, finished = completion_ends(ids, stop, tokenizer, tuple(stop_strings))
+    if ids.shape[1] == 0:  # nothing generated: one pad column, masked out
         ids = torch.full((out.shape[0], 1), tokenizer.pad_token_id, dtype=out.dtype, device=out.device)
-    mask = completion_mask(ids, stop, tokenizer.pad_token_id)
+    mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
     ids = ids.masked_fill(~mask, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    ended = torch.isin(ids, torch.tensor(stop, device=ids.device)).any(1)
-    stopped = torch.tensor([any(s in t for s in stop_strings) for t in texts], device=ids.device)
-    truncated = ~(ended | stopped)
-    return Completions(ids=ids, mask=mask, texts=texts, truncated=truncated)
+    return Completions(ids=ids, mask=mask, texts=texts, truncated=~finished,
+                       prompt_opened_think=prompt_opens_think(tokenizer, prompt_ids, num_return_sequences, prompt_mask))

@@ -42,7 +42,10 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "k3_kl",
+    "overlong_penalty",
     "released_advantages",
+    "reward_moments",
+    "std_from_moments",
     "selective_log_softmax",
     "zero_variance_groups",
 ]
@@ -79,7 +82,8 @@ def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
     return grouped.amax(dim=1) == grouped.amin(dim=1)
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4,
+                     batch_std: Tensor | float | None = None) -> Tensor:
     """Group-relative advantages of GRPO: reward minus its group mean, optionally divided by a std.
 
     ``scale="group"``: ``(r - mean_g) / (std_g + eps)`` with the unbiased group std, exactly TRL 1.16's
@@ -92,6 +96,9 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
         group_size: ``K``, rollouts per prompt (consecutive rows).
         scale: ``"group"``, ``"batch"`` or ``"none"``.
         eps: added to the std before dividing (TRL uses 1e-4).
+        batch_std: for ``scale="batch"``, the std to divide by, e.g. over every rank's rewards of the
+            accumulation window (:func:`std_from_moments`; TRL gathers the rewards of all processes);
+            ``None`` uses the unbiased std of ``rewards``.
 
     Returns:
         ``(N,)`` advantages, same dtype as ``rewards``.
@@ -110,10 +117,54 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
         std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred[:, :1])
         centred = centred / (std + eps)
     elif scale == "batch":
-        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        if batch_std is None:
+            std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        else:
+            std = torch.as_tensor(batch_std, dtype=rewards.dtype, device=rewards.device)
         centred = centred / (std + eps)
     flat = zero_variance_groups(rewards, group_size).repeat_interleave(group_size)
     return torch.where(flat, torch.zeros_like(rewards), centred.reshape(-1))
+
+
+def reward_moments(rewards: Tensor) -> Tensor:
+    """``(3,)`` float64 ``[count, Σ r, Σ r²]`` of ``rewards`` (any shape), to be summed over ranks.
+
+    An empty tensor gives zeros, so a rank whose batch was skipped still contributes (and joins the
+    collective). See :func:`std_from_moments`.
+    """
+    r = rewards.detach().double().reshape(-1)
+    return torch.stack([r.new_tensor(float(r.numel())), r.sum(), (r * r).sum()])
+
+
+def std_from_moments(moments: Tensor) -> Tensor:
+    """Unbiased std from ``[n, Σ r, Σ r²]`` (:func:`reward_moments` summed over ranks), float64 scalar.
+
+    ``sqrt((Σ r² - (Σ r)² / n) / (n - 1))``, the same value as ``torch.std`` of all the rewards
+    (TRL 1.16 ``scale_rewards="batch"`` over the gathered rewards); 0 when ``n < 2``. Negative
+    round-off is clamped to 0.
+    """
+    n, s, ss = moments.double().unbind()
+    if n < 2:
+        return moments.new_zeros((), dtype=torch.float64)
+    return ((ss - s * s / n) / (n - 1)).clamp(min=0.0).sqrt()
+
+
+def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int | None, penalty: float = 1.0) -> Tensor:
+    """Soft overlong penalty ``(N,)`` float32, ≤ 0, for completion lengths in tokens (DAPO Eq. 13).
+
+    ``-penalty * clamp((L - (max_new_tokens - buffer)) / buffer, 0, 1)``: 0 up to the buffer's start,
+    linear to ``-penalty`` at the budget. The released GRASP code computes the same value
+    (``overlong_buffer_len``, ``overlong_penalty_factor``). ``buffer`` ``None`` or 0: zeros.
+
+    Raises:
+        GraspConfigError: ``buffer`` is negative or larger than ``max_new_tokens``.
+    """
+    if not buffer:
+        return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
+    if buffer < 0 or buffer > max_new_tokens:
+        raise GraspConfigError(f"overlong_buffer={buffer} must be in 1 … max_new_tokens={max_new_tokens}")
+    start = max_new_tokens - buffer
+    return -penalty * ((lengths.float() - start) / buffer).clamp(0, 1)
 
 
 def released_advantages(term_rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:

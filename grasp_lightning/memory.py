@@ -9,13 +9,21 @@ Parameters are counted exactly, by building the model on the meta device from th
 ``P_t`` of them trainable and ``N`` data-parallel ranks:
 
 - weights: ``P x 2 B`` (bf16). LoRA adds ``r (in + out)`` per wrapped Linear, in float32 without
-  DeepSpeed (peft's ``get_peft_model(autocast_adapter_dtype=True)``).
+  DeepSpeed (peft's ``get_peft_model(autocast_adapter_dtype=True)``). A full fine-tune without
+  DeepSpeed keeps its trainable weights in float32 (``GraspModule`` casts them:
+  ``policy.keep_float32_masters``): ``(P - P_t) x 2 B + P_t x 4 B``, and under ``*-mixed`` precision
+  autocast holds a bf16 copy of them through the forward/backward (``P_t x 2 B``, with the activations).
 - gradients: ZeRO-2 ``P_t x (2 B bf16 + 4 B fp32) / N``; ZeRO-1 ``P_t x (2 + 4 / N) B``; without
-  ZeRO ``P_t x`` the parameter's bytes, twice under DDP (its buckets are a second copy).
+  ZeRO ``P_t x 4 B`` (float32 masters or adapters), twice under DDP (its buckets are a second copy).
 - optimizer states: with DeepSpeed, Adam's fp32 master copy + exp_avg + exp_avg_sq = ``12 B x P_t /
   N`` (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes per parameter; DeepSpeed's
   ``estimate_zero2_model_states_mem_needs`` counts the same 2 + 18 / N). torch AdamW without ZeRO
-  keeps exp_avg and exp_avg_sq in the parameter's dtype.
+  keeps exp_avg and exp_avg_sq in the parameter's dtype (float32: ``8 B x P_t``).
+- tokens: :func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
+  ``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
+  32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
+  processor's settings read from the model directory (``processor_config.json`` or
+  ``video_preprocessor_config.json``); it matches the processor's prompt length exactly.
 - reference model: GRPO with ``beta != 0``: ``P x 2 B``; 0 for LoRA with the adapter-disabled
   reference, for ``beta == 0`` and for SFT.
 - ZeRO buffers: the reduce buckets, ``(1 + overlap_comm) x reduce_bucket_size x 2 B`` (DeepSpeed
@@ -44,7 +52,7 @@ import logging
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +60,13 @@ import torch
 from torch import nn
 
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.policy import LoraConfig, vision_modules
+from grasp_lightning.module import RolloutConfig
+from grasp_lightning.policy import LoraConfig, PolicyConfig, vision_modules
 
 log = logging.getLogger(__name__)
+
+_POLICY_DEFAULTS = PolicyConfig()  # the code's defaults, read once
+_ROLLOUT_DEFAULTS = RolloutConfig()
 
 GIB = 2**30
 ARCHITECTURES_FILE = Path(__file__).parent / "assets" / "qwen3vl-architectures.json"
@@ -62,15 +74,18 @@ ARCHITECTURES_FILE = Path(__file__).parent / "assets" / "qwen3vl-architectures.j
 DEFAULT_ARCHITECTURE = "Qwen3-VL-8B-Instruct"
 #: Memory of one H200 as ``nvidia-smi`` reports it (143771 MiB, sold as 141 GB), in GiB.
 H200_GIB = 143771 / 1024
-#: ``share_prompt`` when a GRPO config does not set it: the default of ``tasks.grpo.GRPOTask``.
+#: ``share_prompt`` when a GRPO config does not set it: the default of ``tasks.grpo.GRPOTask`` (the
+#: core does not import tasks; ``tests/test_memory.py`` checks the two agree).
 SHARE_PROMPT_DEFAULT = True  # tasks/grpo.py: GRPOTask(share_prompt=True)
-#: Qwen3-VL's published ``video_preprocessor_config.json`` size: pixels over the whole clip.
-QWEN3VL_VIDEO_SIZE = {"shortest_edge": 4096, "longest_edge": 25165824}
-#: ``Qwen3VLVideoProcessor.max_video_tokens``: the per-frame ceiling of ``cap_pixels_per_frame``.
-QWEN3VL_MAX_VIDEO_TOKENS = 768
-#: Text tokens the processor writes per temporal group: ``<12.5 seconds>`` (about 6 tokens, Qwen's
-#: tokenizer splits digits) + ``<|vision_start|>`` + ``<|vision_end|>``.
-TIMESTAMP_TOKENS_PER_GROUP = 8
+#: ``trainer.precision`` when a config does not set it: Lightning's ``Trainer(precision="32-true")``.
+TRAINER_PRECISION_DEFAULT = "32-true"
+#: Qwen3-VL's published video processor settings (``video_preprocessor_config.json``, or the
+#: ``video_processor`` section of a transformers-5 ``processor_config.json``): ``size`` in pixels over
+#: the whole clip, ``max_video_tokens`` the per-frame ceiling of ``cap_pixels_per_frame``.
+QWEN3VL_VIDEO_PROCESSOR = {"size": {"shortest_edge": 4096, "longest_edge": 25165824}, "max_video_tokens": 768,
+                           "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}
+#: Frame rate of the video files when a plan does not say (frames/s): it only shifts timestamps.
+DEFAULT_SOURCE_FPS = 30.0
 #: Bytes per logit position and vocabulary entry in SFT: bf16 logits (2) + the float32 copy (4) +
 #: the float32 log-softmax ``F.cross_entropy`` keeps for backward (4) (``tasks/sft.py``; logits are
 #: computed for the response positions only, ``logits_to_keep``).
@@ -204,21 +219,47 @@ def lora_parameters(counts: ParamCounts, r: int, target_modules: list[str] | str
 
 
 # ---------------------------------------------------------------------------------- tokens
+def timestamp_tokens(seconds: float) -> int:
+    """Tokens of the timestamp ``<{seconds:.1f} seconds>`` the Qwen3-VL processor writes before a group.
+
+    Qwen's byte-level BPE pre-tokenizer splits numbers into single digits and the text sits between
+    two special tokens, so it is ``<``, one token per digit, ``.``, `` seconds`` and ``>``:
+    ``<0.2 seconds>`` is 6 tokens, ``<12.5 seconds>`` 7, ``<123.5 seconds>`` 8 (checked against
+    Qwen3's ``tokenizer.json`` in ``tests/test_memory.py``).
+
+    Args:
+        seconds: the group's timestamp in seconds (>= 0).
+    """
+    digits = sum(ch.isdigit() for ch in f"{seconds:.1f}")
+    return digits + 4
+
+
 @dataclass(frozen=True)
 class VideoTokens:
     """Tokens of one clip as the Qwen3-VL processor lays them out.
 
+    The template's ``<|vision_start|><|video_pad|><|vision_end|>`` keeps its start and end; its
+    ``<|video_pad|>`` becomes, per temporal group, ``<t seconds><|vision_start|>`` + the group's
+    ``<|video_pad|>`` tokens + ``<|vision_end|>`` (``Qwen3VLProcessor.replace_video_token``).
+
     Attributes:
-        frames: frames decoded (``fps x seconds``, at most ``max_frames``).
-        groups: temporal patches (2 frames each); one timestamp and one token block per group.
-        pixels_per_frame: pixels of a frame after the decode cap and the processor's cap.
-        tokens_per_group: visual tokens per group, ``H/16 x W/16 / 4`` = pixels / 1024.
+        frames: frames decoded (``data.video.sample_indices``: fps, ``max_frames``).
+        groups: temporal patches (2 frames each, an odd count padded with the last frame).
+        frame_size: ``(height, width)`` in pixels after the decode cap and the processor's resize.
+        tokens_per_group: visual tokens per group, ``H/16 x W/16 / 4``.
+        timestamp_tokens: tokens of all groups' ``<t seconds>`` texts.
     """
 
     frames: int
     groups: int
-    pixels_per_frame: int
+    frame_size: tuple[int, int]
     tokens_per_group: int
+    timestamp_tokens: int
+
+    @property
+    def pixels_per_frame(self) -> int:
+        """Pixels of a frame as the vision tower sees it."""
+        return self.frame_size[0] * self.frame_size[1]
 
     @property
     def visual_tokens(self) -> int:
@@ -227,41 +268,114 @@ class VideoTokens:
 
     @property
     def text_tokens(self) -> int:
-        """Timestamp and vision start/end tokens around the groups."""
-        return self.groups * TIMESTAMP_TOKENS_PER_GROUP
+        """Timestamps and the per-group ``<|vision_start|>``/``<|vision_end|>``, minus the template's
+        one ``<|video_pad|>`` placeholder they replace."""
+        return self.timestamp_tokens + 2 * self.groups - 1
+
+    @property
+    def total(self) -> int:
+        """Tokens the clip adds to a prompt whose template holds one video placeholder."""
+        return self.visual_tokens + self.text_tokens
 
 
-def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *, patch_size: int = 16,
-                 merge_size: int = 2, temporal_patch_size: int = 2, processor_size: dict | None = None,
-                 max_video_tokens: int = QWEN3VL_MAX_VIDEO_TOKENS) -> VideoTokens:
-    """Visual tokens of a clip of ``seconds`` sampled at ``fps`` (frames per second).
+def processor_frame_size(frames: int, height: int, width: int, settings: dict) -> tuple[int, int]:
+    """``(height, width)`` the Qwen3-VL video processor resizes ``frames`` frames of ``height x width`` to.
 
-    Frames are decoded at most ``max_pixels`` pixels each (``data.max_pixels``); the processor
-    (``cap_pixels_per_frame=True``, as ``data/prompts.py`` calls it) then caps each frame at
-    ``max(min(max_video_tokens x 32^2, longest_edge // frames), 1.05 x shortest_edge)`` pixels, so a
-    clip never exceeds ``longest_edge / 2048`` = 12288 visual tokens. Rounding of height and width to
-    multiples of 32 is ignored (exact for 448 x 448 frames).
+    As ``Qwen3VLVideoProcessor.resize`` with ``cap_pixels_per_frame=True`` (what ``data/prompts.py``
+    passes): each frame may have ``max(min(max_video_tokens x f^2, longest_edge // frames),
+    int(1.05 x shortest_edge))`` pixels (``f = patch_size x merge_size`` = 32), then transformers'
+    ``smart_resize`` rounds the sides to multiples of ``f`` (down, keeping the aspect ratio, when the
+    clip is over its budget; to the nearest multiple otherwise).
+
+    Args:
+        frames: frames passed to the processor (>= ``temporal_patch_size``).
+        height, width: pixels of the decoded frames.
+        settings: the video processor's settings (:func:`processor_video_settings`).
+    """
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+    factor = settings["patch_size"] * settings["merge_size"]
+    size = settings["size"]
+    per_frame = max(min(settings["max_video_tokens"] * factor**2, size["longest_edge"] // frames),
+                    int(size["shortest_edge"] * 1.05))
+    return smart_resize(frames, height, width, temporal_factor=settings["temporal_patch_size"], factor=factor,
+                        min_pixels=size["shortest_edge"], max_pixels=per_frame * frames)
+
+
+def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *,
+                 frame_size: tuple[int, int] | None = None,
+                 source_fps: float = DEFAULT_SOURCE_FPS, settings: dict | None = None) -> VideoTokens:
+    """Tokens of a clip of ``seconds`` decoded as ``GraspDataModule`` does and encoded by the processor.
+
+    1. Frames: ``data.video.sample_indices`` of a ``round(seconds x source_fps)``-frame clip at
+       ``fps`` (at most ``max_frames``, at least 2); frames are passed with ``do_sample_frames=False``,
+       so the processor's own fps/min/max-frame sampling does not apply.
+    2. Pixels: ``data.video.reduced_size(height, width, max_pixels)`` at decode time, then
+       :func:`processor_frame_size`.
+    3. Groups: ``ceil(frames / temporal_patch_size)``; each gets ``<t seconds>`` with ``t`` the mean
+       of its frames' source indices / ``source_fps`` (the last group padded with the last frame),
+       as ``Qwen3VLProcessor._calculate_timestamps`` computes it from ``video_metadata``.
+
+    Args:
+        seconds: clip length (s). fps: decode rate (frames/s). max_frames: ``data.max_frames``.
+        max_pixels: ``data.max_pixels`` (pixels per decoded frame).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
+            ``max_pixels``, i.e. 448 x 448 for the recipes).
+        source_fps: the video file's frame rate (frames/s); it only moves timestamps by a frame.
+        settings: the video processor's settings (default: Qwen3-VL's published ones).
 
     Raises:
-        GraspConfigError: ``seconds`` or ``fps`` not positive.
+        GraspConfigError: ``seconds``, ``fps`` or ``source_fps`` not positive.
     """
-    if seconds <= 0 or fps <= 0:
-        raise GraspConfigError(f"video seconds and fps must be > 0, got {seconds} s at {fps} fps")
-    frames = max(temporal_patch_size, min(max_frames, int(seconds * fps + 1e-9)))
-    factor = patch_size * merge_size
-    size = processor_size or QWEN3VL_VIDEO_SIZE
-    cap = max(min(max_video_tokens * factor**2, size["longest_edge"] // frames), int(size["shortest_edge"] * 1.05))
-    pixels = min(max_pixels, cap)
-    return VideoTokens(frames, math.ceil(frames / temporal_patch_size), pixels, pixels // factor**2)
+    if seconds <= 0 or fps <= 0 or source_fps <= 0:
+        raise GraspConfigError(f"video seconds, fps and source fps must be > 0, got {seconds} s at {fps} fps "
+                               f"from a {source_fps} fps file")
+    from grasp_lightning.data.video import reduced_size, sample_indices
+
+    settings = {**QWEN3VL_VIDEO_PROCESSOR, **(settings or {})}
+    total = max(1, round(seconds * source_fps))
+    indices = [int(i) for i in sample_indices(total, source_fps, fps=fps, max_frames=max_frames)]
+    if frame_size is None:
+        side = math.isqrt(max_pixels)
+        frame_size = (side, side)
+    height, width = reduced_size(*frame_size, max_pixels)
+    t_patch = settings["temporal_patch_size"]
+    resized = processor_frame_size(len(indices), height, width, settings)
+    patch, merge = settings["patch_size"], settings["merge_size"]
+    per_group = (resized[0] // patch) * (resized[1] // patch) // merge**2
+    padded = indices + indices[-1:] * (-len(indices) % t_patch)
+    stamps = [(padded[i] + padded[i + t_patch - 1]) / 2 / source_fps for i in range(0, len(padded), t_patch)]
+    return VideoTokens(len(indices), len(stamps), tuple(resized), per_group, sum(map(timestamp_tokens, stamps)))
 
 
-def _processor_video_settings(name_or_path: str) -> tuple[dict | None, int]:
-    """``size`` and ``max_video_tokens`` of a local ``video_preprocessor_config.json`` (else Qwen3-VL's)."""
-    path = Path(name_or_path) / "video_preprocessor_config.json"
-    if not path.is_file():
-        return None, QWEN3VL_MAX_VIDEO_TOKENS
-    data = json.loads(path.read_text())
-    return data.get("size"), data.get("max_video_tokens", QWEN3VL_MAX_VIDEO_TOKENS)
+def processor_video_settings(name_or_path: str) -> dict:
+    """The video processor settings the planner needs, read from a local model directory.
+
+    Looks in the transformers-5 layout first (the ``video_processor`` section of
+    ``processor_config.json``, which ``save_pretrained``, our exports and the stand-ins write), then
+    in the older ``video_preprocessor_config.json``; missing keys (or no directory, e.g. a Hub id)
+    take Qwen3-VL's published values (:data:`QWEN3VL_VIDEO_PROCESSOR`).
+
+    Returns:
+        ``{"size": {"shortest_edge", "longest_edge"}, "max_video_tokens", "patch_size",
+        "merge_size", "temporal_patch_size"}`` (pixels per clip, tokens per frame, pixels, patches, frames).
+
+    Raises:
+        GraspConfigError: a settings file that is not valid JSON.
+    """
+    folder = Path(name_or_path)
+    for name, section in (("processor_config.json", "video_processor"), ("video_preprocessor_config.json", None)):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise GraspConfigError(f"{path}: not valid JSON ({err})") from err
+        data = data.get(section) if section else data
+        if isinstance(data, dict):
+            return {key: data.get(key, default) or default for key, default in QWEN3VL_VIDEO_PROCESSOR.items()}
+    return dict(QWEN3VL_VIDEO_PROCESSOR)
 
 
 # ---------------------------------------------------------------------------------- activations
@@ -321,7 +435,13 @@ class RunSpec:
         share_prompt: GRPO encodes each group's clip and runs its prompt once
             (``model.task.init_args.share_prompt``); ``False``: K repeated rows, like TRL.
         video_seconds, fps, max_frames, max_pixels: the clip (seconds, frames/s, frames, pixels/frame).
-        text_tokens: prompt tokens besides the video (system prompt, question, options).
+        frame_size: the source video's ``(height, width)`` in pixels (``None``: square frames of
+            ``max_pixels``); source_fps: its frame rate (frames/s).
+        text_tokens: tokens of the rendered prompt (system prompt, question, options, chat markers)
+            with its one video placeholder ``<|vision_start|><|video_pad|><|vision_end|>``.
+
+    Defaults are the code's own (``PolicyConfig``, ``RolloutConfig``, ``GRPOTask``, Lightning's
+    ``Trainer``, ``GraspDataModule``), so a config that leaves a key out is planned as it runs.
         response_tokens: SFT target tokens (``None``: ``max_target_tokens``, the worst case).
         max_target_tokens, max_prompt_tokens: the data budgets (tokens).
     """
@@ -334,22 +454,24 @@ class RunSpec:
     offload_optimizer: bool = False
     reduce_bucket_size: int = 200_000_000
     overlap_comm: bool = True
-    precision: str = "bf16-mixed"
-    dtype: str = "bfloat16"
-    freeze_vision: bool = True
+    precision: str = TRAINER_PRECISION_DEFAULT
+    dtype: str = _POLICY_DEFAULTS.dtype
+    freeze_vision: bool = _POLICY_DEFAULTS.freeze_vision
     lora: LoraConfig = field(default_factory=LoraConfig)
     separate_reference: bool = False
-    gradient_checkpointing: bool = True
-    attn_implementation: str | None = "flash_attention_2"
+    gradient_checkpointing: bool = _POLICY_DEFAULTS.gradient_checkpointing
+    attn_implementation: str | None = _POLICY_DEFAULTS.attn_implementation
     micro_batch_size: int = 1
-    num_generations: int = 8
-    max_new_tokens: int = 1024
+    num_generations: int = _ROLLOUT_DEFAULTS.num_generations
+    max_new_tokens: int = _ROLLOUT_DEFAULTS.max_new_tokens
     beta: float = 0.05
-    share_prompt: bool = False
+    share_prompt: bool = SHARE_PROMPT_DEFAULT
     video_seconds: float = 60.0
     fps: float = 2.0
     max_frames: int = 240
     max_pixels: int = 448 * 448
+    frame_size: tuple[int, int] | None = None
+    source_fps: float = DEFAULT_SOURCE_FPS
     text_tokens: int = 256
     response_tokens: int | None = None
     max_target_tokens: int = 2048
@@ -442,14 +564,24 @@ def deepspeed_zero2_estimate(total_params: int, gpus_per_node: int, num_nodes: i
 def _model_states(spec: RunSpec, counts: ParamCounts, n_lora: int, trainable: int, how: dict) -> dict[str, Any]:
     """Weights, gradients, optimizer states, ZeRO buffers and DeepSpeed's estimate, bytes per GPU."""
     n = spec.world_size
-    wb = 2 if spec.zero_stage and spec.precision.startswith(("bf16", "16")) else _DTYPE_BYTES[spec.dtype]
+    if spec.zero_stage:  # DeepSpeed casts the module to 16 bit under bf16/16 precision, to float32 under 32
+        wb = 2 if spec.precision.startswith(("bf16", "16")) else 4
+    else:
+        wb = _DTYPE_BYTES[spec.dtype]
     how["weights"] = f"{_count(counts.total)} x {wb} B" + (f" + {_count(n_lora)} adapters" if n_lora else "")
     if not spec.zero_stage:
-        tb = 4 if n_lora else wb  # peft keeps adapters in float32 (autocast_adapter_dtype=True)
+        # Outside DeepSpeed the optimizer updates float32 parameters: peft's adapters, or the float32
+        # master weights GraspModule keeps for a full fine-tune (policy.keep_float32_masters).
+        tb = 4 if n_lora or wb < 4 else wb
+        masters = 0 if n_lora else trainable  # full fine-tune: the trainable weights are float32
+        if masters and wb < 4:
+            how["weights"] = (f"{_count(counts.total - trainable)} frozen x {wb} B + {_count(trainable)} "
+                              "trainable x 4 B (float32 masters)")
         how["gradients"] = f"{_count(trainable)} x {tb} B" + (" x 2 (DDP buckets)" if n > 1 else "")
         how["optimizer states"] = f"{_count(trainable)} x 2 x {tb} B (torch AdamW exp_avg, exp_avg_sq)"
         how["ZeRO buffers"] = "no ZeRO"
-        return dict(weights=wb * counts.total + tb * n_lora, gradients=tb * trainable * (2 if n > 1 else 1),
+        weights = wb * (counts.total - masters) + tb * masters + 4 * n_lora
+        return dict(weights=weights, gradients=tb * trainable * (2 if n > 1 else 1),
                     optimizer_states=2 * tb * trainable, zero_buffers=0, deepspeed_model_states=None)
     # DeepSpeed casts the whole module, adapters included, to 16 bit and keeps fp32 partitions
     grad_b = wb / n if spec.zero_stage == 2 else wb
@@ -477,14 +609,14 @@ def _reference(spec: RunSpec, counts: ParamCounts, how: dict) -> int:
     return _DTYPE_BYTES[spec.dtype] * counts.total
 
 
-def _tokens(spec: RunSpec, vision) -> tuple[VideoTokens, int, int, int]:
-    """The clip's tokens, prompt tokens, completion tokens and sequences per micro-batch."""
-    size, max_video_tokens = _processor_video_settings(spec.model)
-    vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels,
-                      patch_size=getattr(vision, "patch_size", 16), merge_size=getattr(vision, "spatial_merge_size", 2),
-                      temporal_patch_size=getattr(vision, "temporal_patch_size", 2), processor_size=size,
-                      max_video_tokens=max_video_tokens)
-    prompt = vt.visual_tokens + vt.text_tokens + spec.text_tokens
+def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
+    """The clip's tokens, prompt tokens, completion tokens and sequences per micro-batch.
+
+    The processor's settings come from the model directory (:func:`processor_video_settings`);
+    ``spec.text_tokens`` counts the rendered prompt with its one video placeholder."""
+    vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels, frame_size=spec.frame_size,
+                      source_fps=spec.source_fps, settings=processor_video_settings(spec.model))
+    prompt = vt.total + spec.text_tokens
     if spec.task == "sft":
         completion = spec.response_tokens if spec.response_tokens is not None else spec.max_target_tokens
         return vt, prompt, completion, spec.micro_batch_size
@@ -518,6 +650,9 @@ def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoToke
         per_layer += 3 * sum(i for _, i, _ in lora_targets(counts, spec.lora.target_modules)) // layers
     activations = stack_activation_bytes(tokens, layers, h, per_layer, checkpointing=spec.gradient_checkpointing)
     activations += tokens * 2 * 2 * h  # input embeddings and the final norm's input
+    if not spec.zero_stage and not spec.lora.enabled and spec.precision.endswith("-mixed"):
+        trainable = counts.language + (0 if spec.freeze_vision else counts.vision)
+        activations += 2 * trainable  # autocast's bf16 copies of the float32 master weights
     deepstack = len(getattr(vision, "deepstack_visual_indexes", ()) or ())
     activations += prompts * vt.visual_tokens * deepstack * h * 2  # DeepStack visual embeddings
     if shared:
@@ -588,7 +723,7 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
     n_lora = lora_parameters(counts, spec.lora.r, spec.lora.target_modules) if spec.lora.enabled else 0
     trainable = n_lora if spec.lora.enabled else counts.language + (0 if spec.freeze_vision else counts.vision)
     how: dict[str, str] = {}
-    vt, prompt, completion, sequences = _tokens(spec, vision)
+    vt, prompt, completion, sequences = _tokens(spec)
     notes = []
     if spec.max_prompt_tokens is not None and prompt > spec.max_prompt_tokens:
         notes.append(f"the prompt ({prompt} tokens) is over data.max_prompt_tokens={spec.max_prompt_tokens}: "
@@ -769,22 +904,24 @@ def spec_from_config(cfg: dict, **extra: Any) -> tuple[RunSpec, list[str]]:
         name = DEFAULT_ARCHITECTURE
     lora_cfg = _get(cfg, "model.lora", {}) or {}
     lora = LoraConfig(**{k: v for k, v in lora_cfg.items() if k in LoraConfig.__dataclass_fields__})
+    d = RunSpec()  # the code's defaults for keys the YAML leaves out
     values = dict(
         model=name, task=task, devices=_devices(_get(cfg, "trainer.devices", "auto"), notes),
-        num_nodes=int(_get(cfg, "trainer.num_nodes", 1)), precision=str(_get(cfg, "trainer.precision", "32-true")),
-        dtype=str(_get(cfg, "model.policy.dtype", "bfloat16")),
-        freeze_vision=bool(_get(cfg, "model.policy.freeze_vision", True)), lora=lora,
+        num_nodes=int(_get(cfg, "trainer.num_nodes", d.num_nodes)),
+        precision=str(_get(cfg, "trainer.precision", d.precision)),
+        dtype=str(_get(cfg, "model.policy.dtype", d.dtype)),
+        freeze_vision=bool(_get(cfg, "model.policy.freeze_vision", d.freeze_vision)), lora=lora,
         separate_reference=_get(cfg, "model.reference.name_or_path") is not None,
-        gradient_checkpointing=bool(_get(cfg, "model.policy.gradient_checkpointing", False)),
-        attn_implementation=_get(cfg, "model.policy.attn_implementation", "sdpa"),
-        micro_batch_size=int(_get(cfg, "data.batch_size", 1)),
-        num_generations=int(_get(cfg, "model.rollout.num_generations", targs.get("num_generations", 8))),
-        max_new_tokens=int(_get(cfg, "model.rollout.max_new_tokens", targs.get("max_new_tokens", 1024))),
-        beta=float(targs.get("beta", 0.05)), share_prompt=bool(targs.get("share_prompt", SHARE_PROMPT_DEFAULT)),
-        fps=float(_get(cfg, "data.fps", 2.0)), max_frames=int(_get(cfg, "data.max_frames", 240)),
-        max_pixels=int(_get(cfg, "data.max_pixels", 448 * 448)),
-        max_target_tokens=int(_get(cfg, "data.max_target_tokens", 2048)),
-        max_prompt_tokens=_get(cfg, "data.max_prompt_tokens", 16384, keep_none=True),
+        gradient_checkpointing=bool(_get(cfg, "model.policy.gradient_checkpointing", d.gradient_checkpointing)),
+        attn_implementation=_get(cfg, "model.policy.attn_implementation", d.attn_implementation),
+        micro_batch_size=int(_get(cfg, "data.batch_size", d.micro_batch_size)),
+        num_generations=int(_get(cfg, "model.rollout.num_generations", d.num_generations)),
+        max_new_tokens=int(_get(cfg, "model.rollout.max_new_tokens", d.max_new_tokens)),
+        beta=float(targs.get("beta", d.beta)), share_prompt=bool(targs.get("share_prompt", d.share_prompt)),
+        fps=float(_get(cfg, "data.fps", d.fps)), max_frames=int(_get(cfg, "data.max_frames", d.max_frames)),
+        max_pixels=int(_get(cfg, "data.max_pixels", d.max_pixels)),
+        max_target_tokens=int(_get(cfg, "data.max_target_tokens", d.max_target_tokens)),
+        max_prompt_tokens=_get(cfg, "data.max_prompt_tokens", d.max_prompt_tokens, keep_none=True),
         **_strategy(_get(cfg, "trainer.strategy", "auto")))
     values.update(extra)
     return RunSpec(**values), notes
@@ -792,7 +929,8 @@ def spec_from_config(cfg: dict, **extra: Any) -> tuple[RunSpec, list[str]]:
 
 def plan_from_config(config_paths: list[str | Path], overrides: dict[str, Any] | None = None, *,
                      gpu_memory_gib: float | None = None, video_seconds: float = 60.0, text_tokens: int = 256,
-                     response_tokens: int | None = None) -> MemoryPlan:
+                     response_tokens: int | None = None, frame_size: tuple[int, int] | None = None,
+                     source_fps: float = DEFAULT_SOURCE_FPS) -> MemoryPlan:
     """Plan a run from grasp_lightning config files, composed in order, then ``overrides``.
 
     Args:
@@ -803,6 +941,8 @@ def plan_from_config(config_paths: list[str | Path], overrides: dict[str, Any] |
             the worst case for any clip).
         text_tokens: prompt tokens besides the video.
         response_tokens: SFT target tokens (default: ``data.max_target_tokens``).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
+            ``data.max_pixels``). source_fps: its frame rate (frames/s).
 
     Raises:
         GraspConfigError: a missing file or a value the planner does not model.
@@ -811,7 +951,7 @@ def plan_from_config(config_paths: list[str | Path], overrides: dict[str, Any] |
     for key, value in (overrides or {}).items():
         _set(cfg, key, value)
     spec, notes = spec_from_config(cfg, video_seconds=video_seconds, text_tokens=text_tokens,
-                                   response_tokens=response_tokens)
+                                   response_tokens=response_tokens, frame_size=frame_size, source_fps=source_fps)
     plan = plan_memory(spec)
     plan.notes[:0] = notes
     for note in notes:
@@ -835,26 +975,28 @@ TABLE_SETUPS: tuple[tuple[str, tuple[str, ...], float], ...] = (
 
 def longest_fitting_clip(config_paths: list[str | Path], overrides: dict[str, Any], gpu_memory_gib: float,
                          **kwargs: Any) -> float | None:
-    """The longest clip (whole seconds, up to ``max_frames / fps``) whose plan fits, or ``None``.
-    Memory grows with the clip's length until the processor's token cap, so a bisection suffices."""
-    def ok(seconds: float) -> bool:
-        """Whether a clip of ``seconds`` fits."""
-        return fits(plan_from_config(config_paths, overrides, video_seconds=seconds, **kwargs), gpu_memory_gib).fits
+    """The longest clip length ``L`` (whole seconds, up to ``max_frames / fps``) such that every clip of
+    1 to ``L`` seconds fits, or ``None`` when a 1 s clip does not.
 
+    Tokens are not monotonic in the clip's length: the processor's per-frame cap shrinks the frames
+    in 32-pixel steps (a 62 s clip at 448 x 448 has 12,152 visual tokens, a 63 s clip 10,647), so
+    every length is planned rather than bisected.
+
+    Args:
+        kwargs: as :func:`plan_from_config` (``text_tokens``, ``frame_size``, ...), except ``video_seconds``.
+    """
     cfg = load_yaml_configs(config_paths)
     for key, value in overrides.items():
         _set(cfg, key, value)
-    spec, _ = spec_from_config(cfg)
-    hi = max(1, int(spec.max_frames / spec.fps))
-    if not ok(1):
-        return None
-    if ok(hi):
-        return float(hi)
-    lo = 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return float(lo)
+    extra = {k: v for k, v in kwargs.items() if v is not None}
+    spec, _ = spec_from_config(cfg, **extra)
+    config = architecture_config(spec.model)
+    longest = None
+    for seconds in range(1, max(1, int(spec.max_frames / spec.fps)) + 1):
+        if not fits(plan_memory(replace(spec, video_seconds=float(seconds)), config), gpu_memory_gib).fits:
+            break
+        longest = float(seconds)
+    return longest
 
 
 def scaling_table(configs_dir: str | Path = "configs", *, video_seconds: float = 60.0, text_tokens: int = 256,
@@ -876,13 +1018,19 @@ def scaling_table(configs_dir: str | Path = "configs", *, video_seconds: float =
                          f"{_gib(plan.gradients + plan.optimizer_states)} | {_gib(plan.reference_model)} | "
                          f"{_gib(plan.training)} | {_gib(plan.rollout)} | {_gib(plan.peak)} | "
                          f"{'yes' if verdict.fits else 'no'} | {clip} |")
-    lines += ["", f"GiB per GPU for a {video_seconds:g} s clip at 2 fps (448 x 448 frames: {text_tokens} text tokens "
+    spec, _ = spec_from_config(load_yaml_configs([Path(configs_dir) / TABLE_SETUPS[0][1][0]]))
+    most = max((video_tokens(sec, spec.fps, spec.max_frames, spec.max_pixels).total, sec)
+               for sec in range(1, int(spec.max_frames / spec.fps) + 1))
+    lines += ["", f"GiB per GPU for a {video_seconds:g} s clip at 2 fps (448 x 448 frames; {text_tokens} prompt tokens "
               "besides the video), micro-batch 1; SFT counts the full target budget (2048 tokens), GRPO K = 8 "
               "completions of 1024 tokens. Peak = weights + gradients + optimizer + reference + ZeRO buckets + "
               "max(activations + logits, rollout KV cache or prefill). Fits: peak <= 90% of the GPU - 2 GiB (H200: "
               f"{H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to data.max_frames / fps, whose "
-              "peak fits (beyond about 63 s the processor caps a clip at 12288 visual tokens, so only timestamp "
-              "tokens grow). Computed by `python -m grasp_lightning.memory --table`."]
+              "peak fits, and every shorter clip's too (the processor caps a clip's pixels, so past a minute its "
+              "frames "
+              f"shrink in 32-pixel steps and the count is not monotonic: at most {most[0]} video tokens, at "
+              f"{most[1]} s). Token counts follow the Qwen3-VL processor exactly, timestamps included. "
+              "Computed by `python -m grasp_lightning.memory --table`."]
     return "\n".join(lines)
 
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
-from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.bench import BenchAccuracy
 from grasp_lightning.benchmarks.suite import BenchmarkSuite
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.eval_protocol import GraspProtocol, make_protocol
 from grasp_lightning.generation import sample_completions
 from grasp_lightning.policy import (
     LoraConfig,
@@ -31,9 +32,12 @@ from grasp_lightning.policy import (
     load_processor,
     load_reference,
 )
-from grasp_lightning.task import Task, TaskOutput
+from grasp_lightning.task import CrossRank, Task, TaskOutput
 
 log = logging.getLogger(__name__)
+
+#: Checkpoint key of every rank's task state (``Task.state_dict``; GRPO: the rollout cache of the window).
+TASK_STATE_KEY = "task_state_all_ranks"
 
 
 @dataclass
@@ -59,21 +63,56 @@ class OptimConfig:
 
 @dataclass
 class EvalConfig:
-    """Decoding used for GRASP-Bench validation and test.
+    """GRASP-Bench validation and test: the evaluation protocol and the decoding.
 
     Attributes:
-        max_new_tokens: completion budget in tokens.
-        do_sample: sample instead of greedy decoding.
+        protocol: ``grasp`` (ours: the data module's prompts, ``data.fps`` frames with real
+            timestamps, our answer parser) or ``released`` (the released GRASP evaluation, so scores
+            compare with the paper: its prompts, frames, resizing, answer extraction and report;
+            :mod:`grasp_lightning.eval_protocol`, ``configs/eval_released.yaml``).
+        max_new_tokens: completion budget in tokens; ``None``: the protocol's (ours 1024; released 2048
+            with reasoning, 64 without).
+        do_sample: sample instead of greedy decoding (released: greedy).
         temperature: sampling temperature (only when sampling).
         top_p: nucleus mass (only when sampling).
-        stop_at_answer: stop a completion at ``</answer>``.
+        stop_at_answer: stop a completion at ``</answer>`` (released: in reasoning mode only).
+        reasoning: ``released`` only: reasoning mode (its system prompt, think instruction, ``<think>\n``).
+        model_type: ``released`` only: ``qwen3_vl`` (``<think>\n`` appended after the generation prompt)
+            or ``qwen3_5`` (the chat template's ``enable_thinking``).
+        max_frames: ``released`` only: at most this many frames, spread uniformly over the whole clip
+            (replaces ``data.fps``/``data.max_frames``/``data.max_pixels`` for GRASP-Bench).
+        frame_max_tokens: ``released`` only: visual tokens per 2-frame temporal patch; frames are
+            shrunk to the largest patch grid within it, aspect ratio kept.
+        frame_spatial_patch: ``released`` only: pixels per token side; ``None``: the processor's patch
+            size x merge size (32 for Qwen3-VL and Qwen3.5, the released constant).
+        timestamps: ``released`` only: ``released`` (frame ``i`` labelled ``i / 2`` s, as the released
+            code's fake metadata does) or ``real`` (the frames' true seconds).
     """
 
-    max_new_tokens: int = 1024
+    protocol: str = "grasp"
+    max_new_tokens: int | None = None
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     stop_at_answer: bool = True
+    reasoning: bool = True
+    model_type: str = "qwen3_vl"
+    max_frames: int = 240
+    frame_max_tokens: int = 256
+    frame_spatial_patch: int | None = None
+    timestamps: str = "released"
+
+    def make_protocol(self) -> GraspProtocol:
+        """The protocol object (:func:`grasp_lightning.eval_protocol.make_protocol`).
+
+        Raises:
+            GraspConfigError: an unknown protocol or setting.
+        """
+        if self.protocol != "released":
+            return make_protocol(self.protocol)
+        return make_protocol("released", reasoning=self.reasoning, model_type=self.model_type,
+                             max_frames=self.max_frames, frame_max_tokens=self.frame_max_tokens,
+                             frame_spatial_patch=self.frame_spatial_patch, timestamps=self.timestamps)
 
 
 @dataclass
@@ -137,20 +176,53 @@ class GraspModule(L.LightningModule):
         self.benchmark_suite = BenchmarkSuite()  # the other benchmarks of data.benchmarks (MMSI, TVQA+, ...)
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
+        self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Load the policy (and the reference model if the task needs one). Idempotent."""
+        """Load the policy (and the reference model if the task needs one). Idempotent.
+
+        For ``fit`` outside DeepSpeed the trainable weights are kept in float32 (master weights, see
+        :func:`~grasp_lightning.policy.keep_float32_masters`): ``trainer.precision: bf16-mixed`` still
+        computes in bf16, but AdamW no longer loses updates to bf16 rounding. DeepSpeed keeps its own
+        float32 master copy of bf16 weights, so its policy loads as configured.
+
+        Raises:
+            GraspConfigError: ``fit`` with ``trainer.precision`` ``bf16-true``/``16-true`` outside DeepSpeed
+                (Lightning would cast the master weights back to half precision).
+        """
         if self.policy is not None:
             return
         self.processor = load_processor(self.policy_cfg.name_or_path,
                                         trust_remote_code=self.policy_cfg.trust_remote_code,
                                         revision=self.policy_cfg.revision)
-        self.policy = load_policy(self.policy_cfg, self.lora_cfg)
+        self.eval_protocol  # noqa: B018 - validates model.evaluation before the (long) model load
+        self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
         if self.task.needs_reference and not self.uses_adapter_reference:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
             object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
         self.task.setup(self)
+
+    def _needs_float32_masters(self) -> bool:
+        """True for ``fit`` outside DeepSpeed: the optimizer must update float32 copies of the weights.
+
+        Raises:
+            GraspConfigError: the trainer's precision is ``bf16-true`` or ``16-true`` (pure half-precision
+                weights) outside DeepSpeed.
+        """
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != "fit" or isinstance(trainer.strategy, DeepSpeedStrategy):
+            return False
+        precision = str(trainer.precision)
+        if precision in ("bf16-true", "16-true"):
+            raise GraspConfigError(
+                f"trainer.precision={precision} trains pure half-precision weights outside DeepSpeed: AdamW updates "
+                f"below half a bf16/fp16 ulp are lost (at lr 2e-6 about 4 % of the weights change in a step). Use "
+                f"trainer.precision=bf16-mixed (the policy's trainable weights are then kept in float32 and computed "
+                f"in bf16), or a DeepSpeed strategy (float32 master weights in its optimizer)")
+        return True
 
     @property
     def uses_adapter_reference(self) -> bool:
@@ -180,6 +252,33 @@ class GraspModule(L.LightningModule):
         return self.processor.tokenizer
 
     # ------------------------------------------------------------------ training
+    def setup(self, stage: str) -> None:
+        """Before ``fit`` builds the train loader: tell the DataModule how the task consumes batches.
+
+        ``connect(window, repeat)``: the accumulation window (``trainer.accumulate_grad_batches``)
+        for tasks that work on whole windows, and the task's ``num_iterations`` (each window is
+        yielded that many times, so a rollout is reused only after an optimizer step).
+
+        Raises:
+            GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``.
+        """
+        if stage != "fit" or self._trainer is None:
+            return
+        dm = getattr(self.trainer, "datamodule", None)
+        repeat = getattr(self.task, "num_iterations", 1)
+        window = self.trainer.accumulate_grad_batches if getattr(self.task, "window_batches", False) else 1
+        connect = getattr(dm, "connect", None)
+        if connect is None:
+            if repeat > 1 or window > 1:
+                raise GraspConfigError(f"model.task.init_args.num_iterations={repeat} with "
+                                       f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} "
+                                       "needs a DataModule with connect(window, repeat) (GraspDataModule)")
+            return
+        if getattr(self.task, "draws_prompts", False):
+            connect(window=window, repeat=repeat, draws=True)
+        else:
+            connect(window=window, repeat=repeat)
+
     def on_fit_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         mode = getattr(getattr(dm, "hparams", None), "mode", None)
@@ -191,6 +290,7 @@ class GraspModule(L.LightningModule):
         """Run the task on one micro-batch and log its metrics under ``train/``."""
         # Logged at every step: Lightning repeats a step metric's last value in steps that do not log it.
         self.log("data/skipped", float(len(batch.skipped)), reduce_fx="sum", on_step=True, batch_size=1)
+        self.task.prepare(self, batch)  # every rank, every micro-batch: the task's collectives run here
         if len(batch) == 0:
             return self._no_update()
         out = self.task.training_step(self, batch)
@@ -232,10 +332,38 @@ class GraspModule(L.LightningModule):
         return sum((p * 0.0).sum() for p in self.policy.parameters() if p.requires_grad)
 
     # ------------------------------------------------------------------ evaluation
+    @property
+    def eval_protocol(self) -> GraspProtocol:
+        """The GRASP-Bench protocol of ``model.evaluation.protocol`` (built once).
+
+        Raises:
+            GraspConfigError: an unknown protocol or setting.
+        """
+        if getattr(self, "_eval_protocol", None) is None:
+            self._eval_protocol = self.eval_cfg.make_protocol()
+        return self._eval_protocol
+
+    @property
+    def eval_max_new_tokens(self) -> int:
+        """``model.evaluation.max_new_tokens``, or the protocol's budget when it is ``None``."""
+        budget = self.eval_cfg.max_new_tokens
+        return self.eval_protocol.max_new_tokens if budget is None else budget
+
+    @property
+    def bench_encoder(self):
+        """What encodes GRASP-Bench items for this protocol (``None``: the DataModule's own path); the
+        DataModule asks for it when it builds the GRASP-Bench loader."""
+        return self.eval_protocol.bench_encoder(self.processor) if self.processor is not None else None
+
     def on_validation_epoch_start(self) -> None:
         self.bench_metric.reset()
         self.bench_records = []
         self.benchmark_suite.start(getattr(self._trainer, "datamodule", None) if self._trainer else None, self.device)
+        cfg = self.eval_cfg
+        deviations = self.eval_protocol.decoding_deviations(self.eval_max_new_tokens, cfg.do_sample, cfg.stop_at_answer)
+        if deviations and self.global_rank == 0:
+            log.warning("model.evaluation.protocol=%s with decoding that differs from the released evaluation: %s",
+                        cfg.protocol, ", ".join(deviations))
 
     def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Decode answers for a bench batch and update the bench metric (padding rows are not counted).
@@ -249,7 +377,7 @@ class GraspModule(L.LightningModule):
         was_training = self.policy.training
         self.policy.eval()
         completions = sample_completions(
-            self.policy, self.tokenizer, batch.inputs, num_return_sequences=1, max_new_tokens=cfg.max_new_tokens,
+            self.policy, self.tokenizer, batch.inputs, num_return_sequences=1, max_new_tokens=self.eval_max_new_tokens,
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
             stop_strings=("</answer>",) if cfg.stop_at_answer else ())
         self.policy.train(was_training)
@@ -257,7 +385,7 @@ class GraspModule(L.LightningModule):
         if bench is not None and not bench.is_grasp:
             self.benchmark_suite.update(bench, completions.texts, batch)
             return
-        records = [score_completion(text, item) for text, item in zip(completions.texts, batch.items)]
+        records = [self.eval_protocol.score(text, item) for text, item in zip(completions.texts, batch.items)]
         self.bench_metric.update_from_records(records, valid=batch.valid)
         self.bench_records.extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
 
@@ -271,6 +399,9 @@ class GraspModule(L.LightningModule):
             return
         metrics = self.bench_metric.compute()
         self.bench_results = metrics
+        self.bench_report = self.eval_protocol.report(metrics)  # the released metric_report layout, or None
+        if self.bench_report and self.global_rank == 0:
+            log.info("GRASP-Bench (%s protocol):%s", self.eval_cfg.protocol, self.bench_report)
         for key in ("acc/overall", "acc/gaze", "acc/gesture", "acc/joint", "acc_macro/overall", "unparseable_rate",
                     "grounding/precision"):
             if key in metrics and metrics[key] == metrics[key]:  # skip NaN
@@ -309,11 +440,18 @@ class GraspModule(L.LightningModule):
         """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same
         random streams (rollout sampling, dropout). Collective: every rank saves (``trainer.save_checkpoint``)."""
         checkpoint[RNG_KEY] = rng_states_all_ranks()
+        checkpoint[TASK_STATE_KEY] = self.cross_rank.gather(self.task.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Keep the saved random states; they are set at the first training batch after the resume,
         once the data loader has drawn its seeds, which is where the uninterrupted run stood."""
         self._pending_rng_states = checkpoint.get(RNG_KEY)
+        states = checkpoint.get(TASK_STATE_KEY) or []
+        rank = self.global_rank if self._trainer is not None else 0
+        if len(states) > rank:
+            self.task.load_state_dict(states[rank])
+        elif states:
+            log.warning("checkpoint holds the task state of %d ranks, this is rank %d: not restored", len(states), rank)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         states = getattr(self, "_pending_rng_states", None)

@@ -18,7 +18,9 @@ __all__ = [
     "answer_block",
     "extract_answer",
     "extract_participants",
+    "extract_participants_released",
     "has_format",
+    "opens_think",
     "reasoning_text",
     "tag_contents",
 ]
@@ -30,6 +32,11 @@ _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _PERSON_RE = re.compile(r"\bPerson\s*(\d+)(?!\d)")
 # A standalone ``PN``: a word boundary on both sides, so "P12" is 12 while "AP1", "P1a" and "P1_" are not ids.
 _P_SHORT_RE = re.compile(r"\bP(\d+)\b")
+# The released GRASP training code's person pattern (``socialmllm/train/reasoning/trainer.py`` of
+# github.com/Social-Reaoning/grasp): ``Person`` needs at least one space, ``P`` a word boundary before only.
+_RELEASED_PERSON_RE = re.compile(r"(?:Person\s+|\bP)(\d+)")
+# A prompt that ends inside an opened think block: ``<think>`` then only whitespace.
+_OPENS_THINK_RE = re.compile(r"<think>\s*\Z")
 _STRICT_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
 
 
@@ -122,6 +129,34 @@ def extract_participants(text: str) -> frozenset[int]:
     return frozenset(ids)
 
 
+def extract_participants_released(text: str) -> frozenset[int]:
+    """Person ids by the released GRASP training code's pattern ``(?:Person\\s+|\\bP)(\\d+)``.
+
+    Differs from :func:`extract_participants` at the edges: ``Person12`` (no space) is not a
+    mention, while ``P1a`` and ``P1_`` are (there is no boundary after the number). Source:
+    ``socialmllm/train/reasoning/trainer.py`` (``_PERSON_ID_RE``) of github.com/Social-Reaoning/grasp.
+
+    Args:
+        text: any text.
+
+    Returns:
+        The set of person ids (empty when nobody is named).
+    """
+    return frozenset(int(m) for m in _RELEASED_PERSON_RE.findall(text))
+
+
+def opens_think(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside an opened ``<think>`` block (``<think>`` then whitespace).
+
+    True for a Qwen3 Thinking generation prompt (``<|im_start|>assistant\\n<think>\\n``): the
+    completion then starts inside the think block and carries only its closing ``</think>``.
+
+    Args:
+        prompt: the rendered prompt text (special tokens written out), or its tail.
+    """
+    return bool(_OPENS_THINK_RE.search(prompt))
+
+
 def tag_contents(text: str, tag: str) -> list[str]:
     """Return the raw content of every ``<tag>...</tag>`` block, in order (non-greedy, across newlines).
 
@@ -133,19 +168,25 @@ def tag_contents(text: str, tag: str) -> list[str]:
     return re.findall(rf"<{name}>(.*?)</{name}>", text, flags=re.DOTALL)
 
 
-def reasoning_text(text: str) -> str:
+def reasoning_text(text: str, opened_think: bool = False) -> str:
     """Return the part of a completion that counts as reasoning for the grounding rewards.
 
-    In order: the content of the first ``<think>...</think>`` block; else, when only ``</think>`` is
-    present (a Qwen3 thinking prompt ends with ``<think>\\n``, so the completion starts inside the
-    block), everything before it; else everything before the first ``<answer>``; else the whole text.
+    ``opened_think=True`` (the prompt ended with an opened ``<think>``, :func:`opens_think`): the
+    completion starts inside the think block, so the reasoning is everything before the first
+    ``</think>``; without one, everything before the first ``<answer>``; else the whole text.
+
+    ``opened_think=False``, in order: the content of the first ``<think>...</think>`` block; else,
+    when only ``</think>`` is present, everything before it; else everything before the first
+    ``<answer>``; else the whole text.
 
     Args:
         text: a completion.
+        opened_think: the prompt opened the think block.
     """
-    match = _THINK_RE.search(text)
-    if match:
-        return match.group(1)
+    if not opened_think:
+        match = _THINK_RE.search(text)
+        if match:
+            return match.group(1)
     for marker in ("</think>", "<answer>"):
         index = text.find(marker)
         if index >= 0:
@@ -153,22 +194,27 @@ def reasoning_text(text: str) -> str:
     return text
 
 
-def has_format(text: str, strict: bool = False) -> bool:
+def has_format(text: str, strict: bool = False, opened_think: bool = False) -> bool:
     """Whether a completion follows the answer format.
 
     Lenient (default): an ``<answer>...</answer>`` block with non-blank content is present.
-    Strict: the whole text is ``<think>...</think>`` then ``<answer>...</answer>``, with only whitespace
-    around and between them, exactly one of each tag, and non-blank content in both. A completion
-    generated after a prompt ending in ``<think>`` must have that tag prepended by the caller before
-    a strict check.
+    Strict: the whole assistant turn is ``<think>...</think>`` then ``<answer>...</answer>``, with only
+    whitespace around and between them, exactly one of each tag, and non-blank content in both.
+    With ``opened_think`` the prompt already wrote the ``<think>`` (a Thinking template), so the
+    assistant turn is ``"<think>" + text``: a completion ``...</think><answer>B</answer>`` passes and
+    one that opens a second ``<think>`` fails. Without it, that completion fails (an Instruct
+    prompt opened nothing).
 
     Args:
         text: a completion.
         strict: use the think-then-answer layout check.
+        opened_think: the prompt ended with an opened ``<think>`` (:func:`opens_think`).
     """
     if not strict:
         block = answer_block(text)
         return block is not None and block.strip() != ""
+    if opened_think:
+        text = "<think>" + text
     if any(text.count(tag) != 1 for tag in ("<think>", "</think>", "<answer>", "</answer>")):
         return False
     match = _STRICT_RE.fullmatch(text)

@@ -131,8 +131,50 @@ def vision_modules(model: nn.Module) -> list[nn.Module]:
     return list({id(m): m for m in found}.values())
 
 
-def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None) -> nn.Module:
+def keep_float32_masters(model: nn.Module) -> int:
+    """Cast every trainable bfloat16/float16 parameter of ``model`` to float32, in place.
+
+    The optimizer then updates float32 *master* weights, while ``trainer.precision: bf16-mixed``
+    (``torch.autocast``) still runs the matrix products in bfloat16. Pure-bfloat16 AdamW loses every
+    update below half a bf16 ulp (8 significant bits: a step of ``lr = 2e-6`` on a weight of
+    magnitude 0.02 is 1e-4 of it, below the 2**-9 rounding threshold), so only a few per cent of the
+    weights would change in a step. A bf16 checkpoint upcast to float32 is exact and autocast casts
+    the matrix-product weights back exactly; the operations autocast leaves in float32 (norms, the
+    residual stream) then run in float32 instead of bf16, so logits differ from the bf16 model's at
+    bf16 rounding level (at most 0.004 in log-probability on the tiny model). A bf16 reference model
+    therefore gives a small non-zero KL at step 0.
+
+    Frozen parameters (the vision tower, LoRA's base weights) keep their dtype; peft already creates
+    LoRA adapters in float32 (``get_peft_model(autocast_adapter_dtype=True)``, its default). Tied
+    weights are one parameter and stay tied.
+
+    Cost: 4 bytes per trainable parameter for the weights and 4 for their gradients (instead of
+    2 + 2), AdamW's two states are float32 either way for float32 parameters (8 bytes), and under
+    autocast a bf16 copy of each weight is cached during the forward (2 bytes, freed after it).
+
+    Returns:
+        The number of parameter elements cast.
+
+    Source: mixed-precision training with float32 master weights (Micikevicius et al., 2018);
+    Lightning's ``bf16-mixed`` precision, which autocasts and leaves the weights' dtype alone.
+    """
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.to(torch.float32)
+            cast += param.numel()
+    return cast
+
+
+def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_masters: bool = False) -> nn.Module:
     """Load the policy for training: dtype, attention, vision freezing, gradient checkpointing, LoRA.
+
+    Args:
+        cfg: how to load it.
+        lora: LoRA settings (``None`` or ``enabled: false``: a full fine-tune).
+        float32_masters: keep the trainable parameters in float32 (:func:`keep_float32_masters`);
+            :meth:`grasp_lightning.module.GraspModule.configure_model` asks for it whenever the
+            optimizer runs outside DeepSpeed (which keeps its own float32 master copy under bf16).
 
     Returns the model in train mode (``from_pretrained`` returns eval mode).
 
@@ -154,6 +196,11 @@ def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None) -> nn.Module:
         peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                   target_modules=lora.target_modules, bias="none")
         model = get_peft_model(model, peft_cfg)
+    if float32_masters:
+        cast = keep_float32_masters(model)
+        if cast:
+            log.info("policy: %d trainable parameters kept in float32 (master weights; compute dtype set by "
+                     "trainer.precision)", cast)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "enable_input_require_grads"):

@@ -1,9 +1,13 @@
 """Reward terms of the GRPO stage, including the Social Grounding Reward (SGR) of GRASP.
 
 Every term is a pure function ``(completion: str, item: GraspItem) -> float`` registered in
-:data:`REWARDS` under the name a config uses (``configs/sgr.yaml`` lists names and weights). The
-paper's recipe uses ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with
-weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``shared/grasp-format.md``, Rewards).
+:data:`REWARDS` under the name a config uses (``configs/sgr.yaml`` lists names and weights).
+Registered terms also take a keyword ``opened_think`` (default ``False``): true when the prompt
+ended with an opened ``<think>`` (a Thinking template's generation prompt), so the completion
+starts inside the think block (``...</think><answer>B</answer>``) and the terms that read the think
+block (``format_strict``, ``social_grounding``) account for it. The paper's recipe uses
+``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with weights 1.0, 0.1,
+0.05, 0.2 (GRASP, arXiv 2605.15764; ``shared/grasp-format.md``, Rewards).
 
 Rewards are never NaN: every ratio with an empty denominator is defined as 0. A row without
 ground-truth participants therefore gets 0 from both grounding terms; the GRPO task layer counts
@@ -18,6 +22,8 @@ it must not be rewarded for a letter it happens to contain.
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Sequence
 from typing import Callable
 
 import torch
@@ -27,6 +33,7 @@ from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.parsing import (
     answer_block,
     extract_participants,
+    extract_participants_released,
     has_format,
     reasoning_text,
     tag_contents,
@@ -41,8 +48,8 @@ __all__ = [
     "has_vision_placeholder",
 ]
 
-#: A reward term: completion text and its item -> a finite float.
-RewardFn = Callable[[str, GraspItem], float]
+#: A reward term: completion text and its item (and the keyword ``opened_think``) -> a finite float.
+RewardFn = Callable[..., float]
 
 #: Vision special tokens of Qwen3-VL that must never appear in sampled text.
 VISION_PLACEHOLDERS: tuple[str, ...] = ("<|video_pad|>", "<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
@@ -57,13 +64,22 @@ def has_vision_placeholder(text: str) -> bool:
 
 
 def _register(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register a reward term under ``name``, wrapped so a vision placeholder gives 0."""
+    """Register a reward term under ``name``, wrapped so a vision placeholder gives 0.
+
+    The registered function takes ``(completion, item, *, opened_think=False)``; the flag reaches
+    ``fn`` only when ``fn`` has an ``opened_think`` parameter (terms that do not read the think
+    block ignore it).
+    """
 
     def wrap(fn: RewardFn) -> RewardFn:
+        takes_flag = "opened_think" in inspect.signature(fn).parameters
+
         @functools.wraps(fn)
-        def guarded(completion: str, item: GraspItem) -> float:
+        def guarded(completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
             if has_vision_placeholder(completion):
                 return 0.0
+            if takes_flag:
+                return float(fn(completion, item, opened_think=opened_think))
             return float(fn(completion, item))
 
         REWARDS[name] = guarded
@@ -111,9 +127,13 @@ def format_reward(completion: str, item: GraspItem) -> float:
 
 
 @_register("format_strict")
-def format_strict(completion: str, item: GraspItem) -> float:
-    """1.0 for the exact ``<think>...</think><answer>...</answer>`` layout (:func:`has_format`, strict), else 0.0."""
-    return 1.0 if has_format(completion, strict=True) else 0.0
+def format_strict(completion: str, item: GraspItem, opened_think: bool = False) -> float:
+    """1.0 for the exact ``<think>...</think><answer>...</answer>`` layout (:func:`has_format`, strict), else 0.0.
+
+    With ``opened_think`` (the prompt ended with ``<think>``) the layout is checked on
+    ``"<think>" + completion``, so ``...</think><answer>B</answer>`` scores 1.0; without it, 0.0.
+    """
+    return 1.0 if has_format(completion, strict=True, opened_think=opened_think) else 0.0
 
 
 @_register("grounding_presence")
@@ -124,15 +144,17 @@ def grounding_presence(completion: str, item: GraspItem) -> float:
 
 
 @_register("social_grounding")
-def social_grounding(completion: str, item: GraspItem) -> float:
+def social_grounding(completion: str, item: GraspItem, opened_think: bool = False) -> float:
     """The paper's Social Grounding Reward ``r_gnd = (1 + R) * P``, in ``[0, 2]``.
 
     ``pred`` = participants named in :func:`~grasp_lightning.parsing.reasoning_text`, ``gt`` =
-    ``item.participants``; P and R from :func:`grounding_precision_recall`. Naming every visible
-    person lowers P; leaving out a key person lowers R. Empty ``pred`` or empty ``gt`` gives 0.0.
+    ``item.participants`` (``opened_think``: the prompt opened the think block, see
+    :func:`~grasp_lightning.parsing.reasoning_text`); P and R from :func:`grounding_precision_recall`.
+    Naming every visible person lowers P; leaving out a key person lowers R. Empty ``pred`` or empty
+    ``gt`` gives 0.0.
     Source: GRASP paper (arXiv 2605.15764), grounding-quality reward.
     """
-    pred = extract_participants(reasoning_text(completion))
+    pred = extract_participants(reasoning_text(completion, opened_think))
     gt = item.participants
     if not pred or not gt:
         return 0.0
@@ -141,64 +163,87 @@ def social_grounding(completion: str, item: GraspItem) -> float:
 
 
 def _question_people(item: GraspItem) -> frozenset[int]:
-    """People named in the bare question: ``item.question_text``, else ``item.question`` minus its options.
+    """People named in the bare question, by the released pattern (:func:`extract_participants_released`).
 
-    Options (``"A) Person 0"``) are cut from the fallback text because the released code reads the
-    bare question only; otherwise every option person would be left out of the reward.
+    ``item.question_text`` (the RL meta's ``question_text``, as the released code reads it); when an
+    item has none (``None``; our readers always set one), ``item.question`` minus its options, since
+    options (``"A) Person 0"``) would otherwise leave every option person out of the reward.
     """
     if item.question_text is not None:
-        return extract_participants(item.question_text)
+        return extract_participants_released(item.question_text)
     text = item.question
     for option in item.options:
         text = text.replace(option, " ")
-    return extract_participants(text)
+    return extract_participants_released(text)
 
 
 @_register("social_grounding_released")
 def social_grounding_released(completion: str, item: GraspItem) -> float:
     """The released-code grounding reward ``0.7 * R + 0.3 * P``, in ``[0, 1]``.
 
-    Per modality: gaze events are matched against people named inside ``<gaze>`` blocks, gesture
-    events (any source other than ``"gaze"``) against ``<gesture>`` blocks. People named in the
-    question (:func:`_question_people`) are removed from both sides. Counts are pooled over the two
-    modalities: ``P = Σ|pred_m ∩ gt_m| / Σ|pred_m|``, ``R = Σ|pred_m ∩ gt_m| / Σ|gt_m|``. Nothing
-    predicted or nothing to find gives 0.0. Source: GRASP released training code
-    (``shared/grasp-format.md``, Rewards).
+    Mirrors ``compute_grounding_score`` in ``socialmllm/train/reasoning/trainer.py`` of the GRASP
+    repository (github.com/Social-Reaoning/grasp):
+
+    - people are read by the pattern ``(?:Person\\s+|\\bP)(\\d+)``
+      (:func:`~grasp_lightning.parsing.extract_participants_released`) from all ``<gaze>`` blocks
+      (``named_gaze``) and all ``<gesture>`` blocks (``named_gesture``); people named in the bare
+      question (:func:`_question_people`) are left out of every event and of the named sets;
+    - a gaze event (``source == "gaze"``) is matched against ``named_gaze``, any other event
+      against ``named_gesture``;
+    - ``R`` is the mean, over the events with at least one person left, of
+      ``|named_m ∩ event| / |event|``;
+    - ``P`` is the mean, over the modalities ``m`` with ground truth (``gt_m``: union of its events'
+      people) **and** at least one person named, of ``|named_m ∩ gt_m| / |named_m|``; a modality
+      named without ground truth, or with ground truth but nobody named, does not enter ``P``;
+    - no events, no ``<gaze>``/``<gesture>`` content, or nobody left to find gives 0.0 (so does a
+      ``P`` or ``R`` with no terms: that part is 0).
+
+    Args:
+        completion: a completion (tags anywhere in it count, inside the think block or not).
+        item: the RL item with ``events`` and ``question_text``.
     """
-    asked = _question_people(item)
-    hits = n_pred = n_gt = 0
-    for modality in ("gaze", "gesture"):
-        gt = {p for e in item.events if (e.source == "gaze") == (modality == "gaze") for p in e.persons} - asked
-        named = " ".join(tag_contents(completion, modality))
-        pred = set(extract_participants(named)) - asked
-        hits += len(pred & gt)
-        n_pred += len(pred)
-        n_gt += len(gt)
-    if n_pred == 0 or n_gt == 0:
+    if not item.events:
         return 0.0
-    return 0.7 * (hits / n_gt) + 0.3 * (hits / n_pred)
+    asked = _question_people(item)
+    named = {m: extract_participants_released(" ".join(tag_contents(completion, m))) - asked
+             for m in ("gaze", "gesture")}
+    events = [("gaze" if e.source == "gaze" else "gesture", set(e.persons) - asked) for e in item.events]
+    gt = {m: set().union(*[p for em, p in events if em == m]) for m in ("gaze", "gesture")}
+    if not gt["gaze"] and not gt["gesture"]:
+        return 0.0
+    recalls = [len(named[m] & people) / len(people) for m, people in events if people]
+    precisions = [len(named[m] & gt[m]) / len(named[m]) for m in ("gaze", "gesture") if named[m] and gt[m]]
+    recall = sum(recalls) / len(recalls) if recalls else 0.0
+    precision = sum(precisions) / len(precisions) if precisions else 0.0
+    return 0.7 * recall + 0.3 * precision
 
 
-def compute_rewards(completions: list[str], items: list[GraspItem], names: list[str]) -> torch.Tensor:
+def compute_rewards(completions: list[str], items: list[GraspItem], names: list[str],
+                    opened_think: bool | Sequence[bool] = False) -> torch.Tensor:
     """Score every completion with every named reward term.
 
     Args:
         completions: ``N`` completion texts (special tokens kept, so placeholders can be seen).
         items: ``N`` items aligned with ``completions`` (the K rollouts of a prompt repeat its item).
         names: reward term names from :data:`REWARDS`, in the column order wanted.
+        opened_think: whether each completion's prompt ended with an opened ``<think>`` (one flag
+            for all, or ``N`` flags, e.g. :attr:`grasp_lightning.generation.Completions.prompt_opened_think`).
 
     Returns:
         Float32 tensor of shape ``(N, len(names))``, all values finite.
 
     Raises:
         GraspConfigError: if a name is not in :data:`REWARDS` (the message lists the known names).
-        ValueError: if ``completions`` and ``items`` differ in length.
+        ValueError: if ``completions`` and ``items`` (or the ``opened_think`` flags) differ in length.
     """
     unknown = [name for name in names if name not in REWARDS]
     if unknown:
         raise GraspConfigError(f"unknown reward name(s) {unknown}; known rewards: {sorted(REWARDS)}")
     if len(completions) != len(items):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(items)} items")
+    flags = [bool(opened_think)] * len(completions) if isinstance(opened_think, bool) else list(opened_think)
+    if len(flags) != len(completions):
+        raise ValueError(f"compute_rewards: {len(completions)} completions but {len(flags)} opened_think flags")
     fns = [REWARDS[name] for name in names]
-    values = [[fn(text, item) for fn in fns] for text, item in zip(completions, items)]
+    values = [[fn(text, item, opened_think=flag) for fn in fns] for text, item, flag in zip(completions, items, flags)]
     return torch.tensor(values, dtype=torch.float32).reshape(len(completions), len(names))

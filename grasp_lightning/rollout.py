@@ -313,3 +313,75 @@ def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool
     if not share:
         return batch * k * length
     return batch * (length - 1) + batch * k if generation else batch * length
+
+
+# ---------------------------------------------------------------------------------------- rollout batches
+def concat_prompts(prompts: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad and concatenate the prompt inputs of several micro-batches into one rollout batch.
+
+    Text inputs (``input_ids`` with ``pad_token_id``, ``attention_mask`` and ``mm_token_type_ids``
+    with 0) are left-padded to the longest prompt; vision patch rows (``pixel_values_videos``) and
+    grids (``video_grid_thw``) are concatenated in order, so prompt ``b`` of the result keeps its
+    clip. Left padding changes no log-prob: positions come from the attention mask
+    (``get_rope_index``), which is what makes one generation call over ``B·A`` prompts equal to
+    ``A`` calls over ``B`` (up to float rounding of the padded matmuls).
+
+    Args:
+        prompts: inputs of ``B_i`` left-padded prompts each (``(B_i, L_i)``; no ``labels``).
+        pad_token_id: the tokenizer's pad id.
+
+    Returns:
+        ``(sum B_i, max L_i)`` text inputs and the concatenated vision inputs.
+
+    Raises:
+        ValueError: empty list, or the dicts carry different keys.
+    """
+    if not prompts:
+        raise ValueError("concat_prompts: no prompts")
+    keys = set(prompts[0])
+    if any(set(p) != keys for p in prompts):
+        raise ValueError(f"concat_prompts: prompts carry different inputs: {[sorted(p) for p in prompts]}")
+    if len(prompts) == 1:
+        return dict(prompts[0])
+    length = max(p["input_ids"].shape[1] for p in prompts)
+    out: dict[str, torch.Tensor] = {}
+    for name in TEXT_KEYS:
+        if name in keys:
+            value = pad_token_id if name == "input_ids" else 0
+            out[name] = torch.cat([torch.nn.functional.pad(p[name], (length - p[name].shape[1], 0), value=value)
+                                   for p in prompts])
+    for pixels, grid in VISION_KEYS:
+        if grid in keys:
+            out[pixels] = torch.cat([p[pixels] for p in prompts])
+            out[grid] = torch.cat([p[grid] for p in prompts])
+    return out
+
+
+def select_prompts(prompt: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    """The prompts ``rows`` of a left-padded prompt batch, with the columns that are padding in all of
+    them removed (what collating those prompts alone gives) and their vision inputs.
+
+    Args:
+        prompt: ``(B, L)`` text inputs with one clip (or image) per prompt.
+        rows: prompt indices in ``0 .. B-1`` (any order; repeats allowed).
+
+    Raises:
+        GraspConfigError: a prompt carries more or fewer than one clip/image.
+    """
+    index = torch.tensor(rows, dtype=torch.long, device=prompt["input_ids"].device)
+    out = {name: prompt[name].index_select(0, index) for name in TEXT_KEYS if name in prompt}
+    if "attention_mask" in out and len(rows):
+        real = out["attention_mask"].bool().any(0)
+        first = int(real.int().argmax()) if bool(real.any()) else 0
+        out = {name: v[:, first:] for name, v in out.items()}
+    for pixels, grid_key in VISION_KEYS:
+        if grid_key not in prompt:
+            continue
+        grid = prompt[grid_key]
+        if grid.shape[0] != prompt["input_ids"].shape[0]:
+            raise GraspConfigError(f"{grid_key} has {grid.shape[0]} rows for {prompt['input_ids'].shape[0]} prompts: "
+                                   "selecting prompts needs exactly one clip or image per prompt")
+        chunks = torch.split(prompt[pixels], grid.prod(-1).tolist())
+        out[pixels] = torch.cat([chunks[r] for r in rows]) if rows else prompt[pixels][:0]
+        out[grid_key] = grid.index_select(0, index)
+    return out

@@ -259,10 +259,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.like is None:
         build_tiny_qwen3vl(args.out_dir, seed=args.seed)
         return
-    from grasp_lightning.standin import build_standin
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.standin import build_standin, parse_like, standin_config
 
-    build_standin(args.out_dir, args.like, text_layers=args.text_layers, vision_layers=args.vision_layers,
-                  dtype=args.dtype, seed=args.seed)
+    try:  # a bad name or layer count is a usage error, reported before anything is built or written
+        parse_like(args.like)
+        standin_config(args.like, text_layers=args.text_layers, vision_layers=args.vision_layers)
+        build_standin(args.out_dir, args.like, text_layers=args.text_layers, vision_layers=args.vision_layers,
+                      dtype=args.dtype, seed=args.seed)
+    except GraspConfigError as err:
+        parser.error(str(err))
 
 
 if __name__ == "__main__":

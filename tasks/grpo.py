@@ -5,8 +5,27 @@ with the configured reward terms, turn the weighted sum into group-normalised ad
 minimise the clipped-ratio objective with a k3 KL to the frozen reference model (GRASP Sec. 3.3,
 Eq. for ``r_gnd``; DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option names).
 
-``num_iterations`` > 1 reuses a batch's rollouts for that many optimizer steps with the old
-log-probs of the sampling policy; the DataModule repeats each batch (``data.repeat_batches``).
+**Rollout batches.** The prompts of a whole accumulation window (``batch.window``,
+:mod:`grasp_lightning.data.windows`) are sampled at its first micro-batch in *one* generation call
+per rank (``B·A`` prompts × K, each prompt prefilled once and its cache expanded K times), scored
+once (old/reference log-probs) and cached; the optimizer then runs over the ``A`` micro-batches of
+those rollouts (TRL 1.16 ``generation_batch_size``/``steps_per_generation``; verl's rollout batch vs
+PPO micro-batch). ``rollout_batch_prompts`` caps the prompts per generation call (whole
+micro-batches per call; ``B`` gives the old per-micro-batch sampling). The ``dapo`` normaliser (loss
+tokens of the window over all ranks, TRL's ``num_items_in_batch``) and the ``batch`` advantage std
+(all ranks' rewards) are known before the first loss. The cache is checkpointed
+(:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples.
+
+**Dynamic sampling** (DAPO Sec. 3.2): ``off``; ``drop`` masks groups whose rewards are all equal out
+of the loss; ``refill`` also draws further windows of prompts from the data stream
+(``Window.draw``: the next windows the loader would have yielded, consumed, so no prompt is lost or
+seen twice within the epoch) and samples them until the rollout batch holds as many groups with
+distinct rewards as the window has prompts, at most ``max_resample`` draws; the kept groups are
+spread over the window's micro-batches (a micro-batch may then hold more or fewer than ``B``
+prompts; a shortfall after the budget is filled with masked degenerate groups). Every rank draws
+when any rank is short, so the streams of all ranks stay aligned. ``num_iterations`` > 1 reuses a window's rollouts for that many optimizer
+steps with the old log-probs of the sampling policy: the DataModule yields each window that many
+times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
 and reference log-prob forwards) runs once per prompt (``share_prompt``, default; exact, see
@@ -17,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,9 +48,11 @@ from grasp_lightning.parsing import extract_answer, extract_participants, reason
 from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
 from grasp_lightning.rollout import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
+    concat_prompts,
     prompt_tokens_forwarded,
     repeat_prompts,
     score_completions,
+    select_prompts,
     sharing_unsupported_reason,
 )
 from grasp_lightning.task import Task, TaskOutput
@@ -39,6 +60,8 @@ from grasp_lightning.task import Task, TaskOutput
 log = logging.getLogger(__name__)
 
 ADVANTAGES = ("group", "batch", "released", "none")
+OVERLONG_MODES = ("reward", "released")
+DYNAMIC_SAMPLING = ("off", "drop", "refill")
 
 
 @dataclass
@@ -55,10 +78,15 @@ class Rollout:
         advantages: ``(N,)``; ``old_logp``/``ref_logp``: ``(N, Lc)`` or ``None``.
         zero_variance: ``(B,)`` bool, groups whose rewards are all equal.
         indices: dataset indices of the B prompts (to recognise a repeated batch).
-        iterations_left: optimizer steps this rollout may still serve.
+        penalty: ``(N,)`` overlong penalty (≤ 0; zeros without ``overlong_buffer``).
+        loss_mask: ``(N, Lc)`` the completion tokens the loss counts (zero-variance groups dropped
+            when asked).
         rollout_seconds: wall time of sampling, rewards and the old/reference log-probs.
         prompt_tokens: prompt tokens run through the language model by the rollout (generation and
             old/reference scoring, padding included).
+        items: the records of the B prompts (empty where a caller did not give them).
+        generation_seconds, reward_seconds, logp_seconds: the parts of ``rollout_seconds``.
+        generation_calls: ``generate`` calls that produced these rows.
     """
 
     prompt: dict[str, torch.Tensor]
@@ -71,9 +99,112 @@ class Rollout:
     ref_logp: torch.Tensor | None
     zero_variance: torch.Tensor
     indices: list[int]
-    iterations_left: int
     rollout_seconds: float
     prompt_tokens: int = 0
+    penalty: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    items: list = field(default_factory=list)
+    generation_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    logp_seconds: float = 0.0
+    generation_calls: int = 1
+
+    @property
+    def num_groups(self) -> int:
+        """Prompts (groups) in the rollout."""
+        return int(self.zero_variance.numel())
+
+
+_ROW_TENSORS = ("terms", "rewards", "advantages", "penalty")
+_TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask")
+
+
+def merge_batches(batches: list[Batch], pad_token_id: int) -> Batch:
+    """One left-padded prompt batch from several micro-batches (prompts, clips, items and indices in
+    order; see :func:`grasp_lightning.rollout.concat_prompts`)."""
+    if len(batches) == 1:
+        return batches[0]
+    prompts = [{k: v for k, v in b.inputs.items() if k != "labels"} for b in batches]
+    return Batch(inputs=concat_prompts(prompts, pad_token_id), items=[it for b in batches for it in b.items],
+                 indices=[i for b in batches for i in b.indices], valid=torch.cat([b.valid for b in batches]),
+                 prompt_lengths=torch.cat([b.prompt_lengths for b in batches]), padding_side="left")
+
+
+def _pad_cols(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value) if x.shape[1] < width else x
+
+
+def cat_rollouts(ros: list[Rollout], pad_token_id: int) -> Rollout:
+    """Rollouts of several generation calls as one (groups in order, completions right-padded to the widest).
+
+    Raises:
+        ValueError: no rollouts, or some shared the prompt work and some did not.
+    """
+    if not ros:
+        raise ValueError("cat_rollouts: no rollouts")
+    if len(ros) == 1:
+        return ros[0]
+    if len({ro.shared for ro in ros}) != 1:
+        raise ValueError("cat_rollouts: shared and naive rollouts cannot be mixed")
+    width = max(ro.completions.ids.shape[1] for ro in ros)
+
+    def cat(name, value, cols):
+        parts = [getattr(ro, name) for ro in ros]
+        if any(p is None for p in parts):
+            return None
+        return torch.cat([_pad_cols(p, width, value) if cols else p for p in parts])
+
+    c = [ro.completions for ro in ros]
+    completions = Completions(
+        ids=torch.cat([_pad_cols(x.ids, width, pad_token_id) for x in c]),
+        mask=torch.cat([_pad_cols(x.mask, width, False) for x in c]), texts=[t for x in c for t in x.texts],
+        truncated=torch.cat([x.truncated for x in c]), prompt_opened_think=[f for x in c for f in x.prompt_opened_think])
+    out = Rollout(prompt=concat_prompts([ro.prompt for ro in ros], pad_token_id), shared=ros[0].shared,
+                  completions=completions, terms=cat("terms", 0, False), rewards=cat("rewards", 0, False),
+                  advantages=cat("advantages", 0, False), old_logp=cat("old_logp", 0.0, True),
+                  ref_logp=cat("ref_logp", 0.0, True), zero_variance=torch.cat([ro.zero_variance for ro in ros]),
+                  indices=[i for ro in ros for i in ro.indices],
+                  rollout_seconds=sum(ro.rollout_seconds for ro in ros),
+                  prompt_tokens=sum(ro.prompt_tokens for ro in ros), penalty=cat("penalty", 0.0, False),
+                  loss_mask=cat("loss_mask", False, True), items=[it for ro in ros for it in ro.items],
+                  generation_seconds=sum(ro.generation_seconds for ro in ros),
+                  reward_seconds=sum(ro.reward_seconds for ro in ros), logp_seconds=sum(ro.logp_seconds for ro in ros),
+                  generation_calls=sum(ro.generation_calls for ro in ros))
+    return out
+
+
+def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
+    """The rollout of groups ``groups`` (prompt indices of ``ro``): their prompts (common left padding
+    removed), their ``K`` rows each, completion columns cut to the longest kept completion."""
+    rows = [g * k + j for g in groups for j in range(k)]
+    index = torch.tensor(rows, dtype=torch.long, device=ro.completions.ids.device)
+    mask = ro.completions.mask.index_select(0, index)
+    width = max(1, int(mask.sum(1).max())) if rows else 1
+    c = ro.completions
+
+    def rows_of(x, cols):
+        if x is None:
+            return None
+        x = x.index_select(0, index.to(x.device))
+        return x[:, :width] if cols else x
+
+    completions = Completions(ids=rows_of(c.ids, True), mask=mask[:, :width], texts=[c.texts[r] for r in rows],
+                              truncated=rows_of(c.truncated, False),
+                              prompt_opened_think=[c.prompt_opened_think[r] for r in rows] if c.prompt_opened_think else [])
+    gidx = torch.tensor(groups, dtype=torch.long, device=ro.zero_variance.device)
+    return Rollout(prompt=select_prompts(ro.prompt, groups), shared=ro.shared, completions=completions,
+                   terms=rows_of(ro.terms, False), rewards=rows_of(ro.rewards, False),
+                   advantages=rows_of(ro.advantages, False), old_logp=rows_of(ro.old_logp, True),
+                   ref_logp=rows_of(ro.ref_logp, True), zero_variance=ro.zero_variance.index_select(0, gidx),
+                   indices=[ro.indices[g] for g in groups], rollout_seconds=0.0, penalty=rows_of(ro.penalty, False),
+                   loss_mask=rows_of(ro.loss_mask, True), items=[ro.items[g] for g in groups] if ro.items else [],
+                   generation_calls=0)
+
+
+def _even_split(n: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` contiguous chunks of ``n`` items, as even as possible (larger first)."""
+    base, extra = divmod(n, parts)
+    return [base + (i < extra) for i in range(parts)]
 
 
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
@@ -103,12 +234,25 @@ class GRPOTask(Task):
         epsilon_high: upper clip range (``None``: same as ``epsilon``).
         beta: KL coefficient (recipe: 0.05); 0 skips the reference model entirely.
         loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo.grpo_loss`).
-        num_iterations: optimizer steps per rollout (needs ``data.repeat_batches`` equal to it).
-        drop_zero_variance_groups: leave groups whose rewards are all equal out of the loss
-            (their advantages are 0; with ``beta > 0`` they would still pull towards the reference).
+        loss_type: ``dapo`` divides by the loss tokens of the whole accumulation window over all ranks.
+        num_iterations: optimizer steps per rollout; the DataModule repeats each accumulation window
+            this many times (passed to it by the module, see ``GraspDataModule.connect``).
+        drop_zero_variance_groups: the older key for ``dynamic_sampling: drop`` (``true`` = drop);
+            ``None`` leaves the choice to ``dynamic_sampling``.
+        dynamic_sampling: ``off``; ``drop``: groups whose rewards are all equal are left out of the
+            loss (their advantages are 0; with ``beta > 0`` they would still pull towards the
+            reference); ``refill``: drop them and draw further prompts until the rollout batch has
+            as many non-degenerate groups as the window has prompts (DAPO dynamic sampling; EasyR1
+            ``online_filtering``). ``None``: ``drop`` if ``drop_zero_variance_groups`` else ``off``.
+        max_resample: ``refill`` draws at most this many further windows of prompts per rollout batch.
+        rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one);
+            ``None``: the whole accumulation window in one call (TRL ``generation_batch_size``).
         overlong_buffer: soft overlong penalty over the last this-many tokens of the budget
             (released recipe: 256), ``None`` for none.
         overlong_penalty: the penalty at the budget's end (linear from 0 at the buffer start).
+        overlong_mode: ``reward`` (DAPO: added to the reward before the group normalisation, so a group
+            where every rollout is equally long gets nothing from it) or ``released`` (released GRASP
+            code: the raw penalty added to the advantage, before the ±``advantage_clip`` clip).
         share_prompt: encode each group's clip and prefill its prompt once for sampling and for the
             policy/old/reference scoring (exact; :mod:`grasp_lightning.rollout`). ``False`` repeats
             every prompt K times as separate rows, like TRL (for ablations). Models or prompts
@@ -122,7 +266,8 @@ class GRPOTask(Task):
                  epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
                  loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool = False,
                  overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
-                 share_prompt: bool = True) -> None:
+                 share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
+                 max_resample: int = 4, rollout_batch_prompts: int | None = None) -> None:
         self.rewards = list(rewards or ["accuracy", "format"])
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
@@ -135,7 +280,26 @@ class GRPOTask(Task):
         if loss_type not in grpo.LOSS_TYPES:
             raise GraspConfigError(f"loss_type must be one of {grpo.LOSS_TYPES}, got {loss_type!r}")
         if num_iterations < 1:
-            raise GraspConfigError("num_iterations must be >= 1")
+            raise GraspConfigError(f"model.task.init_args.num_iterations must be >= 1, got {num_iterations}")
+        if overlong_mode not in OVERLONG_MODES:
+            raise GraspConfigError(f"model.task.init_args.overlong_mode must be one of {OVERLONG_MODES}, "
+                                   f"got {overlong_mode!r}")
+        if dynamic_sampling is None:
+            dynamic_sampling = "drop" if drop_zero_variance_groups else "off"
+        if dynamic_sampling not in DYNAMIC_SAMPLING:
+            raise GraspConfigError(f"model.task.init_args.dynamic_sampling must be one of {DYNAMIC_SAMPLING}, "
+                                   f"got {dynamic_sampling!r}")
+        if drop_zero_variance_groups is not None and drop_zero_variance_groups != (dynamic_sampling != "off"):
+            raise GraspConfigError(f"model.task.init_args.drop_zero_variance_groups={drop_zero_variance_groups} "
+                                   f"contradicts dynamic_sampling={dynamic_sampling!r}; set only dynamic_sampling")
+        if max_resample < 0:
+            raise GraspConfigError(f"model.task.init_args.max_resample must be >= 0, got {max_resample}")
+        if rollout_batch_prompts is not None and rollout_batch_prompts < 1:
+            raise GraspConfigError(f"model.task.init_args.rollout_batch_prompts must be >= 1 or null, "
+                                   f"got {rollout_batch_prompts}")
+        self.dynamic_sampling = dynamic_sampling
+        self.max_resample = max_resample
+        self.rollout_batch_prompts = rollout_batch_prompts
         self.num_generations = 8
         self.temperature = 1.0
         self.max_new_tokens = 1024
@@ -147,14 +311,28 @@ class GRPOTask(Task):
         self.beta = beta
         self.loss_type = loss_type
         self.num_iterations = num_iterations
-        self.drop_zero_variance_groups = drop_zero_variance_groups
+        self.drop_zero_variance_groups = dynamic_sampling != "off"
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
+        self.overlong_mode = overlong_mode
         self.share_prompt = share_prompt
         self._warned_no_sharing = False
-        self._cached: Rollout | None = None
+        self._window_rollouts: list[Rollout | None] = []  # the current window's rollouts, by position
+        self._window_key: tuple | None = None  # (window index, dataset indices of its micro-batches)
+        self._window_tokens = torch.tensor(0.0)  # loss tokens of the window over all ranks
+        self._ready: tuple | None = None  # the micro-batch prepare() ran for
+        self._window_stats: dict[str, float] = {}  # the rollout batch's sampling figures (logged once)
+        self._window_reported = True
+        self._restored = False  # the cache came from a checkpoint: prompts and items still to attach
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
+
+    window_batches = True  # rollouts are sampled per accumulation window (batch.window)
+
+    @property
+    def draws_prompts(self) -> bool:
+        """``refill`` draws further windows from the data stream (the DataModule records the draws)."""
+        return self.dynamic_sampling == "refill"
 
     @property
     def needs_reference(self) -> bool:
@@ -162,10 +340,10 @@ class GRPOTask(Task):
         return self.beta != 0.0
 
     def setup(self, module) -> None:
-        """Read the rollout settings from the module and check the data repeats batches as needed.
+        """Read the rollout settings from the module.
 
         Raises:
-            GraspConfigError: K < 2, or ``data.repeat_batches`` differs from ``num_iterations``.
+            GraspConfigError: ``model.rollout.num_generations`` < 2.
         """
         cfg = module.rollout_cfg
         if cfg.num_generations < 2:
@@ -173,31 +351,42 @@ class GRPOTask(Task):
         self.num_generations = cfg.num_generations
         self.temperature = cfg.temperature
         self.max_new_tokens = cfg.max_new_tokens
-        dm = getattr(getattr(module, "trainer", None), "datamodule", None) if module._trainer else None
-        repeat = getattr(getattr(dm, "hparams", None), "repeat_batches", 1)
-        if repeat != self.num_iterations:
-            raise GraspConfigError(f"task num_iterations={self.num_iterations} needs data.repeat_batches="
-                                   f"{self.num_iterations}, got {repeat}")
 
     # ------------------------------------------------------------------ rollouts
-    def advantages(self, terms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weighted rewards ``(N,)`` and advantages ``(N,)`` from reward terms ``(N, T)``."""
+    def advantages(self, terms: torch.Tensor, penalty: torch.Tensor | None = None,
+                   batch_std: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted rewards ``(N,)`` and advantages ``(N,)`` from reward terms ``(N, T)``.
+
+        Args:
+            terms: ``(N, T)`` reward terms.
+            penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``overlong_mode: reward`` adds it to
+                the reward before the normalisation (with ``advantage: released``, which centres each
+                term, it is centred like a term of weight 1); ``released`` adds it, raw, to the advantage.
+            batch_std: the std of ``advantage: batch`` (over every rank's rewards), ``None``: local.
+
+        Returns:
+            ``(rewards, advantages)``; rewards include the penalty in ``reward`` mode; advantages are
+            clipped to ±``advantage_clip`` last.
+        """
         weights = torch.tensor(self.reward_weights, dtype=terms.dtype, device=terms.device)
         rewards = terms @ weights
         k = self.num_generations
+        dapo_penalty = penalty is not None and self.overlong_mode == "reward"
+        if dapo_penalty:
+            rewards = rewards + penalty
         if self.advantage == "released":
             adv = grpo.released_advantages(terms, weights, k)
+            if dapo_penalty:
+                adv = adv + grpo.released_advantages(penalty[:, None], weights.new_ones(1), k)
         else:
-            adv = grpo.group_advantages(rewards, k, scale={"none": "none"}.get(self.advantage, self.advantage),
-                                        eps=self.advantage_eps)
+            adv = grpo.group_advantages(rewards, k, scale=self.advantage, eps=self.advantage_eps, batch_std=batch_std)
+        if penalty is not None and self.overlong_mode == "released":
+            adv = adv + penalty
         return rewards, grpo.clip_advantages(adv, self.advantage_clip)
 
     def overlong(self, lengths: torch.Tensor) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13)."""
-        if not self.overlong_buffer:
-            return torch.zeros_like(lengths, dtype=torch.float32)
-        start = self.max_new_tokens - self.overlong_buffer
-        return -self.overlong_penalty * ((lengths.float() - start) / self.overlong_buffer).clamp(0, 1)
+        return grpo.overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
 
     @torch.no_grad()
     def rollout(self, module, batch: Batch) -> Rollout:
@@ -215,15 +404,18 @@ class GRPOTask(Task):
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share)
         policy.train(was_training)
+        t1 = time.perf_counter()
         prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
         items = [item for item in batch.items for _ in range(k)]
-        terms = compute_rewards(completions.texts, items, self.rewards).to(completions.ids.device)
-        rewards, adv = self.advantages(terms)
-        penalty = self.overlong(completions.mask.sum(1)).to(rewards.device)
-        if self.overlong_buffer:
-            rewards = rewards + penalty
-            adv = grpo.clip_advantages(adv + grpo.group_advantages(penalty, k, scale="none"), self.advantage_clip)
+        terms = compute_rewards(completions.texts, items, self.rewards,
+                                opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
+        penalty = self.overlong(completions.mask.sum(1)).to(terms.device) if self.overlong_buffer else None
+        rewards, adv = self.advantages(terms, penalty)  # advantage: batch is redone by prepare() with all ranks
         zero_var = grpo.zero_variance_groups(rewards, k)
+        t2 = time.perf_counter()
+        loss_mask = completions.mask.clone()
+        if self.drop_zero_variance_groups:
+            loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
         old_logp = None
         if self.num_iterations > 1:
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, self.temperature,
@@ -237,8 +429,9 @@ class GRPOTask(Task):
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
                        advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
-                       indices=list(batch.indices), iterations_left=self.num_iterations,
-                       rollout_seconds=time.perf_counter() - t0, prompt_tokens=prompt_tokens)
+                       indices=list(batch.indices), rollout_seconds=time.perf_counter() - t0,
+                       prompt_tokens=prompt_tokens, penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
+                       generation_seconds=t1 - t0, reward_seconds=t2 - t1, logp_seconds=time.perf_counter() - t2)
 
     def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
         """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
@@ -250,46 +443,208 @@ class GRPOTask(Task):
             self._warned_no_sharing = True
         return reason is None
 
-    def _get_rollout(self, module, batch: Batch) -> Rollout:
-        cached = self._cached
-        if cached is not None and cached.iterations_left > 0 and cached.indices == list(batch.indices):
-            return cached
-        self._cached = self.rollout(module, batch)
-        return self._cached
+    @staticmethod
+    def _window_of(batch: Batch) -> tuple[list[Batch], int, int, int]:
+        """``(batches, position, iteration, index)`` of the micro-batch's window (a window of one without)."""
+        w = batch.window
+        return ([batch], 0, 0, -1) if w is None else (w.batches, w.position, w.iteration, w.index)
+
+    def prepare(self, module, batch: Batch) -> None:
+        """At a window's first use: sample its rollout batch (:meth:`sample_window`), then one all-reduce
+        of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``module.cross_rank``) for the ``dapo``
+        normaliser and the ``batch`` advantage std. Runs on every rank at the same micro-batches
+        (windows line up across ranks), also where the micro-batch or the whole window is empty."""
+        batches, position, iteration, index = self._window_of(batch)
+        key = (index, tuple(tuple(b.indices) for b in batches))
+        self._ready = (id(batch), id(batch.window))
+        if (iteration > 0 or position > 0) and key == self._window_key:
+            if not self._restored or self._attach(module, batch.window, batches):
+                return
+        if iteration > 0 or position > 0:
+            log.warning("GRPO: window %d (iteration %d) has no cached rollouts (resumed inside a window from a "
+                        "checkpoint without them?); sampling them again", index, iteration)
+        device = module.device
+        self._window_rollouts = self.sample_window(module, [b.to(device) for b in batches], batch.window)
+        self._window_key, self._restored = key, False
+        rollouts = [ro for ro in self._window_rollouts if ro is not None]
+        tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
+        rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
+        local = torch.cat([tokens.reshape(1).cpu(), grpo.reward_moments(rewards)]).to(device)
+        total = module.cross_rank.sum(local).cpu()
+        self._window_tokens = total[0]
+        if self.advantage == "batch":
+            std = grpo.std_from_moments(total[1:])
+            for ro in rollouts:
+                ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std)
+
+    def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
+        """Micro-batches grouped into generation calls of at most ``rollout_batch_prompts`` prompts
+        (whole micro-batches, at least one per call); all in one call when it is ``None``."""
+        if self.rollout_batch_prompts is None:
+            return [batches] if batches else []
+        chunks: list[list[Batch]] = []
+        for b in batches:
+            if chunks and sum(len(x) for x in chunks[-1]) + len(b) <= self.rollout_batch_prompts:
+                chunks[-1].append(b)
+            else:
+                chunks.append([b])
+        return chunks
+
+    def _sample(self, module, batches: list[Batch]) -> list[Rollout]:
+        """One rollout per generation call over the non-empty ``batches``."""
+        pad = module.tokenizer.pad_token_id if getattr(module, "processor", None) is not None else 0
+        live = [b for b in batches if len(b)]
+        return [self.rollout(module, merge_batches(chunk, pad)) for chunk in self._chunks(live)]
+
+    def sample_window(self, module, batches: list[Batch], window=None) -> list[Rollout | None]:
+        """The rollout batch of a window: sampled in as few generation calls as ``rollout_batch_prompts``
+        allows, refilled (``dynamic_sampling: refill``) from ``window.draw()``, then cut into one
+        :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
+
+        Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the kept groups
+        (then, if the budget ran out, masked degenerate ones up to the window's prompt count) are spread
+        evenly over the non-empty positions. Collective under refill: one ``cross_rank.sum`` per try.
+        """
+        pad = module.tokenizer.pad_token_id if getattr(module, "processor", None) is not None else 0
+        t0 = time.perf_counter()
+        ros = self._sample(module, batches)
+        target = sum(len(b) for b in batches)
+        tries = 0
+        if self.dynamic_sampling == "refill":
+            device = module.device
+            while tries < self.max_resample:
+                kept = sum(int((~ro.zero_variance).sum()) for ro in ros)
+                short = module.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
+                if float(short[0]) == 0:
+                    break
+                extra = window.draw() if window is not None else None
+                if extra is None:
+                    break
+                tries += 1
+                ros += self._sample(module, [b.to(device) for b in extra])
+        positions: list[Rollout | None] = [None] * len(batches)
+        stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "resample_tries": float(tries),
+                 "generation_calls": 0.0, "sequences_per_call": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
+                 "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0}
+        if ros:
+            ro = cat_rollouts(ros, pad)
+            live = [i for i, b in enumerate(batches) if len(b)]
+            zero = ro.zero_variance.tolist()
+            if self.dynamic_sampling == "refill":
+                kept = [g for g, z in enumerate(zero) if not z]
+                filler = [g for g, z in enumerate(zero) if z][:max(0, target - len(kept))]
+                selected, sizes = kept + filler, _even_split(len(kept) + len(filler), len(live))
+            else:
+                selected, sizes = list(range(ro.num_groups)), [len(batches[i]) for i in live]
+            start = 0
+            for i, size in zip(live, sizes):
+                positions[i] = take_groups(ro, selected[start:start + size], self.num_generations)
+                start += size
+            n_kept = ro.num_groups - sum(zero)
+            stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_kept),
+                         groups_dropped=float(ro.num_groups - n_kept) if self.drop_zero_variance_groups else 0.0,
+                         generation_calls=float(ro.generation_calls),
+                         sequences_per_call=ro.completions.ids.shape[0] / max(1, ro.generation_calls),
+                         generation_s=ro.generation_seconds, rewards_s=ro.reward_seconds, logp_s=ro.logp_seconds,
+                         rollout_s=time.perf_counter() - t0, generated_tokens=float(ro.completions.mask.sum()),
+                         prompt_tokens=float(ro.prompt_tokens))
+        self._window_stats, self._window_reported = stats, False
+        return positions
+
+    # ------------------------------------------------------------------ checkpointed cache
+    def state_dict(self) -> dict:
+        """The current window's rollouts (this rank), so a run resumed inside the window continues with
+        the same samples: plain CPU tensors, lists and numbers (``torch.load(weights_only=True)``).
+        Prompts and items are not stored: they are re-read from the window's micro-batches, or decoded
+        again by dataset index (``Window.fetch``) for drawn prompts."""
+        if self._window_key is None:
+            return {}
+        index, indices = self._window_key
+        return {"window_index": int(index), "window_indices": [list(x) for x in indices],
+                "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
+                "rollouts": [None if ro is None else _rollout_state(ro) for ro in self._window_rollouts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
+        if not state:
+            return
+        self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
+        self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
+        self._window_stats = dict(state.get("stats", {}))
+        self._window_rollouts = [None if r is None else _rollout_from_state(r) for r in state["rollouts"]]
+        self._restored, self._window_reported = True, True
+
+    def _attach(self, module, window, batches: list[Batch]) -> bool:
+        """Give restored rollouts their prompts and items (from the micro-batch with the same indices, or
+        decoded again by index); ``False`` (resample) where that fails."""
+        device = module.device
+        for i, ro in enumerate(self._window_rollouts):
+            if ro is None:
+                continue
+            source = batches[i] if i < len(batches) and list(batches[i].indices) == ro.indices else None
+            if source is None and window is not None:
+                source = window.fetch(ro.indices)
+            if source is None or list(source.indices) != ro.indices:
+                log.warning("GRPO: cannot rebuild the prompts %s of a restored rollout; sampling again", ro.indices)
+                return False
+            source = source.to(device)
+            ro.prompt = {k: v for k, v in source.inputs.items() if k != "labels"}
+            ro.items = list(source.items)
+            for name in (*_ROW_TENSORS, *_TOKEN_TENSORS, "zero_variance"):
+                if getattr(ro, name) is not None:
+                    setattr(ro, name, getattr(ro, name).to(device))
+            c = ro.completions
+            c.ids, c.mask, c.truncated = c.ids.to(device), c.mask.to(device), c.truncated.to(device)
+        self._restored = False
+        return True
 
     # ------------------------------------------------------------------ objective
     def training_step(self, module, batch: Batch) -> TaskOutput:
-        """Rollouts (or the cached ones), then the clipped GRPO loss with the k3 KL."""
-        ro = self._get_rollout(module, batch)
-        fresh = ro.iterations_left == self.num_iterations
-        ro.iterations_left -= 1
+        """The micro-batch's rollouts (sampled by :meth:`prepare`), then the clipped GRPO loss with the k3 KL."""
+        if self._ready != (id(batch), id(batch.window)):
+            self.prepare(module, batch)  # called directly, not through the module
+        self._ready = None
+        batches, position, iteration, _ = self._window_of(batch)
+        ro = self._window_rollouts[position]
+        fresh = iteration == 0
         t0 = time.perf_counter()
-        mask = ro.completions.mask.clone()
-        if self.drop_zero_variance_groups:
-            mask &= ~ro.zero_variance.repeat_interleave(self.num_generations)[:, None]
+        mask = ro.loss_mask
         logp, entropy = score_completions(module.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
                                           self.num_generations, self.temperature, ro.shared)
         num_items = None
         if self.loss_type == "dapo":
-            num_items = module.trainer.strategy.reduce(mask.sum().float(), reduce_op="mean") if module._trainer \
-                else mask.sum().float()
+            # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
+            num_items = self._window_tokens.float().to(logp.device) / (module.cross_rank.world_size * len(batches))
         loss, lm = grpo.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
                                   epsilon_high=self.epsilon_high, beta=self.beta, loss_type=self.loss_type,
                                   max_completion_length=self.max_new_tokens, num_items_in_batch=num_items)
         metrics = self.metrics(batch, ro, lm, entropy, mask)
+        metrics["ratio/mean"] = lm["ratio_mean"]
+        metrics["tokens/window_loss_tokens"] = float(self._window_tokens)
+        metrics["rollout/iteration"] = float(iteration)
         metrics["time/scoring_s"] = time.perf_counter() - t0
         prompt_tokens = prompt_tokens_forwarded(ro.prompt, self.num_generations, ro.shared)
-        if fresh:
-            metrics["time/rollout_s"] = ro.rollout_seconds
-            prompt_tokens += ro.prompt_tokens
-            metrics["tokens/generated"] = float(ro.completions.mask.sum())
+        if fresh and not self._window_reported:
+            # the rollout batch's figures, once, on the first micro-batch that trains (where it was sampled)
+            st = self._window_stats
+            metrics["time/rollout_s"] = st["rollout_s"]
+            metrics["time/generation_s"] = st["generation_s"]
+            metrics["time/rewards_s"] = st["rewards_s"]
+            metrics["time/logp_s"] = st["logp_s"]
+            metrics["tokens/generated"] = st["generated_tokens"]
+            metrics["rollout/generation_calls"] = st["generation_calls"]
+            metrics["rollout/sequences_per_call"] = st["sequences_per_call"]
+            prompt_tokens += st["prompt_tokens"]
+            self._window_reported = True
+        for name in ("groups_tried", "groups_kept", "groups_dropped", "resample_tries"):
+            metrics[f"dynamic_sampling/{name}"] = float(self._window_stats.get(name, 0.0))  # every micro-batch
         metrics["tokens/prompt_forwarded"] = float(prompt_tokens)
         metrics["rollout/shared_prompt"] = float(ro.shared)
         kl_tokens = None
         if ro.ref_logp is not None:
             kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
         extras = {"completions": ro.completions.texts, "terms": ro.terms, "reward_names": self.rewards,
-                  "rewards": ro.rewards, "advantages": ro.advantages, "items": batch.items,
+                  "rewards": ro.rewards, "advantages": ro.advantages, "items": ro.items or batch.items,
                   "num_generations": self.num_generations, "kl_tokens": kl_tokens,
                   "entropy_tokens": entropy[mask.bool()]}
         return TaskOutput(loss=loss, metrics=metrics, extras=extras)
@@ -320,7 +675,8 @@ class GRPOTask(Task):
         m["zero_variance_groups/fraction"] = n_zero / max(1, ro.zero_variance.numel())
         m["zero_variance_groups/count"] = float(n_zero)
         precisions, recalls, no_gt = [], [], 0
-        for text, item in zip(ro.completions.texts, [it for it in batch.items for _ in range(self.num_generations)]):
+        items = ro.items or batch.items
+        for text, item in zip(ro.completions.texts, [it for it in items for _ in range(self.num_generations)]):
             gt = item.participants
             if not gt:
                 no_gt += 1
@@ -337,3 +693,26 @@ class GRPOTask(Task):
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
         m["answer/parsed_fraction"] = sum(parsed) / len(parsed)
         return m
+
+
+def _rollout_state(ro: Rollout) -> dict:
+    """A rollout as plain CPU tensors and lists (prompt and items left out)."""
+    c = ro.completions
+    out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
+           "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
+           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens)}
+    for name in (*_ROW_TENSORS, *_TOKEN_TENSORS):
+        value = getattr(ro, name)
+        out[name] = None if value is None else value.detach().cpu()
+    return out
+
+
+def _rollout_from_state(state: dict) -> Rollout:
+    """The inverse of :func:`_rollout_state` (``prompt`` still ``None``)."""
+    completions = Completions(ids=state["ids"], mask=state["mask"], texts=list(state["texts"]),
+                              truncated=state["truncated"], prompt_opened_think=list(state["opened"]))
+    return Rollout(prompt=None, shared=bool(state["shared"]), completions=completions, terms=state["terms"],
+                   rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
+                   ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
+                   rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
+                   loss_mask=state["loss_mask"], generation_calls=0)

@@ -198,6 +198,24 @@ def test_score_completion_rejects_open_ended() -> None:
         score_completion("<answer>A</answer>", item)
 
 
+def test_caller_verdicts_count_open_ended_items() -> None:
+    """A protocol that scores open-ended items (the released one) passes its own verdicts: counted as
+    given, no letter check; without verdicts a non-letter target is still refused."""
+    from grasp_lightning.bench import make_record
+
+    item = golden_items()[0].replace(answer="Person 0 looks at Person 2 first.", format="open_ended", options=())
+    records = [make_record("<think>P0</think>Person 0 looks at Person 2 first.", item, target=item.answer,
+                           predicted="Person 0 looks at Person 2 first.", correct=True),
+               make_record("no", item, target=item.answer, predicted="no", correct=False)]
+    metric = BenchAccuracy()
+    metric.update_from_records(records)
+    out = metric.compute()
+    cat = records[0]["category"]
+    assert (out[f"n/{cat}"], out[f"acc/{cat}"], out["acc/overall"], out["unparseable_rate"]) == (2.0, 0.5, 0.5, 0.0)
+    with pytest.raises(GraspDataError, match="batch row 0"):
+        BenchAccuracy().update(["A"], [item.answer], [cat], [None], [None], [frozenset()])
+
+
 def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """One DDP rank: score its shard of the golden bench, compute (syncs over gloo), save the dict."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -54,14 +54,18 @@ TEXT, VISION, TOTAL = 138112, 108096, 246208
 # LoRA r = 4 on q, k, v, o, gate, up, down: 4 * (64+64) = 512, 4 * (64+32) = 384, 384, 512, 4 * (64+128) = 768 (x3)
 #   -> 4096 per layer, 8192 for 2 layers.
 LORA4 = 8192
-# Tokens: 4 s at 2 fps -> 8 frames, 4 groups; 64 x 64 = 4096 pixels per frame -> 4096 / 32^2 = 4 tokens per group
-#   -> 16 visual tokens + 4 * 8 timestamp tokens + 100 text tokens = 148 prompt tokens.
+# Tokens: 4 s at 2 fps from a 30 fps file -> frames 0, 15, ..., 105: 8 frames, 4 groups; 64 x 64 = 4096 pixels per
+#   frame -> 4096 / 32^2 = 4 tokens per group -> 16 visual tokens; timestamps <0.2 seconds> .. <3.2 seconds> (t = 0.25,
+#   1.25, 2.25, 3.25) of 6 tokens each, + 4 x (vision start, end) - the template's one placeholder = 31 text tokens;
+#   + 101 template tokens = 148 prompt tokens.
 PROMPT = 148
 
 
 def spec(**kw) -> RunSpec:
+    """The hand-computed run: ZeRO-2 bf16 GRPO with checkpointing, flash attention and K repeated prompt rows."""
     base = RunSpec(model="tiny", task="grpo", devices=1, zero_stage=2, reduce_bucket_size=1000, num_generations=4,
-                   max_new_tokens=20, video_seconds=4, max_pixels=64 * 64, text_tokens=100)
+                   max_new_tokens=20, video_seconds=4, max_pixels=64 * 64, text_tokens=101, precision="bf16-mixed",
+                   gradient_checkpointing=True, attn_implementation="flash_attention_2", share_prompt=False)
     return replace(base, **kw)
 
 
@@ -104,7 +108,8 @@ def test_model_states_lora_one_gpu(tiny) -> None:
     plan = plan_memory(spec(zero_stage=0, lora=LoraConfig(enabled=True, r=4)), tiny)
     assert (plan.weights, plan.gradients, plan.optimizer_states) == (492416 + 32768, 32768, 65536)
     assert plan.params_trainable == LORA4 and plan.reference_model == 0 and plan.deepspeed_model_states is None
-    assert plan_memory(spec(zero_stage=0, devices=2), tiny).gradients == 2 * 2 * TEXT  # DDP bucket copy
+    # a full fine-tune without DeepSpeed: float32 master gradients (4 B), and the DDP bucket copy
+    assert plan_memory(spec(zero_stage=0, devices=2), tiny).gradients == 2 * 4 * TEXT
 
 
 def test_reference_model(tiny) -> None:
@@ -153,13 +158,131 @@ def test_shared_prompt_grpo(tiny) -> None:
 
 
 def test_video_tokens_of_the_recipe() -> None:
-    # 60 s at 2 fps, 448 x 448 frames: 120 frames, 60 groups x 196 tokens
+    # 60 s at 2 fps, 448 x 448 frames: 120 frames, 60 groups x 196 tokens; group g holds the frames at g and g + 0.5 s:
+    #   timestamps <0.2 seconds> .. <59.2 seconds> (t = g + 0.25): 10 below 10 s of 6 tokens, 50 of 7 -> 410;
+    #   + 60 x (vision start, end) - the template's one placeholder
     vt = video_tokens(60, 2.0, 512, 200704)
     assert (vt.frames, vt.groups, vt.tokens_per_group, vt.visual_tokens) == (120, 60, 196, 11760)
-    # 120 s: 240 frames; the processor caps a frame at 25165824 // 240 = 104857 pixels -> 102 tokens per group
-    assert video_tokens(120, 2.0, 512, 200704).visual_tokens == 120 * 102
+    assert vt.timestamp_tokens == 10 * 6 + 50 * 7 and vt.text_tokens == 410 + 120 - 1
+    # 120 s: 240 frames; the processor caps a frame at 25165824 // 240 = 104857 pixels: smart_resize scales 448
+    #   by sqrt(104857 / 200704) to 323.8 and rounds down to 320 = 10 x 32 -> 20 x 20 patches / 4 = 100 per group
+    big = video_tokens(120, 2.0, 512, 200704)
+    assert big.frame_size == (320, 320) and big.visual_tokens == 120 * 100
+    # 640 x 360 source: decoded at 334 x 596 (data.video.reduced_size, even sides), then rounded to 320 x 608
+    wide = video_tokens(10, 2.0, 512, 200704, frame_size=(360, 640))
+    assert wide.frame_size == (320, 608) and wide.tokens_per_group == 10 * 19
+    # an odd frame count is padded to a whole group: 1.5 s -> 3 frames -> 2 groups
+    assert (video_tokens(1.5, 2.0, 512, 200704).frames, video_tokens(1.5, 2.0, 512, 200704).groups) == (3, 2)
     with pytest.raises(GraspConfigError):
         video_tokens(0, 2.0, 512, 200704)
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.25, 9.75, 10.2, 59.8, 123.5, 255.7])
+def test_timestamp_tokens_match_qwen3_tokenizer(qwen3_processor, seconds: float) -> None:
+    text = f"<{seconds:.1f} seconds>"
+    ids = qwen3_processor.tokenizer(f"<|vision_end|>{text}<|vision_start|>", add_special_tokens=False)["input_ids"]
+    assert memory.timestamp_tokens(seconds) == len(ids) - 2
+
+
+@pytest.fixture(scope="module")
+def qwen3_processor():
+    """The 2B stand-in's processor: Qwen3's real tokenizer and the published video processor settings."""
+    from grasp_lightning.standin import build_processor
+
+    return build_processor("Qwen3-VL-2B-Instruct")
+
+
+def _processor_prompt_tokens(processor, seconds: float, size: tuple[int, int], sft: dict) -> tuple[int, int]:
+    """(prompt tokens the processor produces, template tokens with the one video placeholder) for a
+    synthetic ``seconds`` clip of ``size`` frames decoded as GraspDataModule decodes it (30 fps source)."""
+    import numpy as np
+
+    from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, encode_example, render_texts
+    from grasp_lightning.data.records import ClipRef, GraspItem
+    from grasp_lightning.data.video import DecodedClip, reduced_size, sample_indices, video_metadata
+
+    total = round(seconds * 30)
+    indices = sample_indices(total, 30.0, fps=sft["fps"], max_frames=sft["max_frames"])
+    height, width = reduced_size(*size, sft["max_pixels"])
+    frames = np.zeros((len(indices), height, width, 3), dtype=np.uint8)
+    clip = DecodedClip(frames=frames, timestamps=indices / 30.0, indices=indices, source_fps=30.0, total_frames=total)
+    item = GraspItem(uid="u", origin="synthetic:1", clip=ClipRef("clip.mp4"),
+                     question="Who is Person 0 looking at?\nA) Person 1\nB) Person 2",
+                     options=("A) Person 1", "B) Person 2"),
+                     answer="A")
+    encoded = encode_example(processor, item, frames, video_metadata(clip), target=None)
+    template = processor.tokenizer(render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0])["input_ids"]
+    return encoded.prompt_length, len(template)
+
+
+@pytest.mark.parametrize("size", [(448, 448), (360, 640)], ids=["448x448", "640x360"])
+@pytest.mark.parametrize("seconds", [10, 30, 60, 120, 300])
+def test_planned_prompt_tokens_match_the_processor(qwen3_processor, seconds: int, size: tuple[int, int]) -> None:
+    """The planner's prompt length (recipe settings of configs/sft.yaml) against the Qwen3-VL processor's."""
+    sft = memory.load_yaml_configs([CONFIGS / "sft.yaml"])["data"]
+    actual, template = _processor_prompt_tokens(qwen3_processor, seconds, size, sft)
+    plan = plan_from_config([CONFIGS / "sft.yaml"], {"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"},
+                            video_seconds=seconds, text_tokens=template, frame_size=size, source_fps=30.0)
+    assert abs(plan.prompt_tokens - actual) <= 0.02 * actual
+    assert plan.prompt_tokens == actual  # exact: the planner models every token the processor writes
+
+
+def test_processor_settings_from_both_layouts(tmp_path, qwen3_processor) -> None:
+    """transformers-5 ``processor_config.json`` (save_pretrained, stand-ins, exports) and the older
+    ``video_preprocessor_config.json`` are both read; a changed budget changes the plan's tokens."""
+    import json
+
+    qwen3_processor.save_pretrained(tmp_path / "new")
+    assert not (tmp_path / "new" / "video_preprocessor_config.json").exists()
+    data = json.loads((tmp_path / "new" / "processor_config.json").read_text())
+    data["video_processor"]["size"]["longest_edge"] = 4096 * 1024  # 4 Mpx per clip
+    data["video_processor"]["max_video_tokens"] = 100
+    (tmp_path / "new" / "processor_config.json").write_text(json.dumps(data))
+    got = memory.processor_video_settings(str(tmp_path / "new"))
+    assert got["size"] == {"shortest_edge": 4096, "longest_edge": 4194304} and got["max_video_tokens"] == 100
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "video_preprocessor_config.json").write_text(json.dumps(data["video_processor"]))
+    assert memory.processor_video_settings(str(old)) == got
+    assert memory.processor_video_settings(str(tmp_path / "nowhere")) == memory.QWEN3VL_VIDEO_PROCESSOR
+    # 10 s at 2 fps: 20 frames, each capped at min(100 x 1024, 4194304 // 20) = 102400 px -> 320 x 320 -> 100 tokens
+    vt = video_tokens(10, 2.0, 512, 200704, settings=got)
+    assert vt.frame_size == (320, 320) and vt.visual_tokens == 10 * 100
+
+
+def test_run_spec_defaults_are_the_codes() -> None:
+    """RunSpec (and so a config that leaves a key out) defaults to what the code runs with."""
+    import inspect
+
+    import lightning as L
+
+    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.module import RolloutConfig
+    from grasp_lightning.policy import PolicyConfig
+    from tasks.grpo import GRPOTask
+
+    d, policy, rollout = RunSpec(), PolicyConfig(), RolloutConfig()
+    task = inspect.signature(GRPOTask).parameters
+    data = inspect.signature(GraspDataModule).parameters
+    assert (d.gradient_checkpointing, d.attn_implementation, d.dtype, d.freeze_vision) == (
+        policy.gradient_checkpointing, policy.attn_implementation, policy.dtype, policy.freeze_vision)
+    assert (d.num_generations, d.max_new_tokens) == (rollout.num_generations, rollout.max_new_tokens)
+    assert (d.share_prompt, d.beta) == (task["share_prompt"].default, task["beta"].default)
+    assert d.precision == L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False).precision
+    assert (d.fps, d.max_frames, d.max_pixels, d.max_prompt_tokens, d.max_target_tokens, d.micro_batch_size) == tuple(
+        data[k].default for k in ("fps", "max_frames", "max_pixels", "max_prompt_tokens", "max_target_tokens",
+                                  "batch_size"))
+
+
+def test_float32_masters_without_deepspeed(tiny) -> None:
+    """A single-GPU full fine-tune outside DeepSpeed keeps float32 masters of its trainable weights
+    (GraspModule: policy.keep_float32_masters): 4 B weights and 4 B gradients per trainable parameter,
+    AdamW states 8 B; the frozen vision tower stays bf16; autocast holds bf16 copies (2 B) in the pass."""
+    plan = plan_memory(spec(task="sft", zero_stage=0, precision="bf16-mixed"), tiny)
+    assert plan.weights == 2 * VISION + 4 * TEXT
+    assert (plan.gradients, plan.optimizer_states) == (4 * TEXT, 8 * TEXT)
+    plain = plan_memory(spec(task="sft", zero_stage=0, precision="32-true"), tiny)
+    assert plan.activations - plain.activations == 2 * TEXT
 
 
 def test_fits_margin(tiny) -> None:

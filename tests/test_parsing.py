@@ -8,7 +8,9 @@ from grasp_lightning.parsing import (
     answer_block,
     extract_answer,
     extract_participants,
+    extract_participants_released,
     has_format,
+    opens_think,
     reasoning_text,
     tag_contents,
 )
@@ -143,3 +145,39 @@ def test_has_format_strict() -> None:
     assert not has_format("<think>x</think><answer>A</answer><answer>B</answer>", strict=True)
     assert not has_format("<think> </think><answer>A</answer>", strict=True)
     assert not has_format("<answer>A</answer><think>x</think>", strict=True)
+
+
+# --- Thinking prompts (the generation prompt opened <think>) and the released person pattern -------
+
+def test_opens_think() -> None:
+    assert opens_think("<|im_start|>assistant\n<think>\n")
+    assert opens_think("...assistant\n<think>")
+    assert not opens_think("<|im_start|>assistant\n")
+    assert not opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking switched off
+    assert not opens_think("<think>x")
+
+
+def test_has_format_strict_after_a_thinking_prompt() -> None:
+    inside = "Person 0 looks.\n</think>\n\n<answer>B</answer>"
+    assert has_format(inside, strict=True, opened_think=True)
+    assert not has_format(inside, strict=True)  # Instruct prompt: no <think> was opened
+    assert not has_format(GOOD, strict=True, opened_think=True)  # a second <think>
+    assert not has_format(" \n</think><answer>B</answer>", strict=True, opened_think=True)  # empty thinking
+    assert not has_format("x</think><answer>B</answer> more", strict=True, opened_think=True)
+    assert has_format(inside, opened_think=True) and has_format(inside)  # lenient: only <answer> matters
+
+
+def test_reasoning_text_after_a_thinking_prompt() -> None:
+    assert reasoning_text("Person 1 looks</think><answer>A</answer>", opened_think=True) == "Person 1 looks"
+    # The reasoning is what precedes the first </think>, even when a block is re-opened inside it.
+    text = "P1 looks</think><think>P2</think><answer>A</answer>"
+    assert reasoning_text(text, opened_think=True) == "P1 looks"
+    assert reasoning_text(text) == "P2"
+    assert reasoning_text("P1 looks and then", opened_think=True) == "P1 looks and then"  # truncated in thought
+
+
+def test_released_person_pattern() -> None:
+    # (?:Person\s+|\bP)(\d+): a space is needed after "Person"; "P" needs a boundary before only.
+    assert extract_participants_released("Person 0, Person\n12, P3, P4a, P5_") == {0, 12, 3, 4, 5}
+    assert extract_participants_released("Person12 and AP1") == frozenset()
+    assert extract_participants("Person12 and AP1 and P4a") == {12}  # our pattern differs at the edges

@@ -86,19 +86,79 @@ def test_social_grounding_empty_gt_is_zero_not_nan() -> None:
 
 def test_released_variant_per_modality_and_question_people() -> None:
     # gaze gt {0, 3}, gesture gt {1, 2}; Person 3 is named in the question, so it is removed from both
-    # sides: gaze gt {0}, gesture gt {1, 2}.
+    # sides: gaze event {0}, gesture event {1, 2}.
     item = make_item(
         events=(("gaze", (0, 3)), ("pointing", (1, 2))),
         question_text="Whose gaze does Person 3 follow?",
     )
-    # gaze tag names {0, 3, 1} -> minus {3} -> {0, 1}: hits {0} = 1 (Person 1 is a gesture person, so a miss here)
-    # gesture tag names {2} -> hits 1
-    # pooled: hits = 2, |pred| = 2 + 1 = 3, |gt| = 1 + 2 = 3 -> 0.7 * 2/3 + 0.3 * 2/3 = 2/3
+    # gaze tag names {0, 3, 1} -> minus {3} -> {0, 1}; gesture tag names {2}.
+    # R per event: gaze {0}: |{0,1} & {0}| / 1 = 1; gesture {1,2}: |{2} & {1,2}| / 2 = 1/2 -> R = 3/4
+    # P per modality: gaze |{0,1} & {0}| / 2 = 1/2; gesture |{2} & {1,2}| / 1 = 1 -> P = 3/4
+    # 0.7 * 3/4 + 0.3 * 3/4 = 0.75   (the old pooled form gave 2/3)
     text = ("<think><gaze>Person 0 follows Person 3, then Person 1</gaze><gesture>P2 points</gesture></think>"
             "<answer>A</answer>")
-    assert REWARDS["social_grounding_released"](text, item) == pytest.approx(2 / 3, abs=1e-12)
+    assert REWARDS["social_grounding_released"](text, item) == pytest.approx(0.75, abs=1e-12)
     # The paper's form on the same text: reasoning names {0, 1, 2, 3}, gt {0, 1, 2, 3}: P = R = 1 -> 2.0
     assert REWARDS["social_grounding"](text, item) == pytest.approx(2.0)
+
+
+def _pooled(completion: str, item: GraspItem) -> float:
+    """The previous (pooled-count) version, for the cases where it differs from the released code."""
+    from grasp_lightning.parsing import extract_participants, tag_contents
+
+    asked = extract_participants(item.question_text or "")
+    hits = n_pred = n_gt = 0
+    for modality in ("gaze", "gesture"):
+        gt = {p for e in item.events if (e.source == "gaze") == (modality == "gaze") for p in e.persons} - asked
+        pred = set(extract_participants(" ".join(tag_contents(completion, modality)))) - asked
+        hits, n_pred, n_gt = hits + len(pred & gt), n_pred + len(pred), n_gt + len(gt)
+    return 0.0 if n_pred == 0 or n_gt == 0 else 0.7 * hits / n_gt + 0.3 * hits / n_pred
+
+
+# Golden values of socialmllm/train/reasoning/trainer.py::compute_grounding_score (Social-Reaoning/grasp),
+# worked by hand: R = mean over events (people left after the question's) of |named_m & e| / |e|;
+# P = mean over modalities with gt and with somebody named of |named_m & gt_m| / |named_m|; 0.7 R + 0.3 P.
+RELEASED_GOLDEN = [
+    # recall per event, not pooled: gaze events {0,1} and {2}; named gaze {0,2}.
+    # R = (1/2 + 1/1) / 2 = 3/4; P = |{0,2} & {0,1,2}| / 2 = 1 -> 0.7*0.75 + 0.3 = 0.825 (pooled: 0.7*2/3 + 0.3)
+    ("gaze-per-event", (("gaze", (0, 1)), ("gaze", (2,))), "Who looks?", "<gaze>Person 0 and Person 2</gaze>",
+     0.825, 0.7 * 2 / 3 + 0.3),
+    # precision per modality: gaze {0}, gesture {1}; named gaze {0}, gesture {1,2,3}.
+    # R = (1 + 1) / 2 = 1; P = (1/1 + 1/3) / 2 = 2/3 -> 0.7 + 0.2 = 0.9 (pooled: 0.7 + 0.3 * 2/4 = 0.85)
+    ("precision-per-modality", (("gaze", (0,)), ("pointing", (1,))), "Who looks?",
+     "<gaze>P0</gaze><gesture>P1, P2, P3</gesture>", 0.9, 0.85),
+    # a modality named without ground truth is not in P: gaze {0,1}; named gaze {0}, gesture {5}.
+    # R = 1/2; P = gaze only = 1/1 -> 0.35 + 0.3 = 0.65 (pooled: 0.7/2 + 0.3 * 1/2 = 0.5)
+    ("named-modality-without-gt", (("gaze", (0, 1)),), "Who looks?", "<gaze>Person 0</gaze><gesture>Person 5</gesture>",
+     0.65, 0.5),
+    # a modality with ground truth but nobody named is in R only: gaze {0}, giving {1}; named gaze {0}.
+    # R = (1 + 0) / 2 = 1/2; P = gaze only = 1 -> 0.65 (pooled agrees: 0.7 * 1/2 + 0.3 * 1/1)
+    ("gt-modality-unnamed", (("gaze", (0,)), ("giving", (1,))), "Who looks?", "<gaze>Person 0</gaze>", 0.65, 0.65),
+    # an event made only of question people is left out of R's mean: events {3} and {0,1}, question names 3.
+    # events left: {0,1}; named gaze {3,0} - {3} = {0}: R = 1/2 (not (x + 1/2)/2); P = 1 -> 0.65
+    ("asked-event-skipped", (("gaze", (3,)), ("gaze", (0, 1))), "Whose gaze does Person 3 follow?",
+     "<gaze>Person 3 and P0</gaze>", 0.65, 0.65),
+    # the released person pattern: "Person12" (no space) is nobody, "P1a" is Person 1 (no end boundary).
+    # gaze {1}; named {1}: R = 1, P = 1 -> 1.0 (pooled, with our stricter pattern: named {12} -> 0.0)
+    ("released-pattern", (("gaze", (1,)),), "Who looks?", "<gaze>Person12 looks at P1a</gaze>", 1.0, 0.0),
+    # the same person in two events of two modalities: gaze {0,1}, pointing {1}; named gaze {1}, gesture {1}.
+    # R = (1/2 + 1) / 2 = 3/4; P = (1 + 1) / 2 = 1 -> 0.525 + 0.3 = 0.825 (pooled: hits 2, |gt| 3, |pred| 2)
+    ("shared-person", (("gaze", (0, 1)), ("pointing", (1,))), "Who?", "<gaze>P1</gaze> <gesture>P1</gesture>",
+     0.825, 0.7 * 2 / 3 + 0.3),
+    # empty cases: no events; no tags at all; everybody to find is named in the question.
+    ("no-events", (), "Who?", "<gaze>Person 0</gaze>", 0.0, 0.0),
+    ("no-tags", (("gaze", (0,)),), "Who?", "Person 0 looks", 0.0, 0.0),
+    ("all-asked", (("gaze", (0,)),), "Does Person 0 look?", "<gaze>Person 0</gaze>", 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("name, events, question, tags, expected, pooled", RELEASED_GOLDEN,
+                         ids=[case[0] for case in RELEASED_GOLDEN])
+def test_released_variant_golden(name, events, question, tags, expected, pooled) -> None:
+    item = make_item(events=events, question_text=question)
+    text = think(tags)
+    assert REWARDS["social_grounding_released"](text, item) == pytest.approx(expected, abs=1e-12)
+    assert _pooled(text, item) == pytest.approx(pooled, abs=1e-12)  # where the two differ, the case shows it
 
 
 def test_released_variant_recall_weighted() -> None:
@@ -137,6 +197,23 @@ def test_accuracy_cases() -> None:
     assert acc("<answer>B</answer><answer>A</answer>", item) == 1.0
     assert acc("<answer></answer>", make_item(answer="")) == 0.0  # empty answer never matches
     assert acc("B", item) == 0.0  # no tags
+
+
+def test_format_strict_after_a_thinking_prompt() -> None:
+    item = make_item()
+    inside = "Person 0 looks at <gaze>Person 1</gaze>.</think>\n<answer>B</answer>"  # started inside <think>
+    strict = REWARDS["format_strict"]
+    assert strict(inside, item, opened_think=True) == 1.0
+    assert strict(inside, item) == 0.0  # an Instruct prompt opened nothing
+    assert strict(think("why"), item, opened_think=True) == 0.0  # a second <think> after the prompt's
+    assert strict("why<answer>B</answer>", item, opened_think=True) == 0.0  # never closed
+    # compute_rewards passes one flag per row (Completions.prompt_opened_think)
+    out = compute_rewards([inside, inside], [item, item], ["format_strict", "format", "social_grounding"],
+                          opened_think=[True, False])
+    # social_grounding: reasoning before </think> names {0, 1} = gt {0, 1} -> 2.0 in both rows
+    assert out.tolist() == [[1.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+    with pytest.raises(ValueError, match="opened_think"):
+        compute_rewards([inside], [item], ["format"], opened_think=[True, False])
 
 
 def test_format_and_presence() -> None:

@@ -26,16 +26,46 @@ def test_mark_padding_yields_out_of_range_indices_for_evaluation():
     assert ranks == [[0, 2, 4], [1, 3, 5]]  # 5 is padding (>= N): scored as valid=False
 
 
-def test_batches_resume_after_consumed_batches_and_repeat():
+def test_batches_resume_after_consumed_batches():
     sampler = ResumableSampler(7, seed=0)
-    full = list(ResumableBatchSampler(sampler, batch_size=3, repeat=2))
-    assert len(full) == 6 and full[0] == full[1] and full[2] == full[3] and len(full[4]) == 1
-    resumed = ResumableBatchSampler(ResumableSampler(7, seed=0), batch_size=3, repeat=2)
-    resumed.set_start(0, 3)
-    assert list(resumed) == full[3:]
-    assert len(resumed) == 6  # the epoch's length: Lightning counts the resumed epoch from the 3 consumed
+    full = list(ResumableBatchSampler(sampler, batch_size=3))
+    assert [len(b) for b in full] == [3, 3, 1] and sorted(sum(full, [])) == list(range(7))
+    resumed = ResumableBatchSampler(ResumableSampler(7, seed=0), batch_size=3)
+    resumed.set_start(0, 2)
+    assert list(resumed) == full[2:]
+    assert len(resumed) == 3  # the epoch's length: Lightning counts the resumed epoch from the 2 consumed
     resumed.set_epoch(1)  # a new epoch starts from its first batch
-    assert len(list(resumed)) == 6
+    assert len(list(resumed)) == 3
+
+
+def test_windows_group_accumulation_windows_and_drop_the_partial_one():
+    order = ResumableSampler(11, seed=0).order()
+    windows = list(ResumableBatchSampler(ResumableSampler(11, seed=0), batch_size=2, window=2))
+    # 6 micro-batches of 2 (the last has 1) -> 3 windows of 4, 4 and 3 indices, in order
+    assert windows == [order[0:4], order[4:8], order[8:11]]
+    odd = ResumableBatchSampler(ResumableSampler(10, seed=0), batch_size=2, window=2)  # 5 micro-batches
+    assert len(odd) == 2 and list(odd) == [order_ for order_ in [ResumableSampler(10, seed=0).order()[i:i + 4]
+                                                                 for i in (0, 4)]]
+
+
+def test_window_loader_repeats_whole_windows_and_resumes_inside_them():
+    from grasp_lightning.data.windows import WindowLoader
+
+    class B:  # a stand-in micro-batch
+        def __init__(self, name):
+            self.name, self.window = name, None
+
+    loader = [[B("a0"), B("a1")], [B("b0"), B("b1")]]
+    seen = [(b.name, b.window.position, b.window.iteration, b.window.index) for b in WindowLoader(loader, 2, 2)]
+    # w0 w1 w0 w1: the second use of a window comes after the optimizer step of its first use
+    assert seen == [("a0", 0, 0, 0), ("a1", 1, 0, 0), ("a0", 0, 1, 0), ("a1", 1, 1, 0),
+                    ("b0", 0, 0, 1), ("b1", 1, 0, 1), ("b0", 0, 1, 1), ("b1", 1, 1, 1)]
+    assert len(WindowLoader(loader, 2, 2)) == 8
+    # resumed after 6 micro-batches: the batch sampler skipped window 0 (loader starts at b), and the
+    # loader skips b's first iteration; the next epoch starts from its first window again
+    resumed = WindowLoader(loader[1:], 2, 2, skip=2, first_window=1)
+    assert [(b.name, b.window.iteration, b.window.index) for b in resumed] == [("b0", 1, 1), ("b1", 1, 1)]
+    assert len(list(resumed)) == 4
 
 
 def test_bad_arguments_raise():

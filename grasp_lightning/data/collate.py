@@ -44,6 +44,8 @@ class Batch:
         prompt_lengths: ``(B,)`` prompt tokens of each row.
         skipped: records of items skipped in this batch (not among the B rows).
         padding_side: ``"left"`` (prompts for generation) or ``"right"`` (training sequences).
+        window: the accumulation window this micro-batch belongs to, set by
+            :class:`~grasp_lightning.data.windows.WindowLoader` (``None`` outside window mode).
     """
 
     inputs: dict[str, torch.Tensor]
@@ -53,6 +55,7 @@ class Batch:
     prompt_lengths: torch.Tensor
     skipped: list[SkipRecord] = field(default_factory=list)
     padding_side: str = "right"
+    window: object | None = None  # grasp_lightning.data.windows.Window (kept untyped: no import cycle)
 
     def __len__(self) -> int:
         return len(self.items)

@@ -29,6 +29,7 @@ from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, video_metadata
+from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,13 @@ class GraspDataset(Dataset):
         skip_bad: turn a :class:`GraspDataError` into a counted skip instead of raising.
         instruction: appended to questions that carry none (bench items), see
             :func:`~grasp_lightning.data.prompts.user_text`.
+
+    Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
+    e.g. :class:`~grasp_lightning.eval_protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
+    items instead of the fps/prompt settings above (an evaluation protocol's own frames and prompts).
     """
+
+    encoder = None
 
     def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
                  max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
@@ -88,6 +95,8 @@ class GraspDataset(Dataset):
                                                   "`response`), this row has none")
             target = item.response
         data = self.store.open(item.clip.path)
+        if self.encoder is not None and target is None:
+            return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
         clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
                            end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
                            max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
@@ -144,8 +153,9 @@ class GraspDataModule(L.LightningDataModule):
         system_prompt: the system turn of every prompt.
         instruction: appended to every question that carries no instruction of its own (GRASP-Bench
             and annotation items; SFT and RL rows carry theirs); ``""`` appends nothing.
-        repeat_batches: yield each training batch this many times in a row; must equal the GRPO
-            task's ``num_iterations`` (the task reuses the rollouts of a repeated batch).
+        repeat_batches: deprecated, kept so older run configs load: rollout reuse is set once, by the
+            task's ``num_iterations`` (passed in by :meth:`connect`); a value here must be ``None``
+            or equal to it.
         train_limit: use only the first N training rows (quick runs).
         val_limit: use only the first N bench items.
         benchmarks: more validation benchmarks (``class_path`` plugins of ``grasp_lightning.benchmarks``:
@@ -159,7 +169,7 @@ class GraspDataModule(L.LightningDataModule):
                  max_frames: int = 240, max_pixels: int = 448 * 448, max_prompt_tokens: int | None = 16384,
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
                  num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
-                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int = 1, train_limit: int | None = None,
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int | None = None, train_limit: int | None = None,
                  val_limit: int | None = None, benchmarks: list[Benchmark] | None = None,
                  instruction: str = INSTRUCTION) -> None:
         super().__init__()
@@ -177,6 +187,10 @@ class GraspDataModule(L.LightningDataModule):
         self._epoch = 0
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
+        self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
+        self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
+        self._stream: tuple[int, int] | None = None  # resume: (stream index, draws) of the last window
+        self._last_window = None  # the Window of the last consumed micro-batch (its draws grow in training_step)
         self.samples_seen = 0
         self.samples_skipped = 0  # training-time skips (unreadable clips), saved in checkpoints
         self.skipped: list[SkipRecord] = []  # every skip of this process: reader lines and samples
@@ -264,40 +278,91 @@ class GraspDataModule(L.LightningDataModule):
                             system_prompt=h.system_prompt if system_prompt is None else system_prompt,
                             skip_bad=h.on_bad_item == "skip", instruction=h.instruction)
 
+    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False) -> None:
+        """Receive what the module and trainer decide, once, before the first train loader is built.
+
+        Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
+        ``DataModule.connect`` pattern: shared values are passed, not configured twice).
+
+        Args:
+            window: micro-batches per accumulation window delivered together (``batch.window``):
+                ``trainer.accumulate_grad_batches`` for tasks that work on whole windows (GRPO), else 1.
+            repeat: how many times each window is yielded (the task's ``num_iterations``).
+            draws: the task may draw further windows from the stream (``Window.draw``, GRPO
+                ``dynamic_sampling: refill``): batches come through a :class:`WindowLoader` even for
+                ``window = repeat = 1``, and checkpoints record the draws.
+
+        Raises:
+            GraspConfigError: ``window``/``repeat`` < 1, or the deprecated ``data.repeat_batches`` is
+            set to another value than the task's ``num_iterations``.
+        """
+        if window < 1 or repeat < 1:
+            raise GraspConfigError(f"window and repeat must be >= 1, got {window}, {repeat}")
+        legacy = self.hparams.repeat_batches
+        if legacy is not None and legacy != repeat:
+            raise GraspConfigError(f"data.repeat_batches={legacy} is deprecated and must match "
+                                   f"model.task.init_args.num_iterations={repeat}; remove data.repeat_batches")
+        self._window, self._repeat, self._draws = window, repeat, draws
+
     def _rank(self) -> tuple[int, int]:
         trainer = self._trainer if hasattr(self, "_trainer") else None
         trainer = trainer or getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def _loader(self, dataset: GraspDataset, batches: ResumableBatchSampler, padding_side: str):
+    def _loader(self, dataset: GraspDataset, batches: ResumableBatchSampler, padding_side: str,
+                windowed: bool = False):
         pad_id = self.processor.tokenizer.pad_token_id
+        collate = partial(collate_samples, pad_token_id=pad_id, padding_side=padding_side)
+        if windowed:
+            collate = WindowCollate(collate, self.hparams.batch_size)
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.hparams.num_workers,
-                          collate_fn=partial(collate_samples, pad_token_id=pad_id, padding_side=padding_side),
-                          persistent_workers=self.hparams.num_workers > 0, worker_init_fn=ignore_stop_signals)
+                          collate_fn=collate, persistent_workers=self.hparams.num_workers > 0,
+                          worker_init_fn=ignore_stop_signals)
 
-    def train_dataloader(self) -> DataLoader:
-        """Training batches of :class:`Batch`; SFT right-padded with labels, RL left-padded prompts."""
+    def train_dataloader(self) -> DataLoader | WindowLoader:
+        """Training batches of :class:`Batch`; SFT right-padded with labels, RL left-padded prompts.
+
+        After :meth:`connect` with ``window > 1`` or ``repeat > 1``: a :class:`WindowLoader` yielding
+        each accumulation window of micro-batches ``repeat`` times (``batch.window`` set).
+        """
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
                                    world_size=world, pad="wrap")
-        batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self.hparams.repeat_batches)
+        windowed = self._window > 1 or self._repeat > 1 or self._draws
+        per_item = self._window * self._repeat  # micro-batches Lightning sees per sampler item
+        batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self._window)
+        skip = first = exclude = 0
         if self._resume is not None:
             epoch, consumed = self._resume
-            if consumed >= len(batches):
+            stream_index, draws = self._stream if self._stream is not None else (None, 0)
+            if consumed >= len(batches) * per_item:
                 # Saved after the last batch of an epoch: Lightning resumes with the next epoch, and builds
                 # this loader's iterator before it calls set_epoch, so start the next epoch here.
-                epoch, consumed = epoch + 1, 0
-            batches.set_start(epoch, consumed)
+                epoch, consumed, stream_index, draws = epoch + 1, 0, None, 0
+            first, skip, exclude = resume_position(consumed, per_item, stream_index, draws)
+            batches.set_start(epoch, first, exclude)
             self._epoch, self._consumed = epoch, consumed
-            self._resume = None
+            self._resume = self._stream = None
         dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.hparams.mode == "sft")
-        return self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left")
+        loader = self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left", windowed)
+        if not windowed:
+            return loader
+        micro = -(-len(sampler) // self.hparams.batch_size)
+        if micro % self._window:
+            log.warning("train: %d micro-batches per epoch and rank do not fill windows of %d "
+                        "(trainer.accumulate_grad_batches); the last %d are dropped each epoch",
+                        micro, self._window, micro % self._window)
+        return WindowLoader(loader, self._window, self._repeat, skip=skip, first_window=first, exclude=exclude,
+                            on_draw=self._count_drawn)
 
     def _bench_loader(self, bench: Benchmark) -> DataLoader:
         rank, world = self._rank()
         sampler = ResumableSampler(len(bench.items), shuffle=False, rank=rank, world_size=world, pad="mark")
-        return self._loader(self._dataset(bench.items, bench.store(), False, system_prompt=bench.system_prompt),
-                            ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
+        dataset = self._dataset(bench.items, bench.store(), False, system_prompt=bench.system_prompt)
+        if bench.is_grasp:  # model.evaluation.protocol may encode GRASP-Bench its own way (grasp_lightning/eval_protocol.py)
+            trainer = getattr(self, "trainer", None)
+            dataset.encoder = getattr(trainer.lightning_module if trainer is not None else None, "bench_encoder", None)
+        return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 
     def val_dataloader(self) -> DataLoader | list:
         """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows. With ``benchmarks``:
@@ -319,18 +384,30 @@ class GraspDataModule(L.LightningDataModule):
             if trainer.current_epoch != self._epoch:
                 self._epoch, self._consumed = trainer.current_epoch, 0
             self._consumed += 1
-            self.samples_seen += len(batch) + len(batch.skipped)
-            if batch.skipped:
-                self.samples_skipped += len(batch.skipped)
-                self._record_skips(batch.skipped)
-            if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
-                last = self.skipped[-1]
-                raise GraspDataError(
-                    self.hparams.train_file,
-                    f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
-                    f"{self.hparams.max_skip_fraction}; the last: {last.uid} ({last.where}: {last.reason}); "
-                    f"every skip is listed in {self._skip_file or 'the log'}")
+            self._last_window = batch.window
+            if getattr(batch.window, "iteration", 0):
+                return batch  # a repeated window: its samples and skips were counted at its first use
+            self._count(batch)
         return batch
+
+    def _count_drawn(self, batches: list[Batch]) -> None:
+        """A window drawn by the task (``Window.draw``): its samples are consumed too."""
+        for batch in batches:
+            self._count(batch)
+
+    def _count(self, batch: Batch) -> None:
+        """Count a consumed micro-batch's samples and skips; stop the run over ``data.max_skip_fraction``."""
+        self.samples_seen += len(batch) + len(batch.skipped)
+        if batch.skipped:
+            self.samples_skipped += len(batch.skipped)
+            self._record_skips(batch.skipped)
+        if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
+            last = self.skipped[-1]
+            raise GraspDataError(
+                self.hparams.train_file,
+                f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
+                f"{self.hparams.max_skip_fraction}; the last: {last.uid} ({last.where}: {last.reason}); "
+                f"every skip is listed in {self._skip_file or 'the log'}")
 
     def _open_skip_file(self) -> None:
         """Resolve ``<run dir>/skipped.jsonl`` (``skipped.rank<r>.jsonl`` on rank r > 0) once, in
@@ -357,13 +434,19 @@ class GraspDataModule(L.LightningDataModule):
         self._unwritten = []
 
     def state_dict(self) -> dict:
-        """``{"epoch", "consumed"}``: batches of the epoch this rank consumed (saved in checkpoints)."""
+        """``{"epoch", "consumed", ...}``: micro-batches of the epoch this rank consumed, and the stream
+        position and draws of the last consumed window (``stream_index``/``stream_draws``, -1/0 outside
+        window mode; see :func:`~grasp_lightning.data.windows.resume_position`)."""
+        w = self._last_window
         return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen,
-                "samples_skipped": self.samples_skipped}
+                "samples_skipped": self.samples_skipped,
+                "stream_index": int(w.index) if w is not None else -1, "stream_draws": int(getattr(w, "draws", 0))}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next train loader starts after the consumed batches."""
         self._resume = (int(state["epoch"]), int(state["consumed"]))
+        index = int(state.get("stream_index", -1))
+        self._stream = (index, int(state.get("stream_draws", 0))) if index >= 0 else None
         self.samples_seen = int(state.get("samples_seen", 0))
         self.samples_skipped = int(state.get("samples_skipped", 0))
 

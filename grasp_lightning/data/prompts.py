@@ -4,7 +4,9 @@ The prompt (system + user turn with the video, question, options and instruction
 generation prompt) is rendered with ``processor.apply_chat_template`` and encoded by the processor
 together with the decoded frames and their real timestamps. The assistant target is tokenised
 separately and appended, exactly as GRPO appends sampled completion ids to the prompt ids, so SFT
-and GRPO see identical prompt tokens. Labels cover only the target tokens.
+and GRPO see identical prompt tokens. Labels cover only the target tokens. A Thinking template's
+generation prompt ends with an opened ``<think>``; the target then continues inside that block and
+does not repeat the tag (:func:`render_texts`).
 
 Source: GRASP prompt format (``shared/grasp-format.md``, "Prompt and response"); transformers'
 Qwen3-VL processor (``video_metadata`` with ``do_sample_frames=False``).
@@ -18,6 +20,7 @@ import torch
 
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.errors import GraspConfigError, TokenBudgetError
+from grasp_lightning.parsing import opens_think
 
 #: System prompt of the GRASP MCQ format (paraphrased from the dataset card).
 DEFAULT_SYSTEM_PROMPT = (
@@ -58,14 +61,21 @@ def render_texts(processor, item: GraspItem, target: str | None, system_prompt: 
                  instruction: str = INSTRUCTION) -> tuple[str, str]:
     """Render the prompt text and the target suffix with the processor's chat template.
 
+    The target suffix is what the template writes after the generation prompt for the assistant
+    turn (the target plus the end-of-turn markers), so labels start exactly after the generation
+    prompt. When the generation prompt already opens the think block (a Qwen3 Thinking template
+    ends it with ``<|im_start|>assistant\\n<think>\\n``; :func:`~grasp_lightning.parsing.opens_think`),
+    the assistant turn is rendered after the prompt without its ``<think>`` and the suffix is that
+    turn with its leading ``<think>`` (and the whitespace after it) removed: prompt + suffix holds
+    exactly one ``<think>``, whether the template writes the tag itself or the target carries it.
+
     Returns:
-        ``(prompt_text, target_text)``; ``target_text`` is what the template writes after the
-        generation prompt for the assistant turn (the target plus the end-of-turn markers), or
-        ``""`` when ``target`` is ``None``.
+        ``(prompt_text, target_text)``, or ``(prompt_text, "")`` when ``target`` is ``None``.
 
     Raises:
-        GraspConfigError: if the template renders the prompt differently once an assistant turn
-            follows (then prompt tokens would differ between SFT and generation).
+        GraspConfigError: if the template renders the prompt (without the opened ``<think>``, for
+            a Thinking template) differently once an assistant turn follows (then prompt tokens
+            would differ between SFT and generation).
     """
     messages = build_messages(item, system_prompt, instruction)
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -74,12 +84,23 @@ def render_texts(processor, item: GraspItem, target: str | None, system_prompt: 
     full = processor.apply_chat_template(
         messages + [{"role": "assistant", "content": [{"type": "text", "text": target}]}], tokenize=False
     )
-    if not full.startswith(prompt):
+    if not opens_think(prompt):
+        if not full.startswith(prompt):
+            raise GraspConfigError(
+                "the chat template does not render the generation prompt as a prefix of the conversation; "
+                "SFT labels cannot be aligned with generation prompts for this template"
+            )
+        return prompt, full[len(prompt):]
+    head = prompt[: prompt.rindex("<think>")]
+    if not full.startswith(head):
         raise GraspConfigError(
-            "the chat template does not render the generation prompt as a prefix of the conversation; "
-            "SFT labels cannot be aligned with generation prompts for this template"
+            "the chat template's generation prompt opens <think>, but the conversation does not start with the "
+            "generation prompt before that <think>; SFT labels cannot be aligned with generation prompts"
         )
-    return prompt, full[len(prompt):]
+    turn = full[len(head):]
+    if turn.startswith("<think>"):
+        turn = turn[len("<think>"):].lstrip()
+    return prompt, turn
 
 
 @dataclass

@@ -84,29 +84,35 @@ class ResumableSampler(Sampler[int]):
 
 
 class ResumableBatchSampler:
-    """Batches of a :class:`ResumableSampler`, each optionally repeated, resumable by batch count.
+    """Batches of a :class:`ResumableSampler`, optionally grouped into accumulation windows, resumable.
 
     Args:
         sampler: the per-rank index sampler.
-        batch_size: indices per batch (the last batch of an epoch may be shorter).
-        repeat: yield each batch this many times in a row (GRPO's ``num_iterations``: the task
-            reuses the rollouts of a repeated batch with its old log-probs instead of sampling
-            again).
+        batch_size: indices per micro-batch (the last micro-batch of an epoch may be shorter).
+        window: micro-batches per yielded item. ``1``: one micro-batch per item. ``A > 1``: the
+            indices of ``A`` consecutive micro-batches (one accumulation window) as one flat list,
+            which :class:`WindowCollate` splits again into ``A`` micro-batches of ``batch_size``; an
+            epoch's trailing micro-batches that do not fill a window are dropped (GRPO's
+            ``num_iterations``: a rollout is reused only after an optimizer step, so a window is
+            the unit of reuse; see :class:`grasp_lightning.data.windows.WindowLoader`).
 
-    Resume state is the number of batches of this epoch already consumed (repeats included).
+    Resume state is the number of items (micro-batches, or windows) of this epoch already consumed,
+    and, for a window resumed in its middle that had drawn further windows (GRPO refill,
+    :class:`grasp_lightning.data.windows.Window.draw`), how many items after it to leave out.
     """
 
-    def __init__(self, sampler: ResumableSampler, batch_size: int, repeat: int = 1) -> None:
-        if batch_size < 1 or repeat < 1:
-            raise ValueError(f"batch_size and repeat must be >= 1, got {batch_size}, {repeat}")
+    def __init__(self, sampler: ResumableSampler, batch_size: int, window: int = 1) -> None:
+        if batch_size < 1 or window < 1:
+            raise ValueError(f"batch_size and window must be >= 1, got {batch_size}, {window}")
         self.sampler = sampler
         self.batch_size = batch_size
-        self.repeat = repeat
+        self.window = window
         self._start: tuple[int, int] = (0, 0)
+        self._exclude = 0
 
     @property
     def start_batches(self) -> int:
-        """Batches skipped at the start of the current epoch (non-zero only in the resumed epoch)."""
+        """Items skipped at the start of the current epoch (non-zero only in the resumed epoch)."""
         epoch, batches = self._start
         return batches if epoch == self.sampler.epoch else 0
 
@@ -115,22 +121,36 @@ class ResumableBatchSampler:
         directly, so the resume offset is keyed by epoch rather than reset here."""
         self.sampler.set_epoch(epoch)
 
-    def set_start(self, epoch: int, batches: int) -> None:
-        """Resume after ``batches`` consumed batches of epoch ``epoch``."""
+    def set_start(self, epoch: int, batches: int, exclude: int = 0) -> None:
+        """Resume after ``batches`` consumed items of epoch ``epoch``; ``exclude`` items right after the
+        first yielded one are left out (they were drawn, and consumed, before the checkpoint).
+
+        Raises:
+            ValueError: ``batches`` or ``exclude`` < 0.
+        """
+        if batches < 0 or exclude < 0:
+            raise ValueError(f"set_start: batches and exclude must be >= 0, got {batches}, {exclude}")
         self.sampler.set_start(epoch, 0)
         self._start = (epoch, batches)
+        self._exclude = exclude
 
     def _all_batches(self) -> list[list[int]]:
         indices = list(self.sampler)
         chunks = [indices[i: i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        return [chunk for chunk in chunks for _ in range(self.repeat)]
+        if self.window == 1:
+            return chunks
+        full = len(chunks) // self.window * self.window
+        return [sum(chunks[i: i + self.window], []) for i in range(0, full, self.window)]
 
     def __iter__(self):
-        return iter(self._all_batches()[self.start_batches:])
+        items = self._all_batches()[self.start_batches:]
+        if self._exclude and self._start[0] == self.sampler.epoch:  # only in the resumed epoch
+            items = items[:1] + items[1 + self._exclude:]
+        return iter(items)
 
     def __len__(self) -> int:
-        """Batches of the whole epoch, *including* the ones skipped on resume: Lightning restores its
+        """Items of the whole epoch, *including* the ones skipped on resume: Lightning restores its
         own batch counter to the consumed count and stops the epoch when that counter reaches this
         length (a shorter length cut the resumed epoch short by the skipped batches whenever fewer
         than half were consumed, and changed ``estimated_stepping_batches``, hence the LR schedule)."""
-        return math.ceil(len(self.sampler) / self.batch_size) * self.repeat
+        return math.ceil(len(self.sampler) / self.batch_size) // self.window

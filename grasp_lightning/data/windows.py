@@ -1,0 +1,196 @@
+"""Accumulation windows for rollout reuse: a window of ``A`` micro-batches, repeated ``n`` times.
+
+GRPO's ``num_iterations = n`` reuses each rollout for ``n`` optimizer steps with the log-probs of the
+policy that sampled it (TRL 1.16 ``GRPOTrainer``: ``num_iterations``, ``steps_per_generation``). An
+optimizer step takes ``A = trainer.accumulate_grad_batches`` micro-batches, so reuse is per window:
+the loader yields micro-batches ``w0 w1 … w(A-1)``, then the same ``A`` again, ``n`` times, then the
+next window. Repeating each micro-batch instead (``w0 w0 w1 w1``) puts both uses inside one optimizer
+step, where the ratio is exactly 1 and nothing is reused.
+
+Every micro-batch carries its :class:`Window` (``batch.window``): all ``A`` micro-batches of the
+window (decoded once, reused by every iteration), its position and the iteration, so a task can
+sample the whole window's rollouts at its first micro-batch (window-wide token counts and reward
+statistics, as TRL computes them over a generation batch).
+
+Resume counts micro-batches (repeats included); a resumed epoch skips whole windows in the batch
+sampler and the consumed micro-batches (iterations included) of the first window here.
+
+**Draws** (GRPO ``dynamic_sampling: refill``): a task may take further windows of prompts from the
+stream with :meth:`Window.draw` — the next item of the same loader, so a drawn window is consumed
+exactly like a yielded one and is never yielded afterwards (no sample lost or seen twice within the
+epoch). Stream positions count both: a window's :attr:`Window.index` is its position among the
+loader's items, the next yielded window sits at ``index + 1 + draws``. Resuming inside a window that
+drew ``d`` windows re-yields it and leaves out the ``d`` items after it (:func:`resume_position`;
+the task restores those rollouts from its checkpointed cache). Drawing shortens the epoch by the
+drawn windows (Lightning ends the epoch when the loader stops; ``len()`` stays the undrawn count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from grasp_lightning.data.collate import Batch, Sample
+
+
+@dataclass
+class Window:
+    """One accumulation window as a task sees it.
+
+    Attributes:
+        batches: the ``A`` micro-batches of the window, in order (the same objects every iteration).
+        position: index of the current micro-batch in ``batches`` (0 … A-1).
+        iteration: 0 … n-1, how many optimizer steps this window already served.
+        index: the window's position in the epoch (0-based, counting every window of the epoch).
+    """
+
+    batches: list[Batch]
+    position: int
+    iteration: int
+    index: int = 0
+    source: "WindowSource | None" = None
+
+    @property
+    def draws(self) -> int:
+        """Windows this window drew from the stream so far (0 without a source)."""
+        return self.source.draws if self.source is not None else 0
+
+    def draw(self) -> list[Batch] | None:
+        """The next window of micro-batches from the data stream, consumed by this window (``None`` when
+        the epoch's stream is exhausted or the loader cannot draw)."""
+        return self.source.draw() if self.source is not None else None
+
+    def fetch(self, indices: list[int]) -> Batch | None:
+        """Decode and collate the dataset rows ``indices`` again as one micro-batch (a resumed task rebuilds
+        the prompts of drawn windows this way); ``None`` when the loader cannot."""
+        return self.source.fetch(indices) if self.source is not None else None
+
+
+@dataclass
+class WindowSource:
+    """What the micro-batches of one window share: the stream they came from and the draws made.
+
+    Attributes:
+        iterator: the loader's iterator (the next item is the next window of the stream).
+        dataset: the loader's dataset and ``collate`` its micro-batch collate (for :meth:`fetch`).
+        draws: windows drawn by this window.
+        on_draw: called with each drawn window (the DataModule counts its samples and skips).
+    """
+
+    iterator: Iterator | None = None
+    dataset: object = None
+    collate: Callable | None = None
+    draws: int = 0
+    on_draw: Callable[[list[Batch]], None] | None = None
+
+    def draw(self) -> list[Batch] | None:
+        if self.iterator is None:
+            return None
+        try:
+            batches = next(self.iterator)
+        except StopIteration:
+            self.iterator = None
+            return None
+        self.draws += 1
+        if self.on_draw is not None:
+            self.on_draw(batches)
+        return batches
+
+    def fetch(self, indices: list[int]) -> Batch | None:
+        if self.dataset is None or self.collate is None:
+            return None
+        return self.collate([self.dataset[i] for i in indices])
+
+
+def resume_position(consumed: int, per_window: int, stream_index: int | None, draws: int) -> tuple[int, int, int]:
+    """Where a resumed epoch starts in the stream of windows.
+
+    Args:
+        consumed: micro-batches of the epoch Lightning already ran (iterations included).
+        per_window: micro-batches per window and its repeats (``A * n``).
+        stream_index: stream position of the window of the last consumed micro-batch, ``None`` when
+            unknown (a checkpoint from before draws existed: no draws are assumed).
+        draws: windows that window drew.
+
+    Returns:
+        ``(first, skip, exclude)``: the stream position to start at, micro-batches of that window to
+        skip, and stream items right after it to leave out (its draws).
+    """
+    windows, skip = divmod(consumed, per_window)
+    if stream_index is None or consumed == 0:
+        return windows, skip, 0
+    if skip == 0:  # at a window boundary: continue after the last window and its draws
+        return stream_index + 1 + draws, 0, 0
+    return stream_index, skip, draws
+
+
+@dataclass
+class WindowCollate:
+    """Collate a flat list of ``A × batch_size`` samples into ``A`` micro-batches.
+
+    Args:
+        collate: the micro-batch collate function (``samples -> Batch``).
+        batch_size: samples per micro-batch; only the window's last micro-batch may be shorter.
+    """
+
+    collate: Callable[[list[Sample]], Batch]
+    batch_size: int
+
+    def __call__(self, samples: list[Sample]) -> list[Batch]:
+        return [self.collate(samples[i: i + self.batch_size]) for i in range(0, len(samples), self.batch_size)]
+
+
+@dataclass
+class WindowLoader:
+    """Iterate a loader of windows (lists of ``A`` micro-batches) as micro-batches, each window ``repeat`` times.
+
+    Args:
+        loader: a ``DataLoader`` whose items are lists of ``window`` :class:`Batch` (see
+            :class:`WindowCollate` and ``ResumableBatchSampler(window=A)``).
+        window: ``A``, micro-batches per window (``trainer.accumulate_grad_batches``).
+        repeat: ``n``, iterations per window (the task's ``num_iterations``).
+        skip: micro-batches of the first yielded window's repetitions already consumed (resume;
+            ``< window * repeat``).
+        first_window: stream position of the loader's first window (resume).
+        exclude: draws of the first window before the checkpoint (resume; the batch sampler already
+            leaves those items out, see ``ResumableBatchSampler.set_start``).
+        on_draw: passed to every :class:`WindowSource`.
+
+    ``len()`` is the epoch's micro-batch count, resumed ones included (as Lightning expects, see
+    ``ResumableBatchSampler.__len__``). ``batch_sampler`` is the loader's, so Lightning's
+    ``set_epoch`` reaches the index sampler.
+    """
+
+    loader: object
+    window: int
+    repeat: int
+    skip: int = 0
+    first_window: int = 0
+    exclude: int = 0
+    on_draw: Callable[[list[Batch]], None] | None = None
+    batch_sampler: object = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batch_sampler = getattr(self.loader, "batch_sampler", None)
+
+    def __iter__(self):
+        skip, index, draws = self.skip, self.first_window, self.exclude
+        self.skip, self.first_window, self.exclude = 0, 0, 0  # only the resumed epoch starts late
+        iterator = iter(self.loader)
+        dataset = getattr(self.loader, "dataset", None)
+        collate = getattr(getattr(self.loader, "collate_fn", None), "collate", None)
+        for batches in iterator:
+            source = WindowSource(iterator, dataset, collate, draws=draws, on_draw=self.on_draw)
+            for iteration in range(self.repeat):
+                for position, batch in enumerate(batches):
+                    if skip:
+                        skip -= 1
+                        continue
+                    batch.window = Window(batches, position, iteration, index, source)
+                    yield batch
+            source.iterator = None  # the window is done: no more draws from it
+            index += 1 + source.draws
+            draws = 0
+
+    def __len__(self) -> int:
+        return len(self.loader) * self.window * self.repeat

@@ -1,0 +1,249 @@
+"""Rollout batches (tasks/grpo.py): one generation call for a whole accumulation window, the same
+losses and gradients as per-micro-batch rollouts, an exact resume from the checkpointed cache, and
+``dynamic_sampling: refill`` drawing prompts from the stream without losing or repeating one.
+
+Sampling RNG differs between one call over ``A·B`` prompts and ``A`` calls over ``B``, so the
+comparisons inject completions that depend only on each prompt's own tokens (``fake_sample``)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tasks.grpo as grpo_task
+from grasp_lightning.data.collate import Batch
+from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
+from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.generation import Completions
+from grasp_lightning.module import RolloutConfig
+from grasp_lightning.task import CrossRank
+
+from .conftest import SAMPLE, TINY
+
+K = 3
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- fixtures
+def fake_sample(calls: list[int]):
+    """``sample_completions`` stand-in: K completions per prompt seeded by the prompt's real tokens
+    (independent of batching and padding), lengths 2..6; records the prompts of every call."""
+
+    def sample(policy, tokenizer, prompt, *, num_return_sequences, **kwargs):
+        calls.append(prompt["input_ids"].shape[0])
+        rows, lengths = [], []
+        for ids, mask in zip(prompt["input_ids"], prompt["attention_mask"]):
+            real = ids[mask.bool()]
+            seed = int((real * torch.arange(1, real.numel() + 1)).sum()) % (2 ** 31)
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(num_return_sequences):
+                n = int(torch.randint(2, 7, (1,), generator=g))
+                rows.append(torch.randint(10, 200, (6,), generator=g))
+                lengths.append(n)
+        ids = torch.stack(rows)
+        mask = torch.arange(6)[None] < torch.tensor(lengths)[:, None]
+        ids = ids.masked_fill(~mask, tokenizer.pad_token_id)
+        return Completions(ids=ids, mask=mask, texts=tokenizer.batch_decode(ids, skip_special_tokens=True),
+                           truncated=torch.zeros(len(rows), dtype=torch.bool), prompt_opened_think=[False] * len(rows))
+
+    return sample
+
+
+def fake_rewards(degenerate: set[int] = frozenset()):
+    """Rewards by row: row j of each group gets j % 2 (the same in any batching), except groups whose prompt's
+    dataset index is in ``degenerate`` (all 1: zero variance)."""
+
+    def rewards(texts, items, names, **kwargs):
+        values = [[1.0 if items[i].uid in degenerate else float(i % K % 2)] * len(names) for i in range(len(texts))]
+        return torch.tensor(values)
+
+    return rewards
+
+
+@pytest.fixture(scope="module")
+def world():
+    """The tiny policy (weights perturbed), a frozen reference copy, and the sample RL data module."""
+    from transformers import AutoModelForImageTextToText
+
+    from grasp_lightning.data.datamodule import GraspDataModule
+
+    torch.manual_seed(0)
+    policy = AutoModelForImageTextToText.from_pretrained(str(TINY), dtype=torch.float32)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    reference = copy.deepcopy(policy).eval()
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
+                         max_frames=4, max_pixels=4096, batch_size=1, num_workers=0, bench=None, train_limit=12)
+    dm.setup("fit")
+    return policy, reference, dm
+
+
+def make_module(policy, reference, processor):
+    @contextlib.contextmanager
+    def ref():
+        yield reference
+
+    return SimpleNamespace(policy=policy, processor=processor, tokenizer=processor.tokenizer, device=torch.device("cpu"),
+                           rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
+                           reference=ref)
+
+
+def make_task(**kwargs) -> grpo_task.GRPOTask:
+    task = grpo_task.GRPOTask(rewards=["accuracy"], beta=0.05, loss_type="dapo", num_iterations=2, **kwargs)
+    task.num_generations, task.max_new_tokens = K, 6
+    return task
+
+
+def windows(dm, window: int, repeat: int = 1, draws: bool = False):
+    dm.connect(window=window, repeat=repeat, draws=draws)
+    return iter(dm.train_dataloader())
+
+
+def run_window(task, module, micro_batches) -> tuple[list[float], list[torch.Tensor]]:
+    """prepare + training_step + backward of each micro-batch (loss / A, as Lightning); losses and grads."""
+    module.policy.zero_grad(set_to_none=True)
+    losses = []
+    for b in micro_batches:
+        task.prepare(module, b)
+        out = task.training_step(module, b)
+        (out.loss / len(micro_batches)).backward()
+        losses.append(float(out.loss))
+    grads = [p.grad.clone() for p in module.policy.parameters() if p.grad is not None]
+    return losses, grads
+
+
+# ----------------------------------------------------------------------------------- equality
+def test_one_generation_call_per_rollout_batch_same_losses_and_gradients(world, monkeypatch):
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    calls: list[int] = []
+    monkeypatch.setattr(grpo_task, "sample_completions", fake_sample(calls))
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
+    it = windows(dm, window=4)
+    micro = [next(it) for _ in range(4)]
+    lengths = {int(b.inputs["input_ids"].shape[1]) for b in micro}
+    assert len(lengths) > 1  # prompts of different lengths: the merged batch is left-padded
+    batched = run_window(make_task(), module, micro)
+    assert calls == [4]  # the 4 micro-batches' prompts in one call
+    calls.clear()
+    per_micro = run_window(make_task(rollout_batch_prompts=1), module, micro)
+    assert calls == [1, 1, 1, 1]
+    assert all(abs(x) > 1e-4 for x in batched[0])  # non-trivial losses
+    torch.testing.assert_close(torch.tensor(batched[0]), torch.tensor(per_micro[0]), **TOL)
+    assert len(batched[1]) == len(per_micro[1]) > 0
+    for a, b in zip(batched[1], per_micro[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # rollout_batch_prompts=2: two calls of two prompts
+    calls.clear()
+    two = run_window(make_task(rollout_batch_prompts=2), module, micro)
+    assert calls == [2, 2]
+    torch.testing.assert_close(torch.tensor(two[0]), torch.tensor(batched[0]), **TOL)
+
+
+def test_config_errors_name_the_keys():
+    with pytest.raises(GraspConfigError, match="dynamic_sampling"):
+        grpo_task.GRPOTask(dynamic_sampling="resample")
+    with pytest.raises(GraspConfigError, match="drop_zero_variance_groups=True contradicts"):
+        grpo_task.GRPOTask(drop_zero_variance_groups=True, dynamic_sampling="off")
+    with pytest.raises(GraspConfigError, match="rollout_batch_prompts"):
+        grpo_task.GRPOTask(rollout_batch_prompts=0)
+    assert grpo_task.GRPOTask(drop_zero_variance_groups=True).dynamic_sampling == "drop"
+    assert grpo_task.GRPOTask().dynamic_sampling == "off"
+
+
+# ----------------------------------------------------------------------------------- resume
+def _roundtrip(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("mode", ["drop", "refill"])
+def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, monkeypatch, mode):
+    """Uninterrupted: micro-batches 0 and 1 of a window. Interrupted after micro-batch 0: the task state
+    goes through torch.save / torch.load(weights_only=True) into a fresh task, which continues with the
+    same completions and loss without sampling (with refill, the drawn prompts are decoded again)."""
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    calls: list[int] = []
+    monkeypatch.setattr(grpo_task, "sample_completions", fake_sample(calls))
+    it = windows(dm, window=2, draws=mode == "refill")
+    micro = [next(it), next(it)]
+    # the first window's two prompts are degenerate: refill must draw
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards({micro[0].items[0].uid, micro[1].items[0].uid}))
+    task = make_task(dynamic_sampling=mode)
+    task.prepare(module, micro[0])
+    first = task.training_step(module, micro[0])
+    state = _roundtrip(task.state_dict())
+    ref_out = task.training_step(module, micro[1])
+    n_calls = len(calls)
+    if mode == "refill":
+        assert micro[0].window.draws >= 1 and first.metrics["dynamic_sampling/groups_kept"] == 2.0
+        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
+    resumed = make_task(dynamic_sampling=mode)
+    resumed.load_state_dict(state)
+    fresh_micro = micro[1]  # the resumed loader yields the same window again (its batches decoded anew)
+    resumed.prepare(module, fresh_micro)
+    out = resumed.training_step(module, fresh_micro)
+    assert len(calls) == n_calls  # nothing sampled again
+    assert out.extras["completions"] == ref_out.extras["completions"]
+    assert float(out.loss) == pytest.approx(float(ref_out.loss), rel=1e-6)
+    assert [it.uid for it in out.extras["items"]] == [it.uid for it in ref_out.extras["items"]]
+
+
+# ----------------------------------------------------------------------------------- refill stream
+def _int_loader(n: int, batch_size: int, window: int, start: tuple[int, int, int] | None = None):
+    def collate(samples):
+        return Batch(inputs={}, items=list(samples), indices=list(samples), valid=torch.ones(len(samples), dtype=bool),
+                     prompt_lengths=torch.zeros(len(samples)))
+
+    sampler = ResumableSampler(n, shuffle=True, seed=3)
+    batches = ResumableBatchSampler(sampler, batch_size, window)
+    first = skip = exclude = 0
+    if start is not None:
+        first, skip, exclude = start
+        batches.set_start(0, first, exclude)
+    loader = torch.utils.data.DataLoader(list(range(n)), batch_sampler=batches,
+                                         collate_fn=WindowCollate(collate, batch_size))
+    return WindowLoader(loader, window, 2, skip=skip, first_window=first, exclude=exclude)
+
+
+def _consume(loader, draw_at: set[int], stop_after: int | None = None):
+    """Iterate like a refill task: at the first micro-batch of window ``w`` in ``draw_at``, draw twice.
+    Returns (indices trained or drawn at first use, micro-batches consumed, last window)."""
+    seen, consumed, last = [], 0, None
+    for batch in loader:
+        w = batch.window
+        if w.position == 0 and w.iteration == 0:
+            seen += [i for b in w.batches for i in b.indices]
+            if w.index in draw_at:
+                for _ in range(2):
+                    extra = w.draw()
+                    if extra is not None:
+                        seen += [i for b in extra for i in b.indices]
+        consumed, last = consumed + 1, w
+        if stop_after is not None and consumed == stop_after:
+            break
+    return seen, consumed, last
+
+
+@pytest.mark.parametrize("stop_after", [None, 5, 8])
+def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
+    """24 samples, micro-batches of 2, windows of 2, 2 iterations; windows 0 and 5 draw two more each.
+    Every index is seen exactly once over the epoch, also when the run stops after micro-batch 5 (inside
+    a window that drew) or 8 (at a window boundary) and resumes from (consumed, window, draws)."""
+    draw_at = {0, 5}
+    seen, consumed, last = _consume(_int_loader(24, 2, 2), draw_at, stop_after)
+    if stop_after is not None:
+        start = resume_position(consumed, 2 * 2, last.index, last.draws)
+        more, _, _ = _consume(_int_loader(24, 2, 2, start), draw_at)  # a re-yielded window starts past position 0
+        seen += more
+    assert sorted(seen) == list(range(24))

@@ -27,8 +27,8 @@
 vocabulary but 1 text layer and 1 vision block, 2 s clips, 1 step per phase (measured), K = 2
 completions of 8 tokens, on the CPU with the test strategy ``tests.deepspeed_cpu.CPUDeepSpeedStrategy``
 (the same ZeRO-2 engine minus Lightning's CUDA checks), in float32 (``32-true``; bf16 matrix
-products are very slow on CPUs without AVX-512 BF16). It takes 3-4 minutes on 2 cores and peaks
-at about 13 GB of RAM (the ZeRO-2 engine's float32 copies of the 311 M-parameter embedding).
+products are very slow on CPUs without AVX-512 BF16). It took 4 minutes on 2 shared CPU cores and
+peaks at about 13 GB of RAM (the ZeRO-2 engine's float32 copies of the 311 M-parameter embedding).
 
 MFU = model FLOPs per second / the GPU's dense bf16 peak (989 TFLOP/s for H100/H200 SXM, 312 for
 A100; ``--peak-tflops`` for others). Model FLOPs per token (Kaplan et al. 2020; Narayanan et al.
@@ -265,13 +265,13 @@ class Throughput(L.Callback):
                   "model_tflops_per_s": rate("flops", 1e12, 4),
                   "video_tokens_per_sample": round(sum(s["video_tokens_per_sample"] for s in steps)
                                                    / max(1, len(steps)), 1),
-                  "prompt_tokens_per_sample": None, "strategy": type(trainer.strategy).__name__,
+                  "tokens_per_sample": None, "strategy": type(trainer.strategy).__name__,
                   "zero_stage": zero.get("stage"), "reduce_bucket_size": zero.get("reduce_bucket_size"),
                   "precision": trainer.precision, "gradient_checkpointing": bool(
                       getattr(pl_module.policy, "is_gradient_checkpointing", False))}
         if steps:
             samples = sum(s["samples"] for s in steps)
-            result["prompt_tokens_per_sample"] = round(sum(s["tokens"] for s in steps) / samples, 1)
+            result["tokens_per_sample"] = round(sum(s["tokens"] for s in steps) / samples, 1)
         if torch.cuda.is_available():
             result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)

@@ -20,6 +20,16 @@ warm-up, ``ratio_vs_trl`` = median (b) / median (a) in wall time (``ratio_vs_trl
     python benchmarks/grpo_step.py                       # K=8, 2 prompts, 32 new tokens, 256x256 images
     python benchmarks/grpo_step.py --k 4 --steps 3 --warmup 1
 
+Optimizer-step comparison (``--accumulate A``, GRPO rollout batches, issue 17): ``A`` micro-batches of
+``--prompts`` prompts per optimizer step, image prompts. (e) ``ours_per_micro``: a generation call per
+micro-batch (``rollout_batch_prompts = B``, the old behaviour); (f) ``ours_rollout_batch``: one call for
+the whole window; (g) ``trl_rollout_batch``: TRL with ``gradient_accumulation_steps = A`` and
+``steps_per_generation = A`` (``generation_batch_size = A·B·K``: one generation per optimizer step, its
+best equivalent). Seconds per *optimizer step* (sum of its micro-batches for ours, TRL's step);
+``optimizer_step_speedup`` = (e) / (f), ``ratio_vs_trl`` = (f) / (g) in this mode.
+
+    python benchmarks/grpo_step.py --accumulate 4 --prompts 1 --k 8
+
 The last line printed is a JSON object.
 """
 
@@ -203,9 +213,34 @@ def summarise(records: list[dict], warmup: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- runners
+class WindowData:
+    """A minimal DataModule for the benchmark: micro-batches of ``dataset`` grouped into accumulation windows
+    (``connect`` as :class:`~grasp_lightning.data.datamodule.GraspDataModule`)."""
+
+    def __init__(self, dataset) -> None:
+        import lightning as L
+
+        class _DM(L.LightningDataModule):
+            def __init__(self):
+                super().__init__()
+                self.window, self.repeat = 1, 1
+
+            def connect(self, window=1, repeat=1, draws=False):
+                self.window, self.repeat = window, repeat
+
+            def train_dataloader(self):
+                from grasp_lightning.data.windows import WindowLoader
+
+                groups = [[dataset[i * self.window + j] for j in range(self.window)]
+                          for i in range(len(dataset) // self.window)]
+                return WindowLoader(groups, self.window, self.repeat)
+
+        self.module = _DM()
+
+
 def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: float, share: bool, steps: int,
-             seed: int = 0) -> list[dict]:
-    """Our GraspModule + GRPOTask under a Lightning Trainer; one record per step."""
+             seed: int = 0, accumulate: int = 1, rollout_batch_prompts: int | None = None) -> list[dict]:
+    """Our GraspModule + GRPOTask under a Lightning Trainer; one record per micro-batch."""
     import lightning as L
 
     from callbacks.timing import StepTiming
@@ -228,7 +263,8 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
 
     torch.manual_seed(seed)
     timing, meter = StepTiming(), Meter()
-    task = GRPOTask(rewards=["accuracy", "format"], beta=beta, loss_type="grpo", share_prompt=share)
+    task = GRPOTask(rewards=["accuracy", "format"], beta=beta, loss_type="grpo", share_prompt=share,
+                    rollout_batch_prompts=rollout_batch_prompts)
     module = GraspModule(task, policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",
                                                    attn_implementation="sdpa", freeze_vision=True),
                          rollout=RolloutConfig(num_generations=k, max_new_tokens=max_new_tokens, temperature=1.0,
@@ -236,9 +272,9 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
                          optim=OptimConfig(lr=1e-5, scheduler="constant"))
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=0, precision="32-true", callbacks=[timing, meter])
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, collate_fn=lambda b: b)
-    trainer.fit(module, train_dataloaders=loader)
+                        limit_val_batches=0, precision="32-true", callbacks=[timing, meter],
+                        accumulate_grad_batches=accumulate)
+    trainer.fit(module, datamodule=WindowData(dataset).module)
     meter.meter.close()
     records = []
     for m, t in zip(meter.records, timing.history):
@@ -250,7 +286,7 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
 
 
 def run_trl(model_dir: Path, items, images, *, k: int, batch: int, max_new_tokens: int, beta: float, steps: int,
-            seed: int = 0) -> list[dict]:
+            seed: int = 0, accumulate: int = 1) -> list[dict]:
     """TRL 1.16 ``GRPOTrainer`` on CPU (``use_cpu=True, bf16=False``) on the same image prompts."""
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
@@ -282,7 +318,8 @@ def run_trl(model_dir: Path, items, images, *, k: int, batch: int, max_new_token
                           num_generations=k, max_completion_length=max_new_tokens, max_steps=steps, learning_rate=1e-5,
                           lr_scheduler_type="constant", beta=beta, loss_type="grpo", temperature=1.0, top_p=1.0,
                           top_k=0, logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False,
-                          dataloader_num_workers=0, gradient_accumulation_steps=1, disable_tqdm=True, seed=seed)
+                          dataloader_num_workers=0, gradient_accumulation_steps=accumulate,
+                          steps_per_generation=accumulate, disable_tqdm=True, seed=seed)
         meter = Meter()
         trainer = GRPOTrainer(model=model, reward_funcs=[reward_format], args=args,
                               train_dataset=Dataset.from_list(rows), processing_class=processor, callbacks=[meter])
@@ -322,12 +359,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256, help="text model width")
     p.add_argument("--layers", type=int, default=4, help="text model layers")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared machine)")
-    p.add_argument("--variants", default="trl_image,ours_image,ours_naive_image,ours_video")
+    p.add_argument("--variants", default=None, help="default: trl_image,ours_image,ours_naive_image,ours_video; "
+                   "with --accumulate > 1: ours_per_micro,ours_rollout_batch,trl_rollout_batch")
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (> 1: step comparison)")
     return p.parse_args(argv)
+
+
+def per_optimizer_step(records: list[dict], accumulate: int) -> list[dict]:
+    """Micro-batch records summed into optimizer steps of ``accumulate`` micro-batches."""
+    steps = []
+    for i in range(0, len(records) - accumulate + 1, accumulate):
+        group = records[i: i + accumulate]
+        steps.append({key: sum(float(r[key]) for r in group) for key in group[0] if key != "overhead_fraction"})
+    return steps
+
+
+def main_steps(args) -> dict:
+    """The optimizer-step comparison (``--accumulate`` > 1): see the module docstring, (e)–(g)."""
+    total, a, b = args.steps + args.warmup, args.accumulate, args.prompts
+    n = b * a * total
+    items = read_items(n)
+    images = [make_image(i, args.image_side) for i in range(n)]
+    results: dict = {}
+    variants = args.variants or "ours_per_micro,ours_rollout_batch,trl_rollout_batch"
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(Path(tmp) / "model", hidden=args.hidden, layers=args.layers,
+                                image_side=args.image_side, frame_side=args.frame_side, max_frames=4)
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=total, accumulate=a)
+        for variant in variants.split(","):
+            t0 = time.perf_counter()
+            if variant == "trl_rollout_batch":
+                recs = run_trl(model_dir, items, images, batch=b, **common)
+            elif variant in ("ours_per_micro", "ours_rollout_batch"):
+                micro = run_ours(model_dir, ImagePrompts(processor, items, images, b), share=True,
+                                 rollout_batch_prompts=b if variant == "ours_per_micro" else None, **common)
+                recs = per_optimizer_step(micro, a)
+            else:
+                raise SystemExit(f"unknown variant {variant!r}")
+            results[variant] = summarise(recs, args.warmup)
+            r = results[variant]
+            if "rollout_s" in r:
+                r["rollout_share"] = r["rollout_s"] / r["step_s"]
+                r["update_share"] = r["update_s"] / r["step_s"]
+            print(f"{variant}: median {r['step_s']:.3f} s/optimizer step ({time.perf_counter() - t0:.0f} s total)",
+                  flush=True)
+    report = {"benchmark": "grpo_step", "mode": "optimizer_step", "accumulate": a, "prompts_per_micro_batch": b,
+              "k": args.k, "max_new_tokens": args.max_new_tokens, "beta": args.beta, "threads": args.threads,
+              "model": {"hidden": args.hidden, "layers": args.layers}, **results}
+    if "ours_per_micro" in results and "ours_rollout_batch" in results:
+        report["optimizer_step_speedup"] = results["ours_per_micro"]["step_s"] / results["ours_rollout_batch"]["step_s"]
+        report["optimizer_step_speedup_cpu"] = (results["ours_per_micro"]["cpu_s"]
+                                                / results["ours_rollout_batch"]["cpu_s"])
+    if "trl_rollout_batch" in results and "ours_rollout_batch" in results:
+        report["ratio_vs_trl"] = results["ours_rollout_batch"]["step_s"] / results["trl_rollout_batch"]["step_s"]
+        report["ratio_vs_trl_cpu"] = results["ours_rollout_batch"]["cpu_s"] / results["trl_rollout_batch"]["cpu_s"]
+    print(json.dumps(report))
+    return report
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.accumulate > 1:
+        quiet()
+        torch.set_num_threads(args.threads)
+        return main_steps(args)
+    args.variants = args.variants or "trl_image,ours_image,ours_naive_image,ours_video"
     quiet()
     torch.set_num_threads(args.threads)
     total = args.steps + args.warmup

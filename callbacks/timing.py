@@ -19,6 +19,19 @@ boundary so asynchronous kernels are charged to the phase that launched them):
   ``throughput/prompt_tokens_per_step``: prompt tokens the language model ran this step (the
   task's ``tokens/prompt_forwarded``).
 
+Per optimizer step (logged at the micro-batch whose optimizer step ran, i.e. when
+``trainer.global_step`` advanced; sums over the step's micro-batches):
+
+* ``time/optimizer_step_s``: wall seconds of the step's micro-batches, data wait included.
+* ``time/rollout_share``, ``time/update_share``, ``time/data_wait_share``, ``time/other_share``:
+  shares of ``time/optimizer_step_s`` (rollout = generation + rewards + old/reference log-probs,
+  the task's ``time/rollout_s``; update = backward + optimizer; other = the policy's scoring forward
+  and everything else), summing to 1; ``time/generation_share`` the generation part of the rollout.
+* ``throughput/step_generated_tokens_per_s``: generated tokens of the step per second of the step;
+  ``throughput/generation_tokens_per_s``: per second of generation (``time/generation_s``).
+* ``throughput/sequences_per_generation_call``: completions per ``generate`` call (the task's
+  ``rollout/sequences_per_call``, ``B·A·K`` for a rollout batch of a whole window).
+
 The callback only reads the task output (``module.last_task_output``) and the clock; it never
 changes training. ``history`` keeps every record (benchmarks read it).
 """
@@ -57,6 +70,9 @@ class StepTiming(L.Callback):
         self._model = 0.0
         self._depth = 0
         self._call_start = 0.0
+        self._step_no = -1
+        self._acc: dict[str, float] = {}
+        self.step_history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ clock
     def _now(self) -> float:
@@ -87,6 +103,7 @@ class StepTiming(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = self._now()
+        self._step_no = trainer.global_step
         self._wait = self._start - self._last_end if self._last_end is not None else 0.0
         self._backward, self._model, self._depth, self._optimizer_start = 0.0, 0.0, 0, None
         if self.model_calls:
@@ -129,9 +146,37 @@ class StepTiming(L.Callback):
             record["throughput/prompt_tokens_per_step"] = float(metrics["tokens/prompt_forwarded"])
         if self.keep_history:
             self.history.append(dict(record, **{"time/rollout_s": rollout, "time/scoring_s": scoring}))
+        acc = self._acc
+        for key, value in (("wall", wall), ("wait", self._wait), ("rollout", rollout), ("update", update),
+                           ("generation", float(metrics.get("time/generation_s", 0.0))),
+                           ("tokens", float(metrics.get("tokens/generated", 0.0))),
+                           ("calls", float(metrics.get("rollout/generation_calls", 0.0))),
+                           ("sequences", float(metrics.get("rollout/generation_calls", 0.0))
+                            * float(metrics.get("rollout/sequences_per_call", 0.0)))):
+            acc[key] = acc.get(key, 0.0) + value
+        if trainer.global_step > self._step_no:  # this micro-batch ran the optimizer step
+            step_record = self._step_record(acc)
+            record.update(step_record)
+            self._acc = {}
+            if self.keep_history:
+                self.step_history.append(step_record)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(record, step=trainer.global_step)
+
+    @staticmethod
+    def _step_record(acc: dict[str, float]) -> dict[str, float]:
+        """Shares and rates of one optimizer step from the sums over its micro-batches."""
+        wall = acc.get("wall", 0.0)
+        share = (lambda x: x / wall) if wall > 0 else (lambda x: 0.0)
+        rollout, update, wait = acc.get("rollout", 0.0), acc.get("update", 0.0), acc.get("wait", 0.0)
+        gen, calls = acc.get("generation", 0.0), acc.get("calls", 0.0)
+        return {"time/optimizer_step_s": wall, "time/rollout_share": share(rollout), "time/update_share": share(update),
+                "time/data_wait_share": share(wait), "time/other_share": share(wall - rollout - update - wait),
+                "time/generation_share": share(gen),
+                "throughput/step_generated_tokens_per_s": share(acc.get("tokens", 0.0)),
+                "throughput/generation_tokens_per_s": acc.get("tokens", 0.0) / gen if gen > 0 else 0.0,
+                "throughput/sequences_per_generation_call": acc.get("sequences", 0.0) / calls if calls else 0.0}
 
     def on_fit_end(self, trainer, pl_module) -> None:
         for handle in self._handles:

@@ -47,6 +47,7 @@ the rollout runs without gradients before the training forward, so the two never
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -552,7 +553,8 @@ def deepspeed_zero2_estimate(total_params: int, gpus_per_node: int, num_nodes: i
     or ``2 P`` with offload), or ``None`` when DeepSpeed cannot be imported. Imported lazily: on a
     machine without a GPU DeepSpeed warns and selects its CPU accelerator."""
     try:
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice on stdout
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     except (ImportError, RuntimeError, OSError) as exc:
         log.warning("DeepSpeed's estimator is unavailable (%s); reporting ours only", exc)
         return None
@@ -937,9 +939,10 @@ def plan_from_config(config_paths: list[str | Path], overrides: dict[str, Any] |
         config_paths: YAML files as given to ``python -m grasp_lightning fit --config ...``.
         overrides: dotted keys to values, e.g. ``{"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"}``.
         gpu_memory_gib: the GPU's memory in GiB; logged verdict (see :func:`fits`).
-        video_seconds: clip length in seconds (60 s is about the processor's 12288-token cap: near
-            the worst case for any clip).
-        text_tokens: prompt tokens besides the video.
+        video_seconds: clip length in seconds (at the recipes' settings 60 s gives 12,289 video tokens;
+            the most, 14,639, is at 250 s: the processor shrinks frames of longer clips).
+        text_tokens: tokens of the rendered prompt with its one video placeholder (system prompt,
+            question, options, chat markers).
         response_tokens: SFT target tokens (default: ``data.max_target_tokens``).
         frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
             ``data.max_pixels``). source_fps: its frame rate (frames/s).
@@ -1028,7 +1031,7 @@ def scaling_table(configs_dir: str | Path = "configs", *, video_seconds: float =
               f"{H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to data.max_frames / fps, whose "
               "peak fits, and every shorter clip's too (the processor caps a clip's pixels, so past a minute its "
               "frames "
-              f"shrink in 32-pixel steps and the count is not monotonic: at most {most[0]} video tokens, at "
+              f"shrink in 32-pixel steps and the count is not monotonic: at most {most[0]:,} video tokens, at "
               f"{most[1]} s). Token counts follow the Qwen3-VL processor exactly, timestamps included. "
               "Computed by `python -m grasp_lightning.memory --table`."]
     return "\n".join(lines)
@@ -1053,7 +1056,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="shorthand for --set model.policy.name_or_path=MODEL")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="GPU memory in GiB (H200: 140.4)")
     parser.add_argument("--video-seconds", type=float, default=60.0, help="clip length in seconds")
-    parser.add_argument("--text-tokens", type=int, default=256, help="prompt tokens besides the video")
+    parser.add_argument("--text-tokens", type=int, default=256,
+                        help="prompt tokens besides the clip (the template with its one video placeholder)")
     parser.add_argument("--response-tokens", type=int, default=None, help="SFT target tokens (default: the budget)")
     parser.add_argument("--table", action="store_true", help="print the README scaling table")
     parser.add_argument("--configs-dir", default="configs", help="where --table finds sft/sgr/lora.yaml")

@@ -438,13 +438,17 @@ class GraspModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same
-        random streams (rollout sampling, dropout). Collective: every rank saves (``trainer.save_checkpoint``)."""
+        random streams (rollout sampling, dropout), and every rank's task state under
+        :data:`TASK_STATE_KEY` (GRPO: the cached rollouts of the current window, so a run stopped inside
+        a rollout batch resumes with the same samples). Both are gathered to every rank because DeepSpeed
+        saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``)."""
         checkpoint[RNG_KEY] = rng_states_all_ranks()
         checkpoint[TASK_STATE_KEY] = self.cross_rank.gather(self.task.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Keep the saved random states; they are set at the first training batch after the resume,
-        once the data loader has drawn its seeds, which is where the uninterrupted run stood."""
+        once the data loader has drawn its seeds, which is where the uninterrupted run stood. Restore this
+        rank's task state (``Task.load_state_dict``)."""
         self._pending_rng_states = checkpoint.get(RNG_KEY)
         states = checkpoint.get(TASK_STATE_KEY) or []
         rank = self.global_rank if self._trainer is not None else 0

@@ -264,7 +264,7 @@ class GRPOTask(Task):
     def __init__(self, rewards: list[str] | None = None, reward_weights: list[float] | None = None,
                  advantage: str = "group", advantage_eps: float = 1e-4, advantage_clip: float | None = None,
                  epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
-                 loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool = False,
+                 loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool | None = None,
                  overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
                  share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
                  max_resample: int = 4, rollout_batch_prompts: int | None = None) -> None:

@@ -64,3 +64,32 @@ def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
     acc.Reload()
     return acc.Tags()
+
+
+_PEAK_RSS: list[tuple[str, float]] = []
+
+
+def _max_rss_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Record the process's peak resident memory after each real-shape test (for the session summary)."""
+    if item.get_closest_marker("real_shapes") is not None:
+        _PEAK_RSS.append((item.nodeid, _max_rss_gib()))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the real-shape tier's run times and the peak resident memory after each of its tests."""
+    if not _PEAK_RSS:
+        return
+    import sys
+
+    module = sys.modules.get("tests.test_real_shapes")
+    terminalreporter.section("real-shape tier: run times and peak memory")
+    for name, seconds in (getattr(module, "TIMES", None) or {}).items():
+        terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
+    for nodeid, gib in _PEAK_RSS:
+        terminalreporter.write_line(f"{gib:7.2f} GiB peak RSS after {nodeid}")

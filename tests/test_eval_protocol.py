@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from grasp_lightning.data.records import ClipRef, GraspItem
+from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.eval_protocol import (
     compose_prompt,
     extract_answer_released,
@@ -25,7 +26,6 @@ from grasp_lightning.eval_protocol import (
     resolve_resolution,
     split_reasoning,
 )
-from grasp_lightning.errors import GraspConfigError
 
 from .conftest import SAMPLE, run_cli
 

@@ -97,7 +97,7 @@ def test_smoke_cpu_end_to_end() -> None:
         figures = report[phase]
         assert figures["steps_measured"] == sizes[f"{phase}_steps"] - sizes["warmup"] == 1
         assert figures["seconds_per_step"] > 0 and figures["samples_per_s"] > 0 and figures["tokens_per_s"] > 0
-        assert figures["samples_per_s"] * figures["seconds_per_step"] == pytest.approx(samples_per_step, rel=0.01)
+        assert figures["samples_per_s"] * figures["seconds_per_step"] == pytest.approx(samples_per_step, rel=0.05)
         assert figures["model_tflops_per_s"] > 0
         assert (figures["strategy"], figures["zero_stage"], figures["reduce_bucket_size"]) == (
             "CPUDeepSpeedStrategy", 2, 200_000_000)  # the recipes' ZeRO-2 settings

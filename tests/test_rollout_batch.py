@@ -114,7 +114,7 @@ def run_window(task, module, micro_batches) -> tuple[list[float], list[torch.Ten
         task.prepare(module, b)
         out = task.training_step(module, b)
         (out.loss / len(micro_batches)).backward()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
     grads = [p.grad.clone() for p in module.policy.parameters() if p.grad is not None]
     return losses, grads
 

@@ -73,3 +73,15 @@ def test_bad_arguments_raise():
         ResumableSampler(3, pad="drop")
     with pytest.raises(ValueError, match="rank"):
         ResumableSampler(3, rank=2, world_size=2)
+
+
+def test_batch_sampler_resume_leaves_out_drawn_windows():
+    """set_start(epoch, 2, exclude=2): windows 2, then 5, 6, ... (windows 3 and 4 were drawn before the stop)."""
+    from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
+
+    full = list(ResumableBatchSampler(ResumableSampler(16, shuffle=False), 2, window=1))
+    batches = ResumableBatchSampler(ResumableSampler(16, shuffle=False), 2, window=1)
+    batches.set_start(0, 2, exclude=2)
+    assert list(batches) == [full[2], *full[5:]] == [[4, 5], [10, 11], [12, 13], [14, 15]]
+    batches.set_epoch(1)  # the next epoch is whole again
+    assert list(batches) == full

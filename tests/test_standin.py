@@ -159,12 +159,12 @@ def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
 
     import torch
 
-    from grasp_lightning.policy import load_policy, load_processor
+    from grasp_lightning.policy import load_model, load_processor
     from grasp_lightning.tiny import main
 
     out = tmp_path / "standin"
     main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])
-    model = load_policy(str(out), dtype="auto")
+    model = load_model(str(out), dtype="auto")
     processor = load_processor(str(out))
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
     t = model.config.text_config

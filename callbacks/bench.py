@@ -69,7 +69,8 @@ class GraspBenchReport(L.Callback):
         sections = {name: {"title": suite.by_name(name).title, "metrics": values, "items": other_records[name],
                            "table": f"table_{name}.md"} for name, values in others.items()}
         meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
-                "stage": str(trainer.state.stage), "decoding": vars(pl_module.eval_cfg)}
+                "stage": str(trainer.state.stage),
+                "decoding": {**vars(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
         image = None
         for sub in (f"step_{trainer.global_step}", "latest"):
             out = os.path.join(root, sub)
@@ -80,6 +81,10 @@ class GraspBenchReport(L.Callback):
                 with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as fh:
                     fh.write(table + "\n")
                 image = category_bar_chart(metrics, path=os.path.join(out, "categories.png"))
+            report = getattr(pl_module, "bench_report", None)  # the released metric_report printout, if chosen
+            if report:
+                with open(os.path.join(out, "report_released.txt"), "w", encoding="utf-8") as fh:
+                    fh.write(report.strip("\n") + "\n")
         self.last_dir = os.path.join(root, "latest")
         for logger in trainer.loggers:
             exp = getattr(logger, "experiment", None)

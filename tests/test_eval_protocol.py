@@ -248,4 +248,7 @@ def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp
     assert n == 8 and torch.equal(recorder.prompts[0], ids)
     results = json.load(open(f"{cli.trainer.log_dir}/bench/latest/results.json"))
     assert results["metrics"]["n/overall"] == 2 and results["meta"]["decoding"]["protocol"] == "released"
+    assert results["meta"]["decoding"]["max_new_tokens"] == 8
+    report = open(f"{cli.trainer.log_dir}/bench/latest/report_released.txt").read()
+    assert report.strip() == module.bench_report.strip() and "===== Overall: " in report
     assert "===== Overall: " in caplog.text and "max_new_tokens=8 (released: 2048)" in caplog.text

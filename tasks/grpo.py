@@ -23,7 +23,10 @@ seen twice within the epoch) and samples them until the rollout batch holds as m
 distinct rewards as the window has prompts, at most ``max_resample`` draws; the kept groups are
 spread over the window's micro-batches (a micro-batch may then hold more or fewer than ``B``
 prompts; a shortfall after the budget is filled with masked degenerate groups). Every rank draws
-when any rank is short, so the streams of all ranks stay aligned. ``num_iterations`` > 1 reuses a window's rollouts for that many optimizer
+when any rank is short, so the streams of all ranks stay aligned. Drawn windows are not yielded
+again, so the epoch runs ``A·num_iterations`` micro-batches fewer per drawn window than ``len()``
+of the loader (and the LR schedule) expects; the loader logs the count at the epoch's end (see
+:mod:`grasp_lightning.data.windows` for a schedule given in steps). ``num_iterations`` > 1 reuses a window's rollouts for that many optimizer
 steps with the old log-probs of the sampling policy: the DataModule yields each window that many
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
@@ -244,7 +247,8 @@ class GRPOTask(Task):
             reference); ``refill``: drop them and draw further prompts until the rollout batch has
             as many non-degenerate groups as the window has prompts (DAPO dynamic sampling; EasyR1
             ``online_filtering``). ``None``: ``drop`` if ``drop_zero_variance_groups`` else ``off``.
-        max_resample: ``refill`` draws at most this many further windows of prompts per rollout batch.
+        max_resample: ``refill`` draws at most this many further windows of prompts per rollout batch;
+            each one shortens the epoch by one window (logged at the epoch's end).
         rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one);
             ``None``: the whole accumulation window in one call (TRL ``generation_batch_size``).
         overlong_buffer: soft overlong penalty over the last this-many tokens of the budget

@@ -40,8 +40,8 @@ pytestmark = [pytest.mark.real_shapes, pytest.mark.slow]
 VOCAB_LOGITS = 151_936
 QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0\nD) No one\nGive the letter in <answer> tags."
 TARGET = "<think><gaze>Person 1</gaze></think><answer>{letter}</answer>"
-CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 3))
-SFT_STEPS = 18  # LoRA steps at lr 2e-3 until the format is reproduced (loss 0.04-0.06 from step 14 on, measured)
+CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 12))
+SFT_STEPS = 14  # LoRA steps at lr 2e-3 until the format is reproduced (batch 2: loss 0.04-0.06 from step 14 on)
 K = 8
 TIMES: dict[str, float] = {}  # seconds per run, printed by the session summary (conftest)
 
@@ -116,8 +116,8 @@ def sft_export(standin, data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sft")
     cli = _timed(f"SFT LoRA fit, {SFT_STEPS} steps", [
         "fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-        *standin_args(standin, data_root), "--data.batch_size=2", f"--trainer.max_steps={SFT_STEPS}",
-        "--model.lora.dropout=0.0", "--model.optim.lr=2e-3", "--model.optim.scheduler=constant_with_warmup",
+        *standin_args(standin, data_root), "--data.batch_size=4", f"--trainer.max_steps={SFT_STEPS}",  # A and B each step
+        "--model.lora.dropout=0.0", "--model.optim.lr=2e-3", "--model.optim.scheduler=cosine",  # decays to 0: the letter settles at A|B 50/50
         "--model.optim.warmup_steps=0", "--data.bench=null"], tmp)
     policy = cli.model.policy
     info = {"log_dir": Path(cli.trainer.log_dir), "losses": [v for _, v in scalars(cli.trainer.log_dir)["train/loss"]],
@@ -217,7 +217,7 @@ def test_sft_full_fine_tune_two_steps_sees_the_real_vocabulary(standin, data_roo
     assert len(loss) == 2 and cli.trainer.global_step == 2
     assert abs(loss[0] - math.log(VOCAB_LOGITS)) < 0.5, loss
     assert loss[1] < loss[0], loss
-    assert trainable > 480_000_000  # all but the frozen vision tower (516 M in all)
+    assert trainable == 411_838_976  # the language model and its tied embedding; the vision tower (104.7 M) frozen
 
 
 def test_sft_lora_reproduces_its_target_and_exports(sft_export):
@@ -306,7 +306,8 @@ def test_validate_the_export_parses_every_answer(sft_export, data_root, tmp_path
     """``validate`` of the SFT export on 4 GRASP-Bench items: greedy answers in the learnt format."""
     cli = _timed("validate the export, 4 bench items", [
         "validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-        *standin_args(sft_export["export"], data_root), "--data.val_limit=4", "--model.evaluation.max_new_tokens=24"],
+        *standin_args(sft_export["export"], data_root), "--data.val_limit=4", "--model.evaluation.max_new_tokens=24",
+        "--data.instruction=Give the letter in <answer> tags."],
         tmp_path)
     bench = Path(cli.trainer.log_dir) / "bench" / "latest"
     _free(cli)

@@ -247,3 +247,198 @@ def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
         more, _, _ = _consume(_int_loader(24, 2, 2, start), draw_at)  # a re-yielded window starts past position 0
         seen += more
     assert sorted(seen) == list(range(24))
+
+
+# ----------------------------------------------------------------------------------- CLI stop / resume
+# sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
+# num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
+CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
+       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
+       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.train_limit=12",
+       "--model.task.init_args.loss_type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
+
+
+def cli_rewards(texts, items, names, **kwargs):
+    """Deterministic rewards: groups of rows 1, 4, 7, 10 of the file are degenerate (all 1), the others
+    alternate by completion (so advantages, hence the updates, are non-zero)."""
+    bad = {f"data_rl:{n}" for n in (1, 4, 7, 10)}
+    return torch.tensor([[1.0 if items[i].uid in bad else float(i % K % 2)] * len(names) for i in range(len(texts))])
+
+
+def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
+    """Record every GRPO micro-batch (step, the loader's and the trained dataset indices, completions, loss)
+    and the prompts of every generate call."""
+    rows: list[dict] = []
+    calls: list[int] = []
+    real_sample, step = grpo_task.sample_completions, grpo_task.GRPOTask.training_step
+
+    def counting(policy, tokenizer, prompt, **kwargs):
+        calls.append(int(prompt["input_ids"].shape[0]))
+        return real_sample(policy, tokenizer, prompt, **kwargs)
+
+    def recording(self, module, batch):
+        out = step(self, module, batch)
+        w = batch.window
+        rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
+                     "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
+                     "iteration": w.iteration, "texts": list(out.extras["completions"]),
+                     "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
+                     "tries": float(out.metrics["dynamic_sampling/resample_tries"])})
+        return out
+
+    monkeypatch.setattr(grpo_task, "sample_completions", counting)
+    monkeypatch.setattr(grpo_task, "compute_rewards", cli_rewards)
+    monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
+    return rows, calls
+
+
+@pytest.mark.parametrize("mode", ["drop", "refill"])
+def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_repo, tmp_path, monkeypatch, mode):
+    """An uninterrupted run saves a checkpoint after every optimizer step; a second CLI run resumes from the
+    one after step 1 — inside window 0's reuse, between its two uses — and must train the same samples
+    (loader and trained dataset indices per micro-batch), with the same completions and losses (float32),
+    sampling nothing for the reused window."""
+    from .conftest import run_cli
+
+    rows, calls = _record_cli(monkeypatch)
+    ckpts = tmp_path / "ckpts"
+    every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
+                  "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
+    args = [*CLI, f"--model.task.init_args.dynamic_sampling={mode}"]
+    run_cli([*args, *every_step], tmp_path / "full")
+    full, full_calls = list(rows), list(calls)
+    assert [r["step"] for r in full[:4]] == [0, 0, 1, 1] and [r["iteration"] for r in full[:4]] == [0, 0, 1, 1]
+    assert full[0]["batch"] == full[2]["batch"] and full[0]["texts"] == full[2]["texts"]  # reused after step 0
+    assert abs(full[2]["ratio"] - 1.0) > 1e-4  # the second use is off-policy
+    trained = [i for r in full if r["iteration"] == 0 for i in r["trained"]]
+    assert len(trained) == len(set(trained))  # no prompt trained twice in the epoch
+    if mode == "refill":
+        assert full[0]["tries"] >= 1  # window 0 drew further prompts: the resume must exclude and re-decode them
+        assert [r["trained"] for r in full[:2]] != [r["batch"] for r in full[:2]]
+    ckpt = ckpts / "step=1.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
+    rows.clear(), calls.clear()
+    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / "resumed")
+    resumed = list(rows)
+    assert len(resumed) == len(full) - 2
+    for got, want in zip(resumed, full[2:]):
+        assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
+               {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (got["step"], got["loss"], want["loss"])
+    first_window_calls = len(full_calls) - len(calls)
+    assert first_window_calls >= 1 and calls == full_calls[first_window_calls:]  # window 0 is not sampled again
+
+
+# ----------------------------------------------------------------------------------- refill on two ranks
+class _IndexTask(grpo_task.GRPOTask):
+    """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a
+    degenerate group) for indices in ``degenerate``, else [1, 0]."""
+
+    def __init__(self, degenerate: set[int], **kwargs):
+        super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=2, dynamic_sampling="refill", **kwargs)
+        self.degenerate, self.num_generations = degenerate, 2
+
+    def rollout(self, module, batch):
+        n = 2 * len(batch)
+        terms = torch.tensor([[1.0 if (i in self.degenerate or j == 0) else 0.0]
+                              for i in batch.indices for j in range(2)])
+        rewards, adv = self.advantages(terms)
+        mask = torch.ones(n, 1, dtype=torch.bool)
+        comp = Completions(ids=torch.full((n, 1), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool),
+                           prompt_opened_think=[False] * n)
+        return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
+                                 terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
+                                 zero_variance=grpo_task.grpo.zero_variance_groups(rewards, 2),
+                                 indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
+                                 items=list(batch.items))
+
+
+class _CountingCrossRank(CrossRank):
+    def __init__(self):
+        self.calls = 0
+
+    def sum(self, values):
+        self.calls += 1
+        return super().sum(values)
+
+
+N_TWO_RANKS = 24  # 12 per rank: micro-batches of 2, windows of 2 -> 3 windows per rank and epoch
+
+
+def _two_rank_loader(rank: int, on_draw):
+    def collate(indices):
+        n = len(indices)
+        return Batch(inputs={"input_ids": torch.tensor([[7, 8 + i] for i in indices]),
+                             "attention_mask": torch.ones(n, 2, dtype=torch.long)},
+                     items=list(indices), indices=list(indices), valid=torch.ones(n, dtype=torch.bool),
+                     prompt_lengths=torch.full((n,), 2))
+
+    sampler = ResumableSampler(N_TWO_RANKS, shuffle=True, seed=5, rank=rank, world_size=2)
+    loader = torch.utils.data.DataLoader(list(range(N_TWO_RANKS)), batch_sampler=ResumableBatchSampler(sampler, 2, 2),
+                                         collate_fn=WindowCollate(collate, 2))
+    return WindowLoader(loader, 2, 2, on_draw=on_draw), sampler
+
+
+def _refill_rank(rank: int) -> None:
+    import torch.distributed as dist
+
+    drawn: list[int] = []
+    loader, sampler = _two_rank_loader(rank, lambda batches: drawn.extend(i for b in batches for i in b.indices))
+    own = sampler.order()
+    # rank 0's first window: 2 of its 4 prompts degenerate (short); rank 1's first window is full, but must
+    # draw with rank 0. Rank 1's third window (if yielded) has one degenerate prompt.
+    degenerate = {own[0], own[2], own[1 + 2 * 8]}
+    task = _IndexTask(degenerate)
+    cross = _CountingCrossRank()
+    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, processor=None)
+    steps, yielded, trained = [], [], []
+    for batch in loader:
+        w = batch.window
+        calls = cross.calls
+        task.prepare(module, batch)
+        ro = task._window_rollouts[w.position]
+        steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
+        if w.iteration == 0:
+            yielded += list(batch.indices)
+            trained.append(list(ro.indices))
+        else:
+            assert list(ro.indices) == trained[len(trained) - 2 + w.position]  # reuse: the same rollouts
+    report = {"steps": steps, "yielded": yielded, "drawn": drawn, "trained": trained, "calls": cross.calls,
+              "degenerate": sorted(degenerate)}
+    reports: list = [None, None]
+    dist.all_gather_object(reports, report)
+    r0, r1 = reports
+    assert r0["steps"] == r1["steps"]  # same windows, positions, iterations, draws and collectives, in order
+    assert r0["calls"] == r1["calls"]
+    assert r0["steps"][0][3] == 1  # window 0 drew once on both ranks (only rank 0 was short)
+    seen = [i for r in reports for i in r["yielded"] + r["drawn"]]
+    assert sorted(seen) == list(range(N_TWO_RANKS))  # every dataset index exactly once over the epoch and ranks
+    flat = [i for r in reports for t in r["trained"] for i in t]
+    assert len(flat) == len(set(flat))  # no prompt trained twice
+    bad = set(r0["degenerate"]) | set(r1["degenerate"])
+    assert set(range(N_TWO_RANKS)) - bad <= set(flat)  # no non-degenerate prompt lost
+
+
+def test_refill_keeps_two_ranks_aligned_and_sees_every_index_once():
+    """2 gloo processes: rank 0 is short of non-degenerate groups in window 0, rank 1 is not; both draw
+    (one ``cross_rank.sum`` per try on both), the streams stay aligned (same window indices, draws and
+    collective count per micro-batch), no rank hangs (timeout), and over the epoch every dataset index is
+    yielded or drawn exactly once across the ranks, none trained twice and no non-degenerate one lost."""
+    from .test_grpo_windows import _spawn
+
+    _spawn(_refill_rank)
+
+
+def test_refill_logs_how_much_shorter_the_epoch_ran(caplog):
+    """24 samples, windows of 2 micro-batches x 2 iterations: 6 windows, 24 micro-batches announced by len();
+    window 0 draws two: 4 windows yielded, 16 micro-batches run — the count is logged and kept."""
+    loader = _int_loader(24, 2, 2)
+    assert len(loader) == 24
+    with caplog.at_level("WARNING", logger="grasp_lightning.data.windows"):
+        seen, consumed, _ = _consume(loader, {0})
+    assert consumed == 16 and loader.drawn_windows == 2 and sorted(seen) == list(range(24))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("drew 2 windows" in m and "16 of the 24 micro-batches" in m and "(8 of 12 optimizer steps)" in m
+               for m in messages), messages

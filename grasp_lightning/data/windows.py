@@ -21,16 +21,28 @@ exactly like a yielded one and is never yielded afterwards (no sample lost or se
 epoch). Stream positions count both: a window's :attr:`Window.index` is its position among the
 loader's items, the next yielded window sits at ``index + 1 + draws``. Resuming inside a window that
 drew ``d`` windows re-yields it and leaves out the ``d`` items after it (:func:`resume_position`;
-the task restores those rollouts from its checkpointed cache). Drawing shortens the epoch by the
-drawn windows (Lightning ends the epoch when the loader stops; ``len()`` stays the undrawn count).
+the task restores those rollouts from its checkpointed cache).
+
+**Drawing shortens the epoch** by ``A·n`` micro-batches per drawn window: Lightning ends the epoch
+when the loader stops, but ``len()`` — hence ``trainer.estimated_stepping_batches`` and the LR
+schedule built from it — stays the undrawn count, which cannot be known before the rollouts are
+scored. :class:`WindowLoader` logs the count at the end of every epoch that drew (a warning:
+windows drawn, micro-batches and optimizer steps run against those ``len()`` announced). For a
+schedule that matches the steps run, give it in steps (``trainer.max_epochs: -1`` with
+``trainer.max_steps``: Lightning then schedules over exactly ``max_steps``). Lightning's loop also
+counts an epoch as finished only at ``len()`` batches, so resume from checkpoints saved inside an
+epoch (every ``n`` steps, preemption), not from one saved at the very end of a shortened epoch.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from grasp_lightning.data.collate import Batch, Sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -157,8 +169,10 @@ class WindowLoader:
         on_draw: passed to every :class:`WindowSource`.
 
     ``len()`` is the epoch's micro-batch count, resumed ones included (as Lightning expects, see
-    ``ResumableBatchSampler.__len__``). ``batch_sampler`` is the loader's, so Lightning's
-    ``set_epoch`` reaches the index sampler.
+    ``ResumableBatchSampler.__len__``), *without* draws: an epoch that drew ``d`` windows yields
+    ``d·A·n`` micro-batches fewer, logged as a warning at its end and kept in :attr:`drawn_windows`
+    (the last finished epoch's draws, those before a resume included). ``batch_sampler`` is the
+    loader's, so Lightning's ``set_epoch`` reaches the index sampler.
     """
 
     loader: object
@@ -169,6 +183,7 @@ class WindowLoader:
     exclude: int = 0
     on_draw: Callable[[list[Batch]], None] | None = None
     batch_sampler: object = field(init=False)
+    drawn_windows: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.batch_sampler = getattr(self.loader, "batch_sampler", None)
@@ -176,6 +191,7 @@ class WindowLoader:
     def __iter__(self):
         skip, index, draws = self.skip, self.first_window, self.exclude
         self.skip, self.first_window, self.exclude = 0, 0, 0  # only the resumed epoch starts late
+        drawn = 0
         iterator = iter(self.loader)
         dataset = getattr(self.loader, "dataset", None)
         collate = getattr(getattr(self.loader, "collate_fn", None), "collate", None)
@@ -190,7 +206,15 @@ class WindowLoader:
                     yield batch
             source.iterator = None  # the window is done: no more draws from it
             index += 1 + source.draws
+            drawn += source.draws
             draws = 0
+        self.drawn_windows = drawn
+        if drawn:
+            per_window, total = self.window * self.repeat, len(self.loader)
+            log.warning("refill drew %d windows of prompts from the stream this epoch: it ran %d of the %d micro-batches "
+                        "len() announced (%d of %d optimizer steps); the LR schedule counts the announced ones (give it "
+                        "in steps: trainer.max_epochs=-1 with trainer.max_steps)", drawn, (total - drawn) * per_window,
+                        total * per_window, (total - drawn) * per_window // self.window, total * per_window // self.window)
 
     def __len__(self) -> int:
         return len(self.loader) * self.window * self.repeat

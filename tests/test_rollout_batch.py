@@ -284,7 +284,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
                      "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
                      "iteration": w.iteration, "texts": list(out.extras["completions"]),
                      "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
-                     "tries": float(out.metrics["dynamic_sampling/resample_tries"])})
+                     "tries": float(out.metrics["dynamic_sampling/resample_tries"]), "calls": len(calls)})
         return out
 
     monkeypatch.setattr(grpo_task, "sample_completions", counting)
@@ -317,18 +317,20 @@ def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_
     if mode == "refill":
         assert full[0]["tries"] >= 1  # window 0 drew further prompts: the resume must exclude and re-decode them
         assert [r["trained"] for r in full[:2]] != [r["batch"] for r in full[:2]]
-    ckpt = ckpts / "step=1.ckpt"
-    assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
-    rows.clear(), calls.clear()
-    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / "resumed")
-    resumed = list(rows)
-    assert len(resumed) == len(full) - 2
-    for got, want in zip(resumed, full[2:]):
-        assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
-               {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
-        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (got["step"], got["loss"], want["loss"])
-    first_window_calls = len(full_calls) - len(calls)
-    assert first_window_calls >= 1 and calls == full_calls[first_window_calls:]  # window 0 is not sampled again
+    for stop in (1, 2, 3):  # 1 and 3: between the two uses of window 0 / of the next window; 2: a window boundary
+        ckpt = ckpts / f"step={stop}.ckpt"
+        assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
+        rows.clear(), calls.clear()
+        run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / f"resumed{stop}")
+        resumed, done = list(rows), 2 * stop
+        assert len(resumed) == len(full) - done
+        for got, want in zip(resumed, full[done:]):
+            assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
+                   {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (stop, got["step"], got["loss"])
+        # a window already sampled before the checkpoint is not sampled again
+        sampled_before = len(full_calls) - len(calls)
+        assert sampled_before == full[done - 1]["calls"] >= 1 and calls == full_calls[sampled_before:]
 
 
 # ----------------------------------------------------------------------------------- refill on two ranks

@@ -115,6 +115,24 @@ def _resize(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
+def _check_source(data: str | Path | bytes, where: str | None) -> str:
+    """The clip's name for errors; raises for a missing file or empty bytes before any decoding.
+
+    Raises:
+        ClipNotFoundError: ``data`` is a path that does not exist.
+        ClipDecodeError: ``data`` is empty bytes.
+    """
+    if isinstance(data, (str, Path)):
+        where = where or str(data)
+        if not Path(data).is_file():
+            raise ClipNotFoundError(where, "no such video file")
+        return where
+    where = where or f"<{len(data)} bytes>"
+    if len(data) == 0:
+        raise ClipDecodeError(where, "empty video (0 bytes)")
+    return where
+
+
 def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: float | None = None,
                 end_seconds: float | None = None, max_frames: int = 240, min_frames: int = 2,
                 max_pixels: int | None = DEFAULT_MAX_PIXELS, num_threads: int = 1,
@@ -138,14 +156,7 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
         ClipNotFoundError: ``data`` is a path that does not exist.
         ClipDecodeError: empty (0 bytes, 0 frames, no video stream), corrupt or truncated video.
     """
-    if isinstance(data, (str, Path)):
-        where = where or str(data)
-        if not Path(data).is_file():
-            raise ClipNotFoundError(where, "no such video file")
-    else:
-        where = where or f"<{len(data)} bytes>"
-        if len(data) == 0:
-            raise ClipDecodeError(where, "empty video (0 bytes)")
+    where = _check_source(data, where)
     size = (-1, -1)  # decord: native size
     if max_pixels is not None:
         height, width = _probe_size(data, where)
@@ -283,14 +294,7 @@ def decode_uniform(data: bytes | str | Path, *, max_frames: int = 240, resize=No
     """
     import decord
 
-    if isinstance(data, (str, Path)):
-        where = where or str(data)
-        if not Path(data).is_file():
-            raise ClipNotFoundError(where, "no such video file")
-    else:
-        where = where or f"<{len(data)} bytes>"
-        if len(data) == 0:
-            raise ClipDecodeError(where, "empty video (0 bytes)")
+    where = _check_source(data, where)
     try:
         src = str(data) if isinstance(data, (str, Path)) else io.BytesIO(data)
         reader = decord.VideoReader(src, ctx=decord.cpu(0), num_threads=num_threads)

@@ -116,6 +116,10 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
             f"{result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); is --config the run's config?")
     if lora.enabled and merge_lora:
         model = model.merge_and_unload()
+    elif lora.enabled and Path(policy.name_or_path).is_dir():
+        # adapter_config.json names its base model: an absolute path, so the adapter loads from any directory
+        for adapter in model.peft_config.values():
+            adapter.base_model_name_or_path = str(Path(policy.name_or_path).resolve())
     target = resolve_dtype(dtype or policy.dtype)
     if target != "auto":
         model = model.to(target)

@@ -1071,6 +1071,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --config FILE (repeatable) or --table")
     overrides = dict(_parse_override(s) for s in args.set)
     if args.model:
+        if not (Path(args.model) / "config.json").is_file() and bundled_name(args.model) is None:
+            known = ", ".join(sorted(bundled_architectures()))
+            parser.error(f"--model {args.model!r}: no config.json there and not a published architecture "
+                         f"(known: {known})")
         overrides["model.policy.name_or_path"] = args.model
     plan = plan_from_config(args.config, overrides, gpu_memory_gib=args.gpu_memory_gib,
                             video_seconds=args.video_seconds, text_tokens=args.text_tokens,

@@ -251,22 +251,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--like", default=None,
                         help="build a stand-in of this checkpoint, e.g. Qwen3-VL-2B-Instruct or Qwen3-VL-8B-Thinking")
-    parser.add_argument("--text-layers", type=int, default=2, help="stand-in language-model layers")
-    parser.add_argument("--vision-layers", type=int, default=2, help="stand-in vision-tower blocks")
+    parser.add_argument("--text-layers", type=int, default=None,
+                        help="language-model layers (default: 2; the tiny model's too)")
+    parser.add_argument("--vision-layers", type=int, default=None,
+                        help="vision-tower blocks (default: 2; the tiny model's too)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="stand-in weight dtype")
+    parser.add_argument("--overwrite", action="store_true", help="write into an OUT_DIR that already holds files")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    for flag, value in (("--text-layers", args.text_layers), ("--vision-layers", args.vision_layers)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    out = Path(args.out_dir)
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        parser.error(f"{out} already holds files (a checkpoint?); pass --overwrite to write the model into it")
+    text_layers, vision_layers = args.text_layers or 2, args.vision_layers or 2
     if args.like is None:
-        build_tiny_qwen3vl(args.out_dir, seed=args.seed)
+        build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
         return
     from grasp_lightning.errors import GraspConfigError
     from grasp_lightning.standin import build_standin, parse_like, standin_config
 
     try:  # a bad name or layer count is a usage error, reported before anything is built or written
         parse_like(args.like)
-        standin_config(args.like, text_layers=args.text_layers, vision_layers=args.vision_layers)
-        build_standin(args.out_dir, args.like, text_layers=args.text_layers, vision_layers=args.vision_layers,
-                      dtype=args.dtype, seed=args.seed)
+        standin_config(args.like, text_layers=text_layers, vision_layers=vision_layers)
+        build_standin(out, args.like, text_layers=text_layers, vision_layers=vision_layers, dtype=args.dtype,
+                      seed=args.seed)
     except GraspConfigError as err:
         parser.error(str(err))
 

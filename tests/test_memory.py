@@ -327,3 +327,15 @@ def test_cli_exit_code(monkeypatch, capsys) -> None:
         runpy.run_module("grasp_lightning.memory", run_name="__main__")
     assert done.value.code == 0
     assert "LoRA r=16" in capsys.readouterr().out
+
+
+def test_cli_refuses_an_unknown_model(capsys) -> None:
+    """An explicit ``--model`` that is neither a local checkpoint nor a published architecture is an error,
+    not a plan of another model."""
+    with pytest.raises(SystemExit) as done:
+        memory.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-3B-Instruct"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model 'Qwen/Qwen3-VL-3B-Instruct': no config.json there" in err and "Qwen3-VL-8B-Instruct" in err
+    assert memory.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-2B-Instruct"]) == 0
+    assert "Qwen3-VL-2B" in capsys.readouterr().out

@@ -390,3 +390,30 @@ def test_sgr_lora_demo_composes_and_runs_on_cpu(in_repo, tmp_path):
     assert trainer.global_step == 2
     kl = scalars(trainer.log_dir)["train/kl"]
     assert kl[0] == (0, 0.0)
+
+
+def test_adapter_export_of_a_relative_base_loads_from_any_directory(tmp_path, monkeypatch):
+    """``--merge_lora false`` of a run whose base is a relative local path (``configs/demo.yaml``'s
+    tiny model) writes the base's absolute path into ``adapter_config.json``, so the adapter loads
+    from another working directory."""
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.module import GraspModule
+    from grasp_lightning.policy import LoraConfig, PolicyConfig
+    from tasks.sft import SFTTask
+
+    monkeypatch.chdir(TINY.parents[2])
+    relative = str(TINY.relative_to(TINY.parents[2]))
+    policy, lora = PolicyConfig(name_or_path=relative, dtype="float32"), LoraConfig(enabled=True)
+    module = GraspModule(SFTTask(), policy=policy, lora=lora)
+    module.configure_model()
+    ckpt = tmp_path / "run.ckpt"
+    torch.save({"state_dict": module.state_dict(), "global_step": 1, "epoch": 0}, ckpt)
+    adapter = export_checkpoint(ckpt, tmp_path / "adapter", policy, lora, merge_lora=False)
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str(TINY.resolve())
+    monkeypatch.chdir(tmp_path)
+    assert AutoModelForImageTextToText.from_pretrained(adapter) is not None

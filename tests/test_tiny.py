@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,3 +32,23 @@ def test_loads_through_from_pretrained_with_frozen_vision_and_special_tokens():
     assert len(set(ids)) == len(SPECIAL_TOKENS) and tok.unk_token_id not in ids
     assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_cli_checks_layers_and_refuses_to_overwrite(tmp_path, capsys):
+    """``python -m grasp_lightning.tiny``: layer counts apply to the tiny model too and must be >= 1; a
+    folder that already holds files (an export, a checkpoint) is not written into without ``--overwrite``."""
+    from grasp_lightning.tiny import main
+
+    for flag in ("--text-layers", "--vision-layers"):
+        with pytest.raises(SystemExit) as done:
+            main([str(tmp_path / "m"), flag, "0"])
+        assert done.value.code == 2 and f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    main([str(tmp_path / "m"), "--text-layers", "3"])
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["text_config"]["num_hidden_layers"] == 3 and config["vision_config"]["depth"] == 2
+    with pytest.raises(SystemExit) as done:
+        main([str(tmp_path / "m")])
+    assert done.value.code == 2 and "already holds files" in capsys.readouterr().err
+    main([str(tmp_path / "m"), "--overwrite"])
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["text_config"]["num_hidden_layers"] == 2

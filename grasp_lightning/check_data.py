@@ -9,6 +9,10 @@ only those named with ``--files``:
 - every JSONL line parses and follows the schema; every MCQ answer is one of its option letters
   (the readers of :mod:`grasp_lightning.data.formats`, with ``on_error="skip"``);
 - every RL row has ground-truth participants (``meta.gt_events`` naming at least one person);
+- ``data.train_file`` (as ``GraspDataModule`` resolves it) exists and is a GRASP training file;
+- every clip window ends within its clip (``end_seconds`` at most 0.5 s past the clip's end);
+- warnings only (exit status unchanged): RL events with an unknown source or persons the question
+  and options never name;
 - every referenced clip exists and decodes at the configured fps within ``max_frames`` and
   ``max_pixels``, and the prompt (video tokens included) and SFT target fit ``max_prompt_tokens``
   and ``max_target_tokens`` -- exactly the decoding and encoding training does
@@ -36,7 +40,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.formats import bench_store, event_warnings, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.shards import ClipStore, clean_member_path, scan_shard
 from grasp_lightning.errors import ClipNotFoundError, GraspDataError
@@ -82,6 +86,8 @@ class Settings:
     processor: str | None
     trust_remote_code: bool
     instruction: str | None = None  #: ``None``: the GRASP instruction (``grasp_lightning.data.prompts.INSTRUCTION``)
+    train_file: str | None = None  #: ``data.train_file``: always checked (reported when missing or misnamed)
+    mode: str = "sft"  #: ``data.mode``: ``"sft"`` encodes the train file's targets, as ``fit`` does
 
 
 # ---------------------------------------------------------------------- clip stores
@@ -127,25 +133,59 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _check_item(job: tuple[int, str, str, GraspItem]) -> tuple[int, Problem | None]:
-    """Decode one item's clip and encode its prompt (and target) as training does."""
-    from grasp_lightning.data.prompts import INSTRUCTION, encode_example
-    from grasp_lightning.data.video import decode_clip, video_metadata
+#: An end_seconds this far past the clip's real end is reported (decoders' durations differ by a frame).
+END_TOLERANCE_S = 0.5
 
-    index, store_name, kind, item = job
+
+def clip_duration(data: bytes) -> float | None:
+    """The clip's duration in seconds from its container header (``None`` when it does not say)."""
+    import io
+
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                return None
+            stream = container.streams.video[0]
+            if stream.frames and stream.average_rate:
+                return float(stream.frames / stream.average_rate)
+            if container.duration:
+                return container.duration / 1e6
+    except av.FFmpegError:
+        return None  # the decode below reports it
+    return None
+
+
+def window_problem(item: GraspItem, duration: float | None) -> str | None:
+    """The reason an item's ``end_seconds`` lies past its clip's end (training samples only up to the
+    end), or ``None``."""
+    end = item.clip.end_seconds
+    if duration is None or end is None or end <= duration + END_TOLERANCE_S:
+        return None
+    return f"end_seconds {end:g} is beyond the clip's duration of {duration:.2f} s ({item.clip.path})"
+
+
+def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | None]:
+    """Decode one item's clip and encode its prompt (and target) with the dataset training uses
+    (``GraspDataset.encode``), then check its time window against the clip's duration."""
+    from grasp_lightning.data.datamodule import GraspDataset
+    from grasp_lightning.data.prompts import INSTRUCTION
+
+    index, store_name, with_target, item = job
     s: Settings = _STATE["settings"]
     store = _STATE["stores"].get(store_name)
     try:
         if store is None or item.clip.path not in store:
             return index, _missing(item, s.root)
-        clip = decode_clip(store.open(item.clip.path), fps=s.fps, start_seconds=item.clip.start_seconds,
-                           end_seconds=item.clip.end_seconds, max_frames=s.max_frames, max_pixels=s.max_pixels,
-                           where=f"{item.origin} ({item.clip.path})")
-        target = item.response if kind in ("sft", "annotations") else None
-        encode_example(_STATE["processor"], item, clip.frames, video_metadata(clip), target=target,
-                       system_prompt=s.system_prompt, max_prompt_tokens=s.max_prompt_tokens,
-                       max_target_tokens=s.max_target_tokens,
-                       instruction=INSTRUCTION if s.instruction is None else s.instruction)
+        dataset = GraspDataset([item], store, _STATE["processor"], with_target=with_target, fps=s.fps,
+                               max_frames=s.max_frames, max_pixels=s.max_pixels, max_prompt_tokens=s.max_prompt_tokens,
+                               max_target_tokens=s.max_target_tokens, system_prompt=s.system_prompt, skip_bad=False,
+                               instruction=INSTRUCTION if s.instruction is None else s.instruction)
+        dataset.encode(item)
+        reason = window_problem(item, clip_duration(store.open(item.clip.path)))
+        if reason:
+            return index, Problem(item.origin, reason, item.uid, "window")
     except GraspDataError as err:
         return index, Problem(item.origin, err.reason, item.uid, type(err).__name__)
     except Exception as err:  # noqa: BLE001 - any failure here would also stop training: report it
@@ -211,8 +251,11 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
     """
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     problems: list[Problem] = []
+    warnings: list[Problem] = []
     wanted = [f for f in files if f != s.bench] if files is not None else \
         [f for f in KNOWN_FILES if (s.root / f).is_file()]
+    if files is None and s.train_file is not None:  # the file the run reads, as GraspDataModule resolves it
+        wanted = [f for f in wanted if s.root / f != s.root / s.train_file] + [s.train_file]
     check_bench = s.bench is not None and (files is None or s.bench in files)
     shards = sorted(p for p in (s.root / s.videos).rglob("*.tar") if p.is_file()) if (s.root / s.videos).is_dir() \
         else []
@@ -227,15 +270,21 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
         stores = {"videos": _videos_store(s.root / s.videos, [x for x in shards if x not in bad_shards],
                                           cache_dir, problems)}
         report_files: dict[str, dict] = {}
-        jobs: list[tuple[int, str, str, GraspItem]] = []
+        jobs: list[tuple[int, str, bool, GraspItem]] = []
         for rel in wanted:
+            is_train = s.train_file is not None and s.root / rel == s.root / s.train_file
             kind, store_name = KNOWN_FILES.get(rel, (_KINDS.get(Path(rel).name.split(".")[0]), "videos"))
+            if is_train:
+                kind, store_name = _KINDS.get(Path(rel).name.split(".")[0]), "videos"  # as GraspDataModule reads it
             if kind is None:
-                problems.append(Problem(str(s.root / rel), "not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
-                                                           "annotations.jsonl or the bench)", check="file"))
+                what = "data.train_file " if is_train else ""
+                problems.append(Problem(str(s.root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, "
+                                                           "data_rl.jsonl, annotations.jsonl or the bench)",
+                                        check="file"))
                 continue
             if not (s.root / rel).is_file():
-                problems.append(Problem(str(s.root / rel), "no such file", check="file"))
+                problems.append(Problem(str(s.root / rel), "data.train_file: no such file" if is_train
+                                        else "no such file", check="file"))
                 continue
             if store_name == "bench" and "bench" not in stores:
                 stores["bench"] = _bench_store(bench_path, bad_shards, problems)
@@ -246,7 +295,11 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
                     problems.append(Problem(item.origin, "RL row has no ground-truth participants "
                                                          "(meta.gt_events is missing or names nobody)",
                                             item.uid, "participants"))
-                jobs.append((len(jobs), store_name, kind, item))
+                if kind == "rl":
+                    warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
+                with_target = (s.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
+                                                                                     and bool(item.response)))
+                jobs.append((len(jobs), store_name, with_target, item))
             report_files[rel] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
         if check_bench:
             if "bench" not in stores:
@@ -256,7 +309,7 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
             elif bench_path not in bad_shards:
                 result = read_bench(bench_path, on_error="skip")
                 problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
-                jobs += [(len(jobs) + i, "bench", "bench", item) for i, item in enumerate(result.items)]
+                jobs += [(len(jobs) + i, "bench", False, item) for i, item in enumerate(result.items)]
                 report_files[s.bench] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
         if decode and jobs:
             problems.extend(_decode_all(s, stores, jobs, workers, progress))
@@ -266,9 +319,11 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
     for name, info in report_files.items():
         prefix = str(s.root / name)
         info["bad"] = sum(1 for p in problems if p.where.startswith(prefix))
+        info["warnings"] = sum(1 for p in warnings if p.where.startswith(prefix))
     problems.sort(key=lambda p: _sort_key(p.where.split(" (")[0]))
+    warnings.sort(key=lambda p: _sort_key(p.where))
     return {"root": str(s.root), "files": report_files, "problems": [asdict(p) for p in problems],
-            "ok": not problems}
+            "warnings": [asdict(p) for p in warnings], "ok": not problems}
 
 
 def _bench_store(path: Path | None, bad_shards: set, problems: list[Problem]):
@@ -361,6 +416,10 @@ def format_report(report: dict) -> str:
         lines.append(f"\n{name}: {info['rows']} rows, {info['bad']} bad")
         for key in ("source", "category", "difficulty", "format"):
             lines.append(f"  {key:<11}" + ", ".join(f"{k} {v}" for k, v in info[key].items()))
+    warnings = report.get("warnings", [])
+    if warnings:
+        lines.append(f"\n{len(warnings)} warning(s) (allowed by the format, not counted as problems):")
+        lines += [f"  {p['where']}: {p['reason']}" + (f" [{p['uid']}]" if p["uid"] else "") for p in warnings]
     problems = report["problems"]
     lines.append(f"\n{len(problems)} problem(s)" + (":" if problems else "; the data is ready for training."))
     lines += [f"  {p['where']}: {p['reason']}" + (f" [{p['uid']}]" if p["uid"] else "") for p in problems]
@@ -377,10 +436,20 @@ def main(argv: list[str] | None = None) -> int:
     defaults.setdefault("trust_remote_code", bool(policy.get("trust_remote_code", False)))
     cfg = build_parser(defaults).parse_args(rest)
     d = cfg.data
+    from grasp_lightning.data.datamodule import validate_numbers
+    from grasp_lightning.errors import GraspConfigError
+
+    try:
+        validate_numbers(fps=d.fps, max_frames=d.max_frames, max_pixels=d.max_pixels,
+                         max_prompt_tokens=d.max_prompt_tokens, max_target_tokens=d.max_target_tokens)
+    except GraspConfigError as err:
+        print(f"check-data: error: {err}", file=sys.stderr)  # noqa: T201 - the command's output
+        return 2
     settings = Settings(root=Path(d.root), videos=d.videos, bench=d.bench, fps=d.fps, max_frames=d.max_frames,
                         max_pixels=d.max_pixels, max_prompt_tokens=d.max_prompt_tokens,
                         max_target_tokens=d.max_target_tokens, system_prompt=d.system_prompt, processor=d.processor,
-                        trust_remote_code=d.trust_remote_code, instruction=d.instruction)
+                        trust_remote_code=d.trust_remote_code, instruction=d.instruction, train_file=d.train_file,
+                        mode=d.mode)
     report = run_check(settings, files=cfg.files, workers=cfg.workers, decode=cfg.decode, progress=cfg.progress)
     print(format_report(report))  # noqa: T201 - the command's output
     if cfg.report:

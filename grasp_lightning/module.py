@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 
 import lightning as L
@@ -40,6 +41,20 @@ log = logging.getLogger(__name__)
 TASK_STATE_KEY = "task_state_all_ranks"
 
 
+def _num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(ok: bool, key: str, want: str, value) -> None:
+    """GraspConfigError naming ``key`` unless ``ok``."""
+    if not ok:
+        raise GraspConfigError(f"{key} must be {want}, got {value!r}")
+
+
+def _pos_int(value, optional: bool = False) -> bool:
+    return (optional and value is None) or (_num(value) and float(value).is_integer() and value >= 1)
+
+
 @dataclass
 class OptimConfig:
     """AdamW with a warm-up then decay schedule from ``transformers.get_scheduler``.
@@ -59,6 +74,18 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_steps: int = 0
     scheduler: str = "cosine"
+
+    def __post_init__(self) -> None:
+        k = "model.optim."
+        _require(_num(self.lr) and self.lr > 0, k + "lr", "a number > 0", self.lr)
+        _require(_num(self.weight_decay) and self.weight_decay >= 0, k + "weight_decay", "a number >= 0",
+                 self.weight_decay)
+        _require(_num(self.eps) and self.eps > 0, k + "eps", "a number > 0", self.eps)
+        betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
+        _require(len(betas) == 2 and all(_num(b) and 0 <= b < 1 for b in betas), k + "betas",
+                 "two numbers in [0, 1)", self.betas)
+        _require(_num(self.warmup_steps) and float(self.warmup_steps).is_integer() and self.warmup_steps >= 0,
+                 k + "warmup_steps", "an integer >= 0", self.warmup_steps)
 
 
 @dataclass
@@ -102,6 +129,17 @@ class EvalConfig:
     frame_spatial_patch: int | None = None
     timestamps: str = "released"
 
+    def __post_init__(self) -> None:
+        k = "model.evaluation."
+        _require(_pos_int(self.max_new_tokens, optional=True), k + "max_new_tokens", "an integer >= 1 or null",
+                 self.max_new_tokens)
+        _require(_num(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
+        _require(_num(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
+        _require(_pos_int(self.max_frames), k + "max_frames", "an integer >= 1", self.max_frames)
+        _require(_pos_int(self.frame_max_tokens), k + "frame_max_tokens", "an integer >= 1", self.frame_max_tokens)
+        _require(_pos_int(self.frame_spatial_patch, optional=True), k + "frame_spatial_patch",
+                 "an integer >= 1 or null", self.frame_spatial_patch)
+
     def make_protocol(self) -> GraspProtocol:
         """The protocol object (:func:`grasp_lightning.eval_protocol.make_protocol`).
 
@@ -134,6 +172,14 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int | None = None
     stop_at_answer: bool = True
+
+    def __post_init__(self) -> None:
+        k = "model.rollout."
+        _require(_pos_int(self.num_generations), k + "num_generations", "an integer >= 1", self.num_generations)
+        _require(_pos_int(self.max_new_tokens), k + "max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        _require(_num(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
+        _require(_num(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
+        _require(_pos_int(self.top_k, optional=True), k + "top_k", "an integer >= 1 or null", self.top_k)
 
 
 class GraspModule(L.LightningModule):

@@ -112,3 +112,102 @@ def test_clean_sample_passes_with_counts_in_a_subprocess(tmp_path):
     assert len(files["test/grasp_bench.tar"]["category"]) == 16
     assert files["train/data_rl.jsonl"]["format"] == {"mcq": 24}
 
+
+
+# ------------------------------------------------------------------ new-user defects
+def _report(tmp_path, *args) -> tuple[int, dict]:
+    report_path = tmp_path / "report.json"
+    rc = main([*CONFIGS, "--workers=0", "--progress=false", f"--report={report_path}", *args])
+    return rc, json.loads(report_path.read_text())
+
+
+def test_misnamed_train_file_is_reported(in_repo, tmp_path):
+    rc, report = _report(tmp_path, "--data.train_file=train/typo.jsonl", "--decode=false")
+    assert rc == 1
+    assert [(p["where"], p["reason"]) for p in report["problems"]] == [
+        ("grasp_lightning/assets/sample/train/typo.jsonl", "data.train_file not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
+                                       "annotations.jsonl or the bench)")]
+
+
+def test_missing_root_reports_the_training_file(in_repo, tmp_path):
+    rc, report = _report(tmp_path, "--data.root=/nonexistent", "--decode=false")
+    assert rc == 1
+    reasons = {p["where"]: p["reason"] for p in report["problems"]}
+    assert reasons["/nonexistent/train/data_sft.jsonl"] == "data.train_file: no such file"
+    assert reasons["/nonexistent/train/videos"] == "videos folder does not exist"
+
+
+def test_empty_sft_target_is_reported_with_file_and_line(in_repo, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(SAMPLE, root)
+    sft = root / "train" / "data_sft.jsonl"
+    rows = _rows(sft)
+    next(x for x in rows[20] if x["type"] == "text" and x.get("output"))["content"] = ""
+    write_jsonl(sft, rows)
+    rc, report = _report(tmp_path, f"--data.root={root}", "--files=[train/data_sft.jsonl]", "--decode=false")
+    assert rc == 1
+    assert [(p["where"], p["reason"]) for p in report["problems"]] == [
+        (f"{sft}:21", "SFT needs an assistant target (an `output: true` text or `response`), this row's is empty")]
+
+
+def test_rl_events_and_window_past_the_clip(in_repo, tmp_path):
+    """An end past the clip is a problem; an unknown source or an unnamed person only a warning."""
+    root = tmp_path / "data"
+    shutil.copytree(SAMPLE, root)
+    rl = root / "train" / "data_rl.jsonl"
+    rows = _rows(rl)[:3]
+    next(x for x in rows[0] if x["type"] == "meta")["gt_events"] = [{"source": "telepathy", "persons": [9]}]
+    video = next(x for x in rows[1] if x["type"] == "video")
+    video["end_seconds"] = 9999
+    write_jsonl(rl, rows)
+    rc, report = _report(tmp_path, f"--data.root={root}", "--files=[train/data_rl.jsonl]")
+    assert rc == 1
+    assert [(p["where"], p["check"]) for p in report["problems"]] == [(f"{rl}:2", "window")]
+    assert report["problems"][0]["reason"].startswith("end_seconds 9999 is beyond the clip's duration of ")
+    assert video["path"] in report["problems"][0]["reason"]
+    assert [(p["where"], p["reason"]) for p in report["warnings"]] == [
+        (f"{rl}:1", "meta.gt_events source(s) 'telepathy' unknown, read as gesture events"),
+        (f"{rl}:1", next(w for w in report["warnings"] if "person(s) [9]" in w["reason"])["reason"])]
+    assert report["files"]["train/data_rl.jsonl"]["warnings"] == 2
+
+
+@pytest.mark.parametrize("flag, key", [("--data.fps=0", "data.fps"), ("--data.max_frames=0", "data.max_frames"),
+                                       ("--data.max_pixels=-5", "data.max_pixels")])
+def test_bad_numbers_stop_check_data_naming_the_key(in_repo, capsys, flag, key):
+    assert main([*CONFIGS, flag, "--decode=false"]) == 2
+    assert f"check-data: error: {key} must be " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"fps": 0}, "data.fps must be a number > 0 (frames per second sampled from each clip), got 0"),
+    ({"fps": -2.0}, "data.fps must be a number > 0 (frames per second sampled from each clip), got -2.0"),
+    ({"max_frames": 0}, "data.max_frames must be an integer >= 1, got 0"),
+    ({"max_prompt_tokens": -1}, "data.max_prompt_tokens must be an integer >= 1 or null, got -1"),
+    ({"batch_size": 0}, "data.batch_size must be an integer >= 1, got 0"),
+    ({"max_skip_fraction": 2}, "data.max_skip_fraction must be a number in [0, 1], got 2"),
+])
+def test_datamodule_numbers(kwargs, message):
+    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.errors import GraspConfigError
+
+    with pytest.raises(GraspConfigError) as err:
+        GraspDataModule(**kwargs)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("cls, kwargs, message", [
+    ("RolloutConfig", {"max_new_tokens": 0}, "model.rollout.max_new_tokens must be an integer >= 1, got 0"),
+    ("RolloutConfig", {"temperature": 0.0}, "model.rollout.temperature must be a number > 0, got 0.0"),
+    ("OptimConfig", {"lr": -1.0}, "model.optim.lr must be a number > 0, got -1.0"),
+    ("OptimConfig", {"warmup_steps": -3}, "model.optim.warmup_steps must be an integer >= 0, got -3"),
+    ("EvalConfig", {"max_new_tokens": 0}, "model.evaluation.max_new_tokens must be an integer >= 1 or null, got 0"),
+    ("EvalConfig", {"max_frames": -1}, "model.evaluation.max_frames must be an integer >= 1, got -1"),
+])
+def test_module_config_numbers(cls, kwargs, message):
+    import grasp_lightning.module as m
+    from grasp_lightning.errors import GraspConfigError
+
+    getattr(m, cls)()  # defaults are valid
+    with pytest.raises(GraspConfigError) as err:
+        getattr(m, cls)(**kwargs)
+    assert str(err.value) == message

@@ -208,3 +208,43 @@ def test_bench_errors_name_archive_and_member(tmp_path, caplog):
 def test_bench_without_layout(tmp_path):
     with pytest.raises(GraspFormatError, match="json/<clip>.json"):
         read_bench(make_tar(tmp_path / "x.tar", {"video/a.mp4": VIDEO}), cache_dir=tmp_path)
+
+
+# ------------------------------------------------------------------ new-user defects: events and empty targets
+def _events_meta(events: list) -> dict:
+    return {"type": "meta", "difficulty": "easy", "gt_events": events}
+
+
+@pytest.mark.parametrize("persons", [[-1], [True], ["x"], [1.5], [None]])
+def test_event_persons_must_be_non_negative_ids(tmp_path, persons):
+    path = write_jsonl(tmp_path / "data_rl.jsonl", [rl_row(), rl_row(meta=_events_meta([{"source": "gaze",
+                                                                                          "persons": persons}]))])
+    with pytest.raises(GraspFormatError) as err:
+        read_rl(path)
+    assert err.value.where == f"{path}:2"
+    assert err.value.reason == f"event persons must be non-negative integer ids, got {persons!r}"
+
+
+def test_unknown_event_source_and_unnamed_person_are_warnings_not_errors(tmp_path):
+    from grasp_lightning.data.formats import event_warnings
+
+    path = write_jsonl(tmp_path / "data_rl.jsonl", [
+        rl_row(meta=_events_meta([{"source": "telepathy", "persons": [9]}, {"source": "gaze", "persons": ["3", 0.0]}])),
+        rl_row(meta=_events_meta([{"source": "gaze", "persons": [0, 2]}, {"source": "Pointing", "persons": [1, 4]}]))])
+    bad, good = read_rl(path)
+    assert bad.events == (SocialEvent("gesture", (9,), "telepathy"), SocialEvent("gaze", (3, 0), "gaze"))
+    assert event_warnings(bad) == [
+        "meta.gt_events source(s) 'telepathy' unknown, read as gesture events",
+        "meta.gt_events person(s) [3, 9] are not named in the question or options (which name [0, 1, 2, 4])"]
+    assert event_warnings(good) == []  # gaze + pointing, every person named in the question or options
+
+
+@pytest.mark.parametrize("target", ["", "   \n"])
+def test_sft_empty_target_names_file_and_line(tmp_path, target):
+    path = write_jsonl(tmp_path / "data_sft.jsonl", [sft_row(), sft_row(target)])
+    with pytest.raises(GraspFormatError) as err:
+        read_sft(path)
+    assert str(err.value) == (f"{path}:2: SFT needs an assistant target (an `output: true` text or `response`), "
+                              "this row's is empty")
+    result = read_sft(path, on_error="skip")
+    assert len(result) == 1 and result.skipped[0].where == f"{path}:2"

@@ -122,6 +122,48 @@ class GraspDataset(Dataset):
             return Sample(index=index, item=item, skip=SkipRecord(item.origin, reason, item.uid), valid=valid)
 
 
+def _is_number(value) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_numbers(**values) -> None:
+    """Check the numeric ``data.*`` settings (``GraspDataModule`` arguments of the same names), so a
+    bad value stops the run at start-up naming its key instead of failing on every row.
+
+    Raises:
+        GraspConfigError: ``data.fps`` not > 0; ``data.max_frames``, ``max_pixels``, ``batch_size``,
+            ``val_batch_size`` not integers >= 1; ``max_prompt_tokens``, ``max_target_tokens``,
+            ``train_limit``, ``val_limit`` neither ``None`` nor integers >= 1; ``num_workers`` < 0;
+            ``max_skip_fraction`` outside [0, 1].
+    """
+    def fail(key: str, want: str) -> None:
+        raise GraspConfigError(f"data.{key} must be {want}, got {values[key]!r}")
+
+    def positive_int(key: str, optional: bool = False) -> None:
+        v = values.get(key)
+        if v is None and optional:
+            return
+        if not (_is_number(v) and float(v).is_integer() and v >= 1):
+            fail(key, "an integer >= 1" + (" or null" if optional else ""))
+
+    if "fps" in values and not (_is_number(values["fps"]) and values["fps"] > 0):
+        fail("fps", "a number > 0 (frames per second sampled from each clip)")
+    for key in ("max_frames", "max_pixels", "batch_size", "val_batch_size"):
+        if key in values:
+            positive_int(key)
+    for key in ("max_prompt_tokens", "max_target_tokens", "train_limit", "val_limit"):
+        if key in values:
+            positive_int(key, optional=True)
+    if "num_workers" in values and not (_is_number(values["num_workers"]) and values["num_workers"] >= 0
+                                        and float(values["num_workers"]).is_integer()):
+        fail("num_workers", "an integer >= 0")
+    if "max_skip_fraction" in values and not (_is_number(values["max_skip_fraction"])
+                                              and 0 <= values["max_skip_fraction"] <= 1):
+        fail("max_skip_fraction", "a number in [0, 1]")
+
+
 class GraspDataModule(L.LightningDataModule):
     """GRASP train rows and GRASP-Bench for validation/test.
 
@@ -177,6 +219,10 @@ class GraspDataModule(L.LightningDataModule):
             raise GraspConfigError(f"data.mode must be 'sft' or 'rl', got {mode!r}")
         if on_bad_item not in ("raise", "skip"):
             raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
+        validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_prompt_tokens=max_prompt_tokens,
+                         max_target_tokens=max_target_tokens, batch_size=batch_size, val_batch_size=val_batch_size,
+                         num_workers=num_workers, max_skip_fraction=max_skip_fraction, train_limit=train_limit,
+                         val_limit=val_limit)
         self.save_hyperparameters(ignore=["benchmarks"])  # plugin objects stay out of checkpoints
         self.benchmarks: list[Benchmark] = list(benchmarks or [])
         self.val_benchmarks: list[Benchmark] = []  # GRASP-Bench (data.bench) first, then data.benchmarks, loaded

@@ -185,8 +185,32 @@ def user_text(question: str, options: Sequence[str]) -> str:
     return "\n".join([question.strip(), *options])
 
 
+#: Event sources the format names: ``gaze`` and gesture (the generic word and the four deictic types).
+#: Any other source is still a gesture event (``shared/grasp-format.md``); check-data warns about it.
+KNOWN_EVENT_SOURCES = frozenset({"gaze", "gesture", "pointing", "showing", "giving", "reaching"})
+_PERSON_RE = re.compile(r"\bPerson\s+(\d+)\b|\bP(\d+)\b")
+
+
+def _person_id(p: Any) -> int | None:
+    """A 0-based person id: a non-negative int (an integral float or a digit string is tolerated)."""
+    if isinstance(p, bool):
+        return None
+    if isinstance(p, int):
+        return p if p >= 0 else None
+    if isinstance(p, float):
+        return int(p) if p.is_integer() and p >= 0 else None
+    if isinstance(p, str) and p.strip().isdigit():
+        return int(p.strip())
+    return None
+
+
 def parse_events(raw: Any, where: str) -> tuple[SocialEvent, ...]:
-    """``[{"source": "gaze", "persons": [0, 3]}, ...]`` -> events; any non-gaze source is a gesture."""
+    """``[{"source": "gaze", "persons": [0, 3]}, ...]`` -> events; any non-gaze source is a gesture.
+
+    Raises:
+        GraspFormatError: not a list of ``{source: str, persons: list}``, or a person that is not a
+            non-negative integer id (``Person N`` ids are 0-based).
+    """
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -195,13 +219,33 @@ def parse_events(raw: Any, where: str) -> tuple[SocialEvent, ...]:
     for ev in raw:
         if not isinstance(ev, dict) or not isinstance(ev.get("source"), str) or not isinstance(ev.get("persons"), list):
             raise GraspFormatError(where, f"bad event {ev!r} (expected {{'source': str, 'persons': [int, ...]}})")
-        try:
-            persons = tuple(int(p) for p in ev["persons"] if not isinstance(p, bool))
-        except (TypeError, ValueError):
-            raise GraspFormatError(where, f"event persons must be integers, got {ev['persons']!r}") from None
+        persons = tuple(_person_id(p) for p in ev["persons"])
+        if any(p is None for p in persons):
+            raise GraspFormatError(where, f"event persons must be non-negative integer ids, got {ev['persons']!r}")
         kind = ev["source"].strip()
         events.append(SocialEvent("gaze" if kind.lower() == "gaze" else "gesture", persons, kind))
     return tuple(events)
+
+
+def persons_named(text: str) -> set[int]:
+    """The person ids mentioned in ``text`` as ``Person N`` or a standalone ``PN``."""
+    return {int(a or b) for a, b in _PERSON_RE.findall(text or "")}
+
+
+def event_warnings(item: GraspItem) -> list[str]:
+    """Doubtful but allowed things about an item's ground-truth events (the format is tolerant here):
+    a source outside :data:`KNOWN_EVENT_SOURCES` (read as a gesture), and event persons that the
+    question and options never name (when they name anyone at all)."""
+    out = []
+    unknown = sorted({e.kind for e in item.events if e.kind.strip().lower() not in KNOWN_EVENT_SOURCES})
+    if unknown:
+        out.append(f"meta.gt_events source(s) {', '.join(map(repr, unknown))} unknown, read as gesture events")
+    named = persons_named(item.question)
+    extra = sorted({p for e in item.events for p in e.persons} - named) if named else []
+    if extra:
+        out.append(f"meta.gt_events person(s) {extra} are not named in the question or options "
+                   f"(which name {sorted(named)})")
+    return out
 
 
 def _float(d: dict, key: str, where: str, default: float | None) -> float | None:
@@ -294,6 +338,9 @@ def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:
     question = "\n".join(prompt)
     options = options_from_text(question)
     target = targets[-1]
+    if not rl and not target.strip():
+        raise GraspFormatError(where, "SFT needs an assistant target (an `output: true` text or `response`), "
+                                      "this row's is empty")
     if rl:
         answer, response = check_mcq_answer(target, options, where), None
     else:

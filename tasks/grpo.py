@@ -1,7 +1,7 @@
 """GRPO task with configurable rewards: plain GRPO (accuracy + format) or GRPO-SGR (GRASP stage 2).
 
-Per micro-batch of B prompts: sample K completions per prompt (a group), score every completion
-with the configured reward terms, turn the weighted sum into group-normalised advantages, and
+Per rollout batch (the B·A prompts of an accumulation window): sample K completions per prompt (a
+group), score every completion with the configured reward terms, turn the weighted sum into group-normalised advantages, and
 minimise the clipped-ratio objective with a k3 KL to the frozen reference model (GRASP Sec. 3.3,
 Eq. for ``r_gnd``; DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option names).
 
@@ -228,16 +228,16 @@ class GRPOTask(Task):
     Args:
         rewards: reward term names from :data:`grasp_lightning.rewards.REWARDS`.
         reward_weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2).
-        advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over the
-            batch); ``released`` (each term mean-centred per group, then weighted: released code);
+        advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over every
+            rank's rewards); ``released`` (each term mean-centred per group, then weighted: released code);
             ``none`` (centred, not scaled).
         advantage_eps: the eps of the std division (TRL: 1e-4).
         advantage_clip: clip advantages to ±this (released recipe: 5), ``None`` for no clip.
         epsilon: lower clip range of the ratio.
         epsilon_high: upper clip range (``None``: same as ``epsilon``).
         beta: KL coefficient (recipe: 0.05); 0 skips the reference model entirely.
-        loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo.grpo_loss`).
-        loss_type: ``dapo`` divides by the loss tokens of the whole accumulation window over all ranks.
+        loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo.grpo_loss`);
+            ``dapo`` divides by the loss tokens of the whole accumulation window over all ranks.
         num_iterations: optimizer steps per rollout; the DataModule repeats each accumulation window
             this many times (passed to it by the module, see ``GraspDataModule.connect``).
         drop_zero_variance_groups: the older key for ``dynamic_sampling: drop`` (``true`` = drop);

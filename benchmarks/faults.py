@@ -204,7 +204,7 @@ def skip_faults(work: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------- bad inputs
 def bad_inputs(work: Path) -> dict[str, bool]:
     """Every hostile or broken input, and whether it was handled (refused, listed or bounded)."""
-    from grasp_lightning.check_data import Settings, run_check
+    from grasp_lightning.commands.check_data import Settings, run_check
     from tests.data_fixtures import make_mp4, make_tar, write_jsonl
 
     root = work / "bad_data"

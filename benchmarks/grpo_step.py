@@ -1,6 +1,6 @@
 """Seconds per GRPO step: TRL 1.16 ``GRPOTrainer`` against ours (group-shared and naive), same work.
 
-Equal work: the same tiny Qwen3-VL (built with :func:`grasp_lightning.tiny.build_tiny_qwen3vl` into
+Equal work: the same tiny Qwen3-VL (built with :func:`grasp_lightning.generators.tiny.build_tiny_qwen3vl` into
 a temp dir, vision tower frozen in both), the same prompts (system prompt + one image + a GRASP RL
 question from the bundled sample), the same number of prompts per step, K, completion budget,
 sampling settings (temperature 1, top-p 1, no top-k, EOS stop only), KL beta, loss type and AdamW.
@@ -63,7 +63,7 @@ def build_model(out: Path, *, hidden: int, layers: int, image_side: int, frame_s
     ``max_frames`` frames of ``frame_side``² pixels (so the prompt dominates)."""
     from transformers import AutoProcessor
 
-    from grasp_lightning.tiny import build_tiny_qwen3vl
+    from grasp_lightning.generators.tiny import build_tiny_qwen3vl
 
     build_tiny_qwen3vl(out, text_hidden_size=hidden, text_layers=layers, text_heads=4, vision_hidden_size=64,
                        vision_depth=2, max_video_pixels=frame_side * frame_side * max_frames)
@@ -215,7 +215,7 @@ def summarise(records: list[dict], warmup: int) -> dict:
 # ---------------------------------------------------------------------------------------- runners
 class WindowData:
     """A minimal DataModule for the benchmark: micro-batches of ``dataset`` grouped into accumulation windows
-    (``connect`` as :class:`~grasp_lightning.data.datamodule.GraspDataModule`)."""
+    (``connect`` as :class:`~grasp_lightning.datamodule.GraspDataModule`)."""
 
     def __init__(self, dataset) -> None:
         import lightning as L

@@ -1,6 +1,6 @@
 """End-to-end learning benchmark on the synthetic social world: SFT, then plain GRPO and GRPO-SGR.
 
-1. Generates the world (:mod:`grasp_lightning.world`) and its random-initialised tiny Qwen3-VL.
+1. Generates the world (:mod:`grasp_lightning.generators.world`) and its random-initialised tiny Qwen3-VL.
 2. Trains SFT (``configs/world_sft.yaml``) from scratch, validating on the world's bench every
    ``--val-every`` steps and checkpointing at the same steps.
 3. Takes the earliest SFT checkpoint whose bench accuracy reached ``--handoff-acc`` (a partially
@@ -39,8 +39,8 @@ TOL = 1e-6  #: accuracies read back from TensorBoard are float32
 
 def export_policy(ckpt: Path, init_dir: Path, out_dir: Path) -> Path:
     """Export the policy of an SFT checkpoint as a Hugging Face directory with
-    :func:`grasp_lightning.export.export_checkpoint` (the world's model is float32, vision trained)."""
-    from grasp_lightning.export import export_checkpoint
+    :func:`grasp_lightning.commands.export.export_checkpoint` (the world's model is float32, vision trained)."""
+    from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.policy import PolicyConfig
 
     policy = PolicyConfig(name_or_path=str(init_dir), dtype="float32", freeze_vision=False)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from grasp_lightning import world as world_mod
+    from grasp_lightning.generators import world as world_mod
 
     work = args.work / f"seed{args.seed}"
     work.mkdir(parents=True, exist_ok=True)

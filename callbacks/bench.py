@@ -1,7 +1,7 @@
 """GRASP-Bench reports: after each validation or test, ``results.json``, a Markdown table laid out
 like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard. The other
 benchmarks of ``data.benchmarks`` (MMSI, TVQA+, HumanSense, ...) get their own ``results.json``
-section and ``table_<name>.md`` (:mod:`grasp_lightning.benchmarks.report`).
+section and ``table_<name>.md`` (:mod:`grasp_lightning.evaluation.suite_report`).
 
 The numbers come from ``module.bench_metric`` (a torchmetrics metric synced across ranks) and the
 per-item records from every rank (gathered here). ``validate`` prints the table to the terminal.
@@ -16,8 +16,8 @@ import sys
 import lightning as L
 import torch.distributed as dist
 
-from grasp_lightning.benchmarks.report import write_results, write_tables
-from grasp_lightning.reports import category_bar_chart, markdown_table
+from grasp_lightning.evaluation.suite_report import write_results, write_tables
+from grasp_lightning.evaluation.reports import category_bar_chart, markdown_table
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""``python -m grasp_lightning``: see :mod:`grasp_lightning.cli`."""
+"""``python -m grasp_lightning``: see :mod:`grasp_lightning.commands.train`."""
 
-from grasp_lightning.cli import main
+from grasp_lightning.commands.train import main
 
 main()

@@ -196,9 +196,9 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         top_k: optional top-k.
         stop_strings: generation may stop once one of these has been produced.
         share_prompt: encode each clip and prefill each prompt once, then sample the K rows from the
-            expanded cache (:func:`grasp_lightning.rollout.prefill_for_generation`); same tokens and
+            expanded cache (:func:`grasp_lightning.shared_prompt.prefill_for_generation`); same tokens and
             logits as without, less work. Needs a model that
-            :func:`grasp_lightning.rollout.sharing_unsupported_reason` accepts.
+            :func:`grasp_lightning.shared_prompt.sharing_unsupported_reason` accepts.
 
     Returns:
         :class:`Completions` with ``N = B * K`` rows.
@@ -216,7 +216,7 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
     if stop_strings:
         gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
     if share_prompt and num_return_sequences > 1:
-        from grasp_lightning.rollout import prefill_for_generation
+        from grasp_lightning.shared_prompt import prefill_for_generation
 
         inputs, cache = prefill_for_generation(model, inputs, num_return_sequences)
         gen_kwargs.update(num_return_sequences=1, cache=cache)

@@ -2,7 +2,7 @@
 
 Training delegates the objective to the task plugin (``tasks.sft.SFTTask``,
 ``tasks.grpo.GRPOTask``); validation and test decode GRASP-Bench answers and score them with
-:class:`~grasp_lightning.bench.BenchAccuracy` (exact across ranks). Reports are written by the
+:class:`~grasp_lightning.evaluation.grasp_score.BenchAccuracy` (exact across ranks). Reports are written by the
 ``callbacks.bench.GraspBenchReport`` callback from ``module.bench_metric`` and
 ``module.bench_records``.
 """
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
-from grasp_lightning.bench import BenchAccuracy
-from grasp_lightning.benchmarks.suite import BenchmarkSuite
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy
+from grasp_lightning.evaluation.suite import BenchmarkSuite
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.eval_protocol import GraspProtocol, make_protocol
+from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
 from grasp_lightning.generation import sample_completions
 from grasp_lightning.policy import (
     LoraConfig,
@@ -96,7 +96,7 @@ class EvalConfig:
         protocol: ``grasp`` (ours: the data module's prompts, ``data.fps`` frames with real
             timestamps, our answer parser) or ``released`` (the released GRASP evaluation, so scores
             compare with the paper: its prompts, frames, resizing, answer extraction and report;
-            :mod:`grasp_lightning.eval_protocol`, ``configs/eval_released.yaml``).
+            :mod:`grasp_lightning.evaluation.protocol`, ``configs/eval_released.yaml``).
         max_new_tokens: completion budget in tokens; ``None``: the protocol's (ours 1024; released 2048
             with reasoning, 64 without).
         do_sample: sample instead of greedy decoding (released: greedy).
@@ -141,7 +141,7 @@ class EvalConfig:
                  "an integer >= 1 or null", self.frame_spatial_patch)
 
     def make_protocol(self) -> GraspProtocol:
-        """The protocol object (:func:`grasp_lightning.eval_protocol.make_protocol`).
+        """The protocol object (:func:`grasp_lightning.evaluation.protocol.make_protocol`).
 
         Raises:
             GraspConfigError: an unknown protocol or setting.
@@ -415,7 +415,7 @@ class GraspModule(L.LightningModule):
         """Decode answers for a bench batch and update the bench metric (padding rows are not counted).
 
         With several benchmarks (``data.benchmarks``) ``dataloader_idx`` picks the benchmark; batches of
-        benchmarks other than GRASP-Bench are scored by :class:`~grasp_lightning.benchmarks.suite.BenchmarkSuite`.
+        benchmarks other than GRASP-Bench are scored by :class:`~grasp_lightning.evaluation.suite.BenchmarkSuite`.
         """
         if len(batch) == 0:
             return

@@ -32,7 +32,7 @@ times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer st
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
 and reference log-prob forwards) runs once per prompt (``share_prompt``, default; exact, see
-:mod:`grasp_lightning.rollout`); ``share_prompt: false`` repeats each prompt K times like TRL.
+:mod:`grasp_lightning.shared_prompt`); ``share_prompt: false`` repeats each prompt K times like TRL.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions, sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
-from grasp_lightning.rollout import (
+from grasp_lightning.shared_prompt import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
     concat_prompts,
     prompt_tokens_forwarded,
@@ -75,7 +75,7 @@ class Rollout:
 
     Attributes:
         prompt: model inputs of the ``B`` prompts (left-padded ``(B, Lp)``, vision inputs once).
-        shared: the group's prompt work is shared (see :mod:`grasp_lightning.rollout`), else naive rows.
+        shared: the group's prompt work is shared (see :mod:`grasp_lightning.shared_prompt`), else naive rows.
         completions: the sampled completions (``ids`` ``(N, Lc)``, ``mask`` ``(N, Lc)``).
         terms: ``(N, T)`` reward terms; ``rewards``: ``(N,)`` weighted sum.
         advantages: ``(N,)``; ``old_logp``/``ref_logp``: ``(N, Lc)`` or ``None``.
@@ -124,7 +124,7 @@ _TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask")
 
 def merge_batches(batches: list[Batch], pad_token_id: int) -> Batch:
     """One left-padded prompt batch from several micro-batches (prompts, clips, items and indices in
-    order; see :func:`grasp_lightning.rollout.concat_prompts`)."""
+    order; see :func:`grasp_lightning.shared_prompt.concat_prompts`)."""
     if len(batches) == 1:
         return batches[0]
     prompts = [{k: v for k, v in b.inputs.items() if k != "labels"} for b in batches]
@@ -213,7 +213,7 @@ def _even_split(n: int, parts: int) -> list[int]:
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
     """Repeat each prompt's rows and vision patches K times (naive rows).
 
-    Kept for callers of the old name; see :func:`grasp_lightning.rollout.repeat_prompts`.
+    Kept for callers of the old name; see :func:`grasp_lightning.shared_prompt.repeat_prompts`.
     """
     return repeat_prompts(inputs, k)
 
@@ -258,7 +258,7 @@ class GRPOTask(Task):
             where every rollout is equally long gets nothing from it) or ``released`` (released GRASP
             code: the raw penalty added to the advantage, before the ±``advantage_clip`` clip).
         share_prompt: encode each group's clip and prefill its prompt once for sampling and for the
-            policy/old/reference scoring (exact; :mod:`grasp_lightning.rollout`). ``False`` repeats
+            policy/old/reference scoring (exact; :mod:`grasp_lightning.shared_prompt`). ``False`` repeats
             every prompt K times as separate rows, like TRL (for ablations). Models or prompts
             where sharing is not exact fall back to the naive rows with a warning.
     """

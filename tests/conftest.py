@@ -39,8 +39,8 @@ def in_repo(monkeypatch):
 
 def run_cli(args: list[str], tmp_path: Path):
     """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI."""
-    from grasp_lightning.cli import GraspCLI
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.commands.train import GraspCLI
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
 
     extra = [f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.default_root_dir={tmp_path}"]

@@ -1,4 +1,4 @@
-"""Tests of grasp_lightning.bench: a hand-scored golden bench over 2 simulated and 2 real DDP ranks."""
+"""Tests of grasp_lightning.evaluation.grasp_score: a hand-scored golden bench over 2 simulated and 2 real DDP ranks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 from grasp_lightning.data.records import CATEGORIES, ClipRef, GraspItem, SocialEvent
 from grasp_lightning.errors import GraspDataError
 
@@ -201,7 +201,7 @@ def test_score_completion_rejects_open_ended() -> None:
 def test_caller_verdicts_count_open_ended_items() -> None:
     """A protocol that scores open-ended items (the released one) passes its own verdicts: counted as
     given, no letter check; without verdicts a non-letter target is still refused."""
-    from grasp_lightning.bench import make_record
+    from grasp_lightning.evaluation.grasp_score import make_record
 
     item = golden_items()[0].replace(answer="Person 0 looks at Person 2 first.", format="open_ended", options=())
     records = [make_record("<think>P0</think>Person 0 looks at Person 2 first.", item, target=item.answer,

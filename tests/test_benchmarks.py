@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from grasp_lightning.benchmarks import MMSI, GraspBench, HumanSense, OnlineMMSI, TaskAccuracy, TVQAPlus, fixtures
-from grasp_lightning.benchmarks.audio import decode_audio, processor_accepts_audio
-from grasp_lightning.benchmarks.humansense import multi_score, pattern_of
-from grasp_lightning.benchmarks.report import read_sections
-from grasp_lightning.benchmarks.tvqa import parse_ts
+from grasp_lightning.evaluation import MMSI, GraspBench, HumanSense, OnlineMMSI, TaskAccuracy, TVQAPlus
+from grasp_lightning.generators import suite_fixtures as fixtures
+from grasp_lightning.evaluation.audio import decode_audio, processor_accepts_audio
+from grasp_lightning.evaluation.humansense import multi_score, pattern_of
+from grasp_lightning.evaluation.suite_report import read_sections
+from grasp_lightning.evaluation.tvqa import parse_ts
 from grasp_lightning.errors import ClipDecodeError, GraspFormatError
 
 from .conftest import REPO, SAMPLE, run_cli, scalars
 
-ASSETS = REPO / "grasp_lightning" / "assets" / "benchmarks"
+ASSETS = REPO / "grasp_lightning" / "assets" / "eval_suites"
 NO_AUDIO = "they need audio and the model's processor takes no audio input"
 
 
@@ -143,8 +144,8 @@ def test_tvqa_reader_answer_idx_ts_and_subtitles(tmp_path):
 
 def test_tvqa_decodes_only_the_ts_window(processor, monkeypatch):
     """Through the DataModule's dataset: the frames handed to the processor are those of ``ts`` only."""
-    import grasp_lightning.data.datamodule as dm
-    from grasp_lightning.data.datamodule import GraspDataset
+    import grasp_lightning.datamodule as dm
+    from grasp_lightning.datamodule import GraspDataset
 
     bench = TVQAPlus(str(ASSETS / "tvqa_plus" / "tvqa_plus_val.json"))
     bench.load()
@@ -292,8 +293,8 @@ def test_shipped_fixtures_match_the_generator_and_read(tmp_path):
 
 
 def test_grasp_bench_plugin_reuses_bench_and_reports():
-    from grasp_lightning.bench import score_completion
-    from grasp_lightning.reports import markdown_table
+    from grasp_lightning.evaluation.grasp_score import score_completion
+    from grasp_lightning.evaluation.reports import markdown_table
 
     bench = GraspBench(str(SAMPLE / "test" / "grasp_bench.tar"))
     bench.load()
@@ -310,7 +311,7 @@ def test_grasp_bench_plugin_reuses_bench_and_reports():
 # ------------------------------------------------------------------------------------ validate, all at once
 def test_validate_reports_grasp_bench_and_four_benchmarks(in_repo, tmp_path, capsys):
     cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                   "configs/benchmarks.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "configs/eval_suites.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
                    "--data.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4"],
                   tmp_path)
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grasp_lightning.check_data import main
+from grasp_lightning.commands.check_data import main
 
 from .conftest import REPO, SAMPLE
 from .data_fixtures import make_tar, write_jsonl
@@ -187,7 +187,7 @@ def test_bad_numbers_stop_check_data_naming_the_key(in_repo, capsys, flag, key):
     ({"max_skip_fraction": 2}, "data.max_skip_fraction must be a number in [0, 1], got 2"),
 ])
 def test_datamodule_numbers(kwargs, message):
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.errors import GraspConfigError
 
     with pytest.raises(GraspConfigError) as err:

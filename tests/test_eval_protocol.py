@@ -17,7 +17,7 @@ import torch
 
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.eval_protocol import (
+from grasp_lightning.evaluation.protocol import (
     compose_prompt,
     extract_answer_released,
     make_protocol,
@@ -126,7 +126,7 @@ def test_reasoning_split_and_scoring_rule():
 
 def test_report_is_the_released_metric_report():
     """Hand-computed as metric_report.py prints it: count-weighted groups and overall, C1-C4 names."""
-    from grasp_lightning.bench import BenchAccuracy
+    from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 
     protocol = make_protocol("released")
     cases = [("T1", "easy", "<answer>A</answer>"), ("T1", "easy", "<answer>B</answer>"),

@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py: the CPU smoke run end to end, and the GPU run's sizes and model.
 
-The smoke run is the GPU check's own code path (stand-in built by ``grasp_lightning.standin``, both
+The smoke run is the GPU check's own code path (stand-in built by ``grasp_lightning.generators.standin``, both
 recipes through ``python -m grasp_lightning fit``, the ZeRO-2 engine) with tiny sizes; the GPU
 run itself needs a CUDA device and is not run here.
 """
@@ -48,7 +48,7 @@ def test_gpu_and_smoke_configs_differ_in_sizes_device_and_strategy_only(phase: s
 
 def test_gpu_mode_builds_the_published_depth(monkeypatch, tmp_path) -> None:
     """The GPU run stands in for the full 2B model (28 text layers, 24 vision blocks), real vocabulary."""
-    import grasp_lightning.standin as standin
+    import grasp_lightning.generators.standin as standin
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""Tests of grasp_lightning.memory: hand-computed bytes on a tiny Qwen3-VL, the published sizes, configs, CLI."""
+"""Tests of grasp_lightning.planning.memory: hand-computed bytes on a tiny Qwen3-VL, the published sizes, configs, CLI."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3VLConfig
 
-from grasp_lightning import memory
+from grasp_lightning.planning import memory
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.memory import (
+from grasp_lightning.planning.memory import (
     GIB,
     RunSpec,
     architecture_config,
@@ -187,7 +187,7 @@ def test_timestamp_tokens_match_qwen3_tokenizer(qwen3_processor, seconds: float)
 @pytest.fixture(scope="module")
 def qwen3_processor():
     """The 2B stand-in's processor: Qwen3's real tokenizer and the published video processor settings."""
-    from grasp_lightning.standin import build_processor
+    from grasp_lightning.generators.standin import build_processor
 
     return build_processor("Qwen3-VL-2B-Instruct")
 
@@ -256,7 +256,7 @@ def test_run_spec_defaults_are_the_codes() -> None:
 
     import lightning as L
 
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import RolloutConfig
     from grasp_lightning.policy import PolicyConfig
     from tasks.grpo import GRPOTask
@@ -319,12 +319,12 @@ def test_cli_and_table(capsys) -> None:
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
 def test_cli_exit_code(monkeypatch, capsys) -> None:
-    # `python -m grasp_lightning.memory ...` in this process (runpy), so transformers is not imported twice
+    # `python -m grasp_lightning.planning.memory ...` in this process (runpy), so transformers is not imported twice
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", ["memory", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml",
                                       "--gpu-memory-gib", "24"])
     with pytest.raises(SystemExit) as done:
-        runpy.run_module("grasp_lightning.memory", run_name="__main__")
+        runpy.run_module("grasp_lightning.planning.memory", run_name="__main__")
     assert done.value.code == 0
     assert "LoRA r=16" in capsys.readouterr().out
 

@@ -1,4 +1,4 @@
-"""Multi-stage recipes (grasp_lightning/pipeline.py): SFT -> SGR on the tiny model, each stage from the
+"""Multi-stage recipes (grasp_lightning/commands/pipeline.py): SFT -> SGR on the tiny model, each stage from the
 previous export, an interruption mid-stage, and a resume at the stage and step where it stopped."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import yaml
 
-from grasp_lightning.pipeline import (
+from grasp_lightning.commands.pipeline import (
     STATE_FILE,
     Pipeline,
     PipelineInterrupted,
@@ -99,7 +99,7 @@ def test_pipeline_config_demo_and_stage_arguments(in_repo, tmp_path):
     assert pipeline.run_dir == tmp_path  # --run_dir on the command line wins over the demo's folder
     assert pipeline_from_args(["--config", "configs/grasp_pipeline.yaml", "--demo", "true"])[0].run_dir == \
         Path("runs/grasp_pipeline_demo")
-    assert pipeline.launcher == "subprocess" and pipeline.final_validate == ["configs/benchmarks.yaml"]
+    assert pipeline.launcher == "subprocess" and pipeline.final_validate == ["configs/eval_suites.yaml"]
     args = pipeline.stage_args(pipeline.stages[1], "runs/x/stages/sft/export")
     assert args[:4] == ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml"]
     assert "--data.num_workers=0" in args and args[-1] == "--model.policy.name_or_path=runs/x/stages/sft/export"

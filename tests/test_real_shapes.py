@@ -1,6 +1,6 @@
 """The real-shape tier: the commands a user runs, on stand-ins of real Qwen3-VL checkpoints.
 
-A stand-in (:mod:`grasp_lightning.standin`) has the real 2B widths, the real Qwen3 vocabulary
+A stand-in (:mod:`grasp_lightning.generators.standin`) has the real 2B widths, the real Qwen3 vocabulary
 (151,669 tokens, 151,936 logits), the published generation config (``eos [151645, 151643]``,
 ``pad 151643``), the published processor settings and our Instruct/Thinking templates; random weights,
 2 text + 2 vision layers (516 M parameters), written in bf16 as published. It is built once per module
@@ -104,7 +104,7 @@ def _loss_wall_times(log_dir: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory) -> Path:
-    from grasp_lightning.standin import build_standin
+    from grasp_lightning.generators.standin import build_standin
 
     start = time.perf_counter()
     out = build_standin(tmp_path_factory.mktemp("standin") / "Qwen3-VL-2B-Instruct", "Qwen3-VL-2B-Instruct")
@@ -120,7 +120,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sft_export(standin, data_root, tmp_path_factory):
     """SFT (LoRA) on the stand-in until it writes the target format, then ``export`` (adapters merged)."""
-    from grasp_lightning.export import main as export_main
+    from grasp_lightning.commands.export import main as export_main
 
     tmp = tmp_path_factory.mktemp("sft")
     cli = _timed(f"SFT LoRA fit, {SFT_STEPS} steps", [
@@ -146,7 +146,7 @@ def sft_export(standin, data_root, tmp_path_factory):
 
 
 def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
                          num_workers=0, max_frames=4, max_pixels=8192, **kw)
@@ -186,11 +186,11 @@ def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(st
 
 @pytest.mark.parametrize("seconds", [10, 60, 300])
 def test_memory_planner_token_counts_agree_with_the_processor(standin, seconds):
-    """``grasp_lightning.memory.video_tokens`` against the stand-in's processor for the recipe's video
+    """``grasp_lightning.planning.memory.video_tokens`` against the stand-in's processor for the recipe's video
     settings (2 fps, at most 512 frames of 448 x 448) on 30 fps source clips: within 2 %."""
     import numpy as np
 
-    from grasp_lightning import memory
+    from grasp_lightning.planning import memory
     from grasp_lightning.data.video import sample_indices
     from grasp_lightning.policy import load_processor
 
@@ -375,7 +375,7 @@ def test_validate_the_export_scores_its_greedy_answers(sft_export, data_root, tm
 def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(standin, data_root, tmp_path, capsys):
     """``check-data`` with the stand-in's processor: a budget one token below the longest RL prompt
     flags exactly that row, quoting its real token count."""
-    from grasp_lightning.check_data import main as check_data_main
+    from grasp_lightning.commands.check_data import main as check_data_main
 
     processor, batch = _batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
     lengths = [int(n) for n in batch.prompt_lengths]
@@ -398,7 +398,7 @@ def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(standin, data_r
 def test_thinking_standin_sft_and_validate(data_root, tmp_path):
     """A Qwen3-VL-2B-Thinking stand-in: the generation prompt opens ``<think>\\n``, SFT labels start
     right after it and hold the target in the published Thinking layout; ``fit`` and ``validate`` run."""
-    from grasp_lightning.standin import build_standin
+    from grasp_lightning.generators.standin import build_standin
 
     start = time.perf_counter()
     model = build_standin(tmp_path / "Qwen3-VL-2B-Thinking", "Qwen3-VL-2B-Thinking")

@@ -267,7 +267,7 @@ def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
 
 # ---------------------------------------------------------------------- hostile input
 def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, tiny_path):
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     from .data_fixtures import make_mp4, make_tar, sft_row, write_jsonl
 
@@ -333,7 +333,7 @@ def _remote_code_model(tmp_path: Path, marker: Path) -> Path:
 def test_remote_code_never_runs_unless_asked(tmp_path, monkeypatch):
     import transformers.dynamic_module_utils as dmu
 
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy, load_processor
 
     monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "modules"))
@@ -367,7 +367,7 @@ def test_checkpoint_with_pickled_code_is_refused(in_repo, tmp_path):
 
 
 def test_an_unexpected_error_on_one_item_is_a_skip_not_a_crash(in_repo, tiny_path, monkeypatch):
-    import grasp_lightning.data.datamodule as dm_module
+    import grasp_lightning.datamodule as dm_module
 
     real = dm_module.encode_example
 

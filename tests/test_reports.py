@@ -1,4 +1,4 @@
-"""Tests of grasp_lightning.reports: Markdown table, results.json round trip, bar chart."""
+"""Tests of grasp_lightning.evaluation.reports: Markdown table, results.json round trip, bar chart."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grasp_lightning.bench import BenchAccuracy
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 from grasp_lightning.data.records import CATEGORIES
-from grasp_lightning.reports import (
+from grasp_lightning.evaluation.reports import (
     CATEGORY_NAMES,
     PAPER_REFERENCE,
     category_bar_chart,

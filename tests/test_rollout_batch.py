@@ -71,7 +71,7 @@ def world():
     """The tiny policy (weights perturbed), a frozen reference copy, and the sample RL data module."""
     from transformers import AutoModelForImageTextToText
 
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     torch.manual_seed(0)
     policy = AutoModelForImageTextToText.from_pretrained(str(TINY), dtype=torch.float32)

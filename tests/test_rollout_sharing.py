@@ -1,4 +1,4 @@
-"""Group-shared rollouts and scoring (grasp_lightning/rollout.py) against the naive repeated rows.
+"""Group-shared rollouts and scoring (grasp_lightning/shared_prompt.py) against the naive repeated rows.
 
 Sampling from one prefill expanded K times must give plain ``generate``'s tokens and per-step
 logits; scoring the K completions against one prompt forward must give the naive per-row
@@ -13,7 +13,7 @@ import torch
 
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import sample_completions
-from grasp_lightning.rollout import (
+from grasp_lightning.shared_prompt import (
     completion_logps,
     full_sequences,
     prefill_for_generation,
@@ -34,7 +34,7 @@ LOGP_TOL = dict(rtol=1e-5, atol=2e-5)
 @pytest.fixture(scope="module")
 def prompts():
     """Two left-padded RL prompts of different lengths with their 8-frame clips (sample data)."""
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
                          max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
@@ -204,7 +204,7 @@ def _task_step(share: bool, prompts_batch):
 
 
 def test_grpo_task_shared_step_equals_naive_step(prompts):
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
                          max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)

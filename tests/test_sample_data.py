@@ -1,4 +1,4 @@
-"""Tests of :mod:`grasp_lightning.data.sample`: every generated file against ``shared/grasp-format.md``,
+"""Tests of :mod:`grasp_lightning.generators.sample_data`: every generated file against ``shared/grasp-format.md``,
 answers against the drawn actions, byte-determinism, and the shipped copy in ``assets/sample``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grasp_lightning.data import sample
+from grasp_lightning.generators import sample_data as sample
 from grasp_lightning.data.records import CATEGORIES, CATEGORY_DIFFICULTY, DIFFICULTIES, normalise_category
 
 pytestmark = pytest.mark.timeout(120)
@@ -327,7 +327,7 @@ def _structure(root: Path) -> dict[str, object]:
 
 def test_shipped_copy_matches_fresh_generation(out: Path) -> None:
     shipped = sample.ASSETS_DIR
-    assert shipped.is_dir(), "grasp_lightning/assets/sample is missing: run python -m grasp_lightning.data.sample"
+    assert shipped.is_dir(), "grasp_lightning/assets/sample is missing: run python -m grasp_lightning.generators.sample_data"
     assert _structure(shipped) == _structure(out)
     assert sum(p.stat().st_size for p in shipped.rglob("*") if p.is_file()) < 3_000_000
     assert sample.load_real_clip() == _tar(out / "train" / "videos" / "social-iq_part000.tar")[

@@ -121,7 +121,7 @@ def runs(tmp_path_factory):
         run_cli(["fit", *SFT, *_config(p / "c.yaml", _sft_trainer(p, 4, 1, False, False), data)], p)
     _wait(procs_a, a / "run")
     t1 = time.monotonic()
-    from grasp_lightning.export import main as export_main
+    from grasp_lightning.commands.export import main as export_main
 
     with ExitStack() as stack:
         mp = stack.enter_context(pytest.MonkeyPatch.context())
@@ -221,7 +221,7 @@ def test_grpo_under_zero2_from_exported_sft(runs):
 
 @pytest.mark.slow
 def test_incomplete_deepspeed_checkpoint_is_refused(runs, tmp_path):
-    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.strategies import GraspDeepSpeedStrategy
 
@@ -302,7 +302,7 @@ def test_atomic_directory_save_marker_and_crash(tmp_path):
 
 # ---------------------------------------------------------------------------- LoRA
 def _rl_batch():
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
                          bench=None, batch_size=2, num_workers=0, max_frames=8, max_pixels=4096)
@@ -341,7 +341,7 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
 def test_export_lora_checkpoint_merged_and_as_adapter(tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
     from tasks.sft import SFTTask
@@ -400,7 +400,7 @@ def test_adapter_export_of_a_relative_base_loads_from_any_directory(tmp_path, mo
 
     from transformers import AutoModelForImageTextToText
 
-    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
     from tasks.sft import SFTTask

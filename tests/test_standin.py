@@ -1,4 +1,4 @@
-"""Stand-ins of real Qwen3-VL checkpoints (:mod:`grasp_lightning.standin`): the real Qwen3 vocabulary,
+"""Stand-ins of real Qwen3-VL checkpoints (:mod:`grasp_lightning.generators.standin`): the real Qwen3 vocabulary,
 the published generation config and processor settings, our Instruct/Thinking templates written in the
 published formats, the published parameter counts, and the command line that writes a loadable model.
 
@@ -39,14 +39,14 @@ TARGET = "<think><gaze>Person 0 looks at Person 1.</gaze></think><answer>A</answ
 
 @pytest.fixture(scope="module")
 def instruct():
-    from grasp_lightning.standin import build_processor
+    from grasp_lightning.generators.standin import build_processor
 
     return build_processor("Qwen3-VL-2B-Instruct")
 
 
 @pytest.fixture(scope="module")
 def thinking():
-    from grasp_lightning.standin import build_processor
+    from grasp_lightning.generators.standin import build_processor
 
     return build_processor("Qwen3-VL-8B-Thinking")
 
@@ -115,7 +115,7 @@ def test_full_depth_config_has_the_published_parameter_count(like, published):
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from grasp_lightning.standin import standin_config
+    from grasp_lightning.generators.standin import standin_config
 
     config = standin_config(like, text_layers=None, vision_layers=None)
     with torch.device("meta"):
@@ -126,7 +126,7 @@ def test_full_depth_config_has_the_published_parameter_count(like, published):
 
 
 def test_a_few_layers_keep_the_real_widths():
-    from grasp_lightning.standin import standin_config
+    from grasp_lightning.generators.standin import standin_config
 
     config = standin_config("Qwen/Qwen3-VL-8B-Thinking", text_layers=2, vision_layers=2)
     t, v = config.text_config, config.vision_config
@@ -139,13 +139,13 @@ def test_a_few_layers_keep_the_real_widths():
 
 
 def test_unknown_checkpoint_name_is_a_clear_error(tmp_path):
-    from grasp_lightning.standin import parse_like
+    from grasp_lightning.generators.standin import parse_like
 
     with pytest.raises(GraspConfigError, match=r"'Qwen3-VL-3B-Instruct': not a known checkpoint; known: .*"
                                                r"'Qwen3-VL-2B-Instruct', 'Qwen3-VL-2B-Thinking'"):
         parse_like("Qwen3-VL-3B-Instruct")
     out = tmp_path / "never"
-    proc = subprocess.run([sys.executable, "-m", "grasp_lightning.tiny", str(out), "--like", "Qwen3-VL-8B-Base"],
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning.generators.tiny", str(out), "--like", "Qwen3-VL-8B-Base"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "error: --like 'Qwen3-VL-8B-Base': not a known checkpoint; known: " in proc.stderr
@@ -153,14 +153,14 @@ def test_unknown_checkpoint_name_is_a_clear_error(tmp_path):
 
 
 def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
-    """``python -m grasp_lightning.tiny OUT --like ...``: real widths, 1 + 1 layers (for speed), loaded
+    """``python -m grasp_lightning.generators.tiny OUT --like ...``: real widths, 1 + 1 layers (for speed), loaded
     back through the policy loader (``AutoModelForImageTextToText`` / ``AutoProcessor``)."""
     import json
 
     import torch
 
     from grasp_lightning.policy import load_model, load_processor
-    from grasp_lightning.tiny import main
+    from grasp_lightning.generators.tiny import main
 
     out = tmp_path / "standin"
     main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from grasp_lightning.policy import PolicyConfig, load_policy, load_processor
-from grasp_lightning.tiny import SPECIAL_TOKENS, build_tiny_qwen3vl
+from grasp_lightning.generators.tiny import SPECIAL_TOKENS, build_tiny_qwen3vl
 
 from .conftest import TINY
 
@@ -35,9 +35,9 @@ def test_loads_through_from_pretrained_with_frozen_vision_and_special_tokens():
 
 
 def test_cli_checks_layers_and_refuses_to_overwrite(tmp_path, capsys):
-    """``python -m grasp_lightning.tiny``: layer counts apply to the tiny model too and must be >= 1; a
+    """``python -m grasp_lightning.generators.tiny``: layer counts apply to the tiny model too and must be >= 1; a
     folder that already holds files (an export, a checkpoint) is not written into without ``--overwrite``."""
-    from grasp_lightning.tiny import main
+    from grasp_lightning.generators.tiny import main
 
     for flag in ("--text-layers", "--vision-layers"):
         with pytest.raises(SystemExit) as done:

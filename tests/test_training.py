@@ -42,7 +42,7 @@ class _Seen:
 def _sft_run(tmp_path, max_steps, ckpt=None, save=None):
     import lightning as L
 
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import PolicyConfig
     from tasks.sft import SFTTask

@@ -1,4 +1,4 @@
-"""Tests of :mod:`grasp_lightning.world`: every file read back by the GRASP readers, every answer
+"""Tests of :mod:`grasp_lightning.generators.world`: every file read back by the GRASP readers, every answer
 re-derived from the drawn actions by an independent solver and, for gazes, from the decoded pixels."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from grasp_lightning import world
+from grasp_lightning.generators import world
 from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import user_text
-from grasp_lightning.data.sample import OBJECT, Action
+from grasp_lightning.generators.sample_data import OBJECT, Action
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
 from grasp_lightning.parsing import extract_participants
@@ -193,8 +193,8 @@ def test_world_tokenizer_knows_the_worlds_words(tmp_path: Path) -> None:
     quarter fewer tokens than with the generic tiny tokenizer (measured: 270 vs 363 for these five)."""
     from transformers import AutoTokenizer
 
-    from grasp_lightning.data.sample import user_text as user_text_of
-    from grasp_lightning.tiny import build_tokenizer
+    from grasp_lightning.generators.sample_data import user_text as user_text_of
+    from grasp_lightning.generators.tiny import build_tokenizer
 
     world.build_world_model(tmp_path / "m", seed=0)
     ours, generic = AutoTokenizer.from_pretrained(tmp_path / "m"), build_tokenizer(seed=0)
@@ -209,7 +209,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
     """G2's four gestures are told apart by the pixels: a given object sits inside the receiver's square
     from the second frame on, a shown object outside every square; a reaching arm covers at least three
     times the white pixels of a pointing arm."""
-    from grasp_lightning.data.sample import HELD
+    from grasp_lightning.generators.sample_data import HELD
 
     seen, white = set(), {"pointing": [], "reaching": []}
     for k in range(4, 400, 5):  # the G2 clips
@@ -235,7 +235,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
 
 def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path, tiny_path: Path) -> None:
     """``data.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.data.prompts import INSTRUCTION
 
     dm = GraspDataModule(root=str(out), processor=str(tiny_path), mode="rl", max_frames=4, max_pixels=4096,

@@ -7,9 +7,9 @@ with ``save_pretrained`` and loaded back by :func:`grasp_lightning.policy.load_p
 ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` — the same
 path as a real checkpoint. Facts used: ``shared/stack-notes.md`` (Qwen3-VL in transformers 5.x).
 
-Command line: ``python -m grasp_lightning.tiny OUT_DIR [--seed N]``; with ``--like
+Command line: ``python -m grasp_lightning.generators.tiny OUT_DIR [--seed N]``; with ``--like
 Qwen3-VL-2B-Instruct`` (or another checkpoint name) it writes a stand-in of that real checkpoint
-instead (:mod:`grasp_lightning.standin`: real widths, vocabulary, templates; a few layers).
+instead (:mod:`grasp_lightning.generators.standin`: real widths, vocabulary, templates; a few layers).
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def build_tiny_qwen3vl(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line entry: ``python -m grasp_lightning.tiny OUT_DIR [--like NAME --text-layers N --vision-layers N]``."""
+    """Command line entry: ``python -m grasp_lightning.generators.tiny OUT_DIR [--like NAME --text-layers N --vision-layers N]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
         return
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.standin import build_standin, parse_like, standin_config
+    from grasp_lightning.generators.standin import build_standin, parse_like, standin_config
 
     try:  # a bad name or layer count is a usage error, reported before anything is built or written
         parse_like(args.like)

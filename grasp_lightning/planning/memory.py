@@ -1,6 +1,6 @@
 """Memory planner: the per-GPU memory of a grasp_lightning run, read from its config.
 
-``python -m grasp_lightning.memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
+``python -m grasp_lightning.planning.memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
 prints the bytes of every component per GPU and whether the run fits; ``--table`` prints the
 README's scaling table (Qwen3-VL 2B/4B/8B; full fine-tune on 8 x H200, LoRA on one 24 GB GPU).
 
@@ -70,7 +70,7 @@ _POLICY_DEFAULTS = PolicyConfig()  # the code's defaults, read once
 _ROLLOUT_DEFAULTS = RolloutConfig()
 
 GIB = 2**30
-ARCHITECTURES_FILE = Path(__file__).parent / "assets" / "qwen3vl-architectures.json"
+ARCHITECTURES_FILE = Path(__file__).resolve().parent.parent / "assets" / "qwen3vl-architectures.json"
 #: The GRASP paper's model; used when a config names a checkpoint that is not on this machine.
 DEFAULT_ARCHITECTURE = "Qwen3-VL-8B-Instruct"
 #: Memory of one H200 as ``nvidia-smi`` reports it (143771 MiB, sold as 141 GB), in GiB.
@@ -93,7 +93,7 @@ DEFAULT_SOURCE_FPS = 30.0
 SFT_LOGIT_BYTES = 10
 #: The same for GRPO scoring of completion positions: bf16 logits (2) + the float32 rows that
 #: ``logsumexp`` keeps for backward (4); the no-grad entropy works one row at a time
-#: (``grasp_lightning/rollout.py: logps_and_entropy``).
+#: (``grasp_lightning/shared_prompt.py: logps_and_entropy``).
 GRPO_LOGIT_BYTES = 6
 
 _TEXT_COMMON = {"head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
@@ -1033,7 +1033,7 @@ def scaling_table(configs_dir: str | Path = "configs", *, video_seconds: float =
               "frames "
               f"shrink in 32-pixel steps and the count is not monotonic: at most {most[0]:,} video tokens, at "
               f"{most[1]} s). Token counts follow the Qwen3-VL processor exactly, timestamps included. "
-              "Computed by `python -m grasp_lightning.memory --table`."]
+              "Computed by `python -m grasp_lightning.planning.memory --table`."]
     return "\n".join(lines)
 
 
@@ -1048,8 +1048,8 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m grasp_lightning.memory``: print a plan (``--config ...``) or the README table (``--table``)."""
-    parser = argparse.ArgumentParser(prog="python -m grasp_lightning.memory", description=__doc__.splitlines()[0])
+    """``python -m grasp_lightning.planning.memory``: print a plan (``--config ...``) or the README table (``--table``)."""
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning.planning.memory", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", default=[], help="a grasp_lightning YAML config (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a dotted config key, e.g. model.policy.name_or_path=Qwen3-VL-2B-Instruct")

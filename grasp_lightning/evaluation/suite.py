@@ -3,7 +3,7 @@
 The DataModule exposes ``val_benchmarks`` (every configured benchmark, loaded) whose entries with
 items each got one validation dataloader, in order (:func:`routes`). :class:`BenchmarkSuite` maps a
 ``dataloader_idx`` to its benchmark, scores that benchmark's completions into its own
-:class:`~grasp_lightning.benchmarks.base.TaskAccuracy` (sum-reduced states: exact across ranks)
+:class:`~grasp_lightning.evaluation.base.TaskAccuracy` (sum-reduced states: exact across ranks)
 and keeps the per-item records for ``results.json``. GRASP-Bench batches stay on the module's
 ``bench_metric``/``bench_records`` path.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grasp_lightning.benchmarks.base import Benchmark
+from grasp_lightning.evaluation.base import Benchmark
 
 
 def routes(benchmarks: list[Benchmark]) -> list[Benchmark]:

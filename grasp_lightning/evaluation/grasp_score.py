@@ -91,7 +91,7 @@ def make_record(completion: str, item: GraspItem, *, target: str, predicted: str
     """The results.json record of one scored completion (keys of :func:`score_completion`).
 
     The caller decides ``predicted`` and ``correct`` (an evaluation protocol's answer extraction and
-    rule, e.g. :mod:`grasp_lightning.eval_protocol`); participants and grounding precision are
+    rule, e.g. :mod:`grasp_lightning.evaluation.protocol`); participants and grounding precision are
     computed here from the completion's reasoning.
 
     Raises:

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from grasp_lightning import bench
+from grasp_lightning.evaluation import grasp_score as bench
 from grasp_lightning.data.prompts import EncodedExample
 from grasp_lightning.data.records import DIFFICULTIES, GROUPS, GraspItem
 from grasp_lightning.errors import GraspConfigError, TokenBudgetError
@@ -271,7 +271,7 @@ class ReleasedBenchEncoder:
 
 
 class GraspProtocol:
-    """Our protocol: the DataModule's prompts and 2 fps clips, :func:`grasp_lightning.bench.score_completion`."""
+    """Our protocol: the DataModule's prompts and 2 fps clips, :func:`grasp_lightning.evaluation.grasp_score.score_completion`."""
 
     name = "grasp"
     max_new_tokens = 1024  # completion budget when model.evaluation.max_new_tokens is None
@@ -281,7 +281,7 @@ class GraspProtocol:
         return None
 
     def score(self, completion: str, item: GraspItem) -> dict[str, Any]:
-        """:func:`grasp_lightning.bench.score_completion`."""
+        """:func:`grasp_lightning.evaluation.grasp_score.score_completion`."""
         return bench.score_completion(completion, item)
 
     def report(self, metrics: dict[str, float]) -> str | None:  # noqa: ARG002
@@ -334,7 +334,7 @@ class ReleasedProtocol(GraspProtocol):
         return ReleasedBenchEncoder(spatial_patch=patch, **self.settings)
 
     def score(self, completion: str, item: GraspItem) -> dict[str, Any]:
-        """Record of :func:`~grasp_lightning.bench.make_record`: MCQ ``predicted`` is
+        """Record of :func:`~grasp_lightning.evaluation.grasp_score.make_record`: MCQ ``predicted`` is
         :func:`extract_answer_released` (``None`` when it is ``""``); open-ended ``predicted`` is the text
         after the reasoning; ``correct`` is ``predicted == item.answer`` as in ``metric_report.py``."""
         if item.options:

@@ -4,7 +4,7 @@ Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264). Four persons are c
 (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id is drawn: the colour
 identifies them), placed in the four 16x16-pixel corner cells in a random order per clip, with a grey
 object; the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
-events are drawn with the primitives of :mod:`grasp_lightning.data.sample`: a gaze is a 2-pixel line
+events are drawn with the primitives of :mod:`grasp_lightning.generators.sample_data`: a gaze is a 2-pixel line
 in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
 the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
 the same square, pointing a short thin white bar; the other gestures of G2 are reaching (a long
@@ -32,7 +32,7 @@ then the non-person option) unless ``shuffle_options`` puts the answer at a rand
 
 Usage::
 
-    python -m grasp_lightning.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
+    python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
         [--shuffle-options] [--model-dir DIR]
 
 Deterministic for a given seed (mp4 bytes for a given libx264 build, like the sample data).
@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from grasp_lightning.data.sample import (
+from grasp_lightning.generators.sample_data import (
     BACKGROUND,
     GESTURES,
     HELD,
@@ -136,8 +136,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
     Cues are bold and aligned with the visual tokens, which a model trained from scratch needs: a
     gaze is a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is
     nearly as light as the white dot) with a ``DOT``-pixel white dot that ends inside the target's
-    square (:func:`~grasp_lightning.data.sample.draw_gaze`); pointing and reaching are white bars
-    from inside the actor's square toward the target (:func:`~grasp_lightning.data.sample.draw_pointing`),
+    square (:func:`~grasp_lightning.generators.sample_data.draw_gaze`); pointing and reaching are white bars
+    from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample_data.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
     orange object held beside the actor, toward the middle of the frame; giving an orange object that
     leaves the actor's square and sits in the receiver's square from the second frame on (so the
@@ -201,7 +201,7 @@ def _persons(*exclude: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class WorldQuestion:
-    """A world question: the sample's :class:`~grasp_lightning.data.sample.Question` plus its short reasoning.
+    """A world question: the sample's :class:`~grasp_lightning.generators.sample_data.Question` plus its short reasoning.
 
     Attributes:
         question: category, text, answer text, option pool (in display order), drawn actions,
@@ -294,9 +294,9 @@ def make_world_item(seed: int, split: str, k: int, shuffle_options: bool = False
         shuffle_options: put the answer at a random position instead of the fixed option order.
 
     Returns:
-        ``(entry, scene)``: a sample :class:`~grasp_lightning.data.sample.Entry` (clip with mp4
+        ``(entry, scene)``: a sample :class:`~grasp_lightning.generators.sample_data.Entry` (clip with mp4
         bytes, question with its drawn actions, options, letter, reasoning; ``entry.response`` is the
-        SFT target) and the :class:`~grasp_lightning.data.sample.Scene` (person centres in pixels).
+        SFT target) and the :class:`~grasp_lightning.generators.sample_data.Scene` (person centres in pixels).
     """
     rng = random.Random(f"world:{seed}:{split}:{k}")
     category = CATEGORIES[k % len(CATEGORIES)]
@@ -370,9 +370,9 @@ def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 8000, n_be
 
 def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, shuffle: bool) -> str:
     return (f"# Synthetic social world (seed {seed})\n\n"
-            f"Made by `python -m grasp_lightning.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
+            f"Made by `python -m grasp_lightning.generators.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
             f"--bench {n_bench}{' --shuffle-options' if shuffle else ''}`; see the docstring of "
-            "`grasp_lightning/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
+            "`grasp_lightning/generators/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
             "`train/annotations.jsonl`, `train/videos/*.tar`, `test/annotations.jsonl`, `test/grasp_bench.tar`.\n"
             f"Categories {', '.join(CATEGORIES)}, balanced; clips {SIZE}x{SIZE}, {DURATION:g} s at {FPS:g} fps.\n\n"
             f"System prompt of the world recipes:\n\n> {SYSTEM_PROMPT}\n")
@@ -393,13 +393,13 @@ def world_corpus(seed: int = 0, n: int = 400) -> list[str]:
 def build_world_model(out_dir: str | Path, seed: int = 0) -> Path:
     """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``, with a
     tokenizer trained on :func:`world_corpus` too (user turns about a quarter shorter than with the generic one)."""
-    from grasp_lightning.tiny import build_tiny_qwen3vl
+    from grasp_lightning.generators.tiny import build_tiny_qwen3vl
 
     return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed), **MODEL_SIZES)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """CLI: ``python -m grasp_lightning.world OUT_DIR [--seed 0] [--train N] [--rl N] [--bench M] ...``."""
+    """CLI: ``python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train N] [--rl N] [--bench M] ...``."""
     parser = argparse.ArgumentParser(description="Generate the synthetic social world (GRASP format).")
     parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")

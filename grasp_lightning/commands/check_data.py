@@ -169,7 +169,7 @@ def window_problem(item: GraspItem, duration: float | None) -> str | None:
 def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | None]:
     """Decode one item's clip and encode its prompt (and target) with the dataset training uses
     (``GraspDataset.encode``), then check its time window against the clip's duration."""
-    from grasp_lightning.data.datamodule import GraspDataset
+    from grasp_lightning.datamodule import GraspDataset
     from grasp_lightning.data.prompts import INSTRUCTION
 
     index, store_name, with_target, item = job
@@ -380,7 +380,7 @@ def build_parser(defaults: dict):
     ``--workers``, ``--decode``, ``--progress``, ``--report``; ``defaults`` from the YAML files."""
     from jsonargparse import ArgumentParser
 
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.datamodule import GraspDataModule
 
     parser = ArgumentParser(prog="python -m grasp_lightning check-data", description=__doc__.split("\n\n")[0],
                             default_env=False)
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults.setdefault("trust_remote_code", bool(policy.get("trust_remote_code", False)))
     cfg = build_parser(defaults).parse_args(rest)
     d = cfg.data
-    from grasp_lightning.data.datamodule import validate_numbers
+    from grasp_lightning.datamodule import validate_numbers
     from grasp_lightning.errors import GraspConfigError
 
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from grasp_lightning.benchmarks.base import Benchmark
+from grasp_lightning.evaluation.base import Benchmark
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
 from grasp_lightning.data.formats import SkipRecord, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
@@ -61,7 +61,7 @@ class GraspDataset(Dataset):
             :func:`~grasp_lightning.data.prompts.user_text`.
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
-    e.g. :class:`~grasp_lightning.eval_protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
+    e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
     items instead of the fps/prompt settings above (an evaluation protocol's own frames and prompts).
     """
 
@@ -200,9 +200,9 @@ class GraspDataModule(L.LightningDataModule):
             or equal to it.
         train_limit: use only the first N training rows (quick runs).
         val_limit: use only the first N bench items.
-        benchmarks: more validation benchmarks (``class_path`` plugins of ``grasp_lightning.benchmarks``:
+        benchmarks: more validation benchmarks (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
-            and its own ``results.json`` section and table (``configs/benchmarks.yaml``).
+            and its own ``results.json`` section and table (``configs/eval_suites.yaml``).
     """
 
     def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
@@ -301,8 +301,8 @@ class GraspDataModule(L.LightningDataModule):
         Raises:
             GraspConfigError: two benchmarks share a name.
         """
-        from grasp_lightning.benchmarks.audio import audio_unavailable_reason
-        from grasp_lightning.benchmarks.grasp import GraspBench
+        from grasp_lightning.evaluation.audio import audio_unavailable_reason
+        from grasp_lightning.evaluation.grasp_bench import GraspBench
 
         loaded = [GraspBench.from_items(str(self.root / self.hparams.bench), self.val_items)] if self.val_items else []
         reason = audio_unavailable_reason(self.processor) if self.benchmarks else None
@@ -405,7 +405,7 @@ class GraspDataModule(L.LightningDataModule):
         rank, world = self._rank()
         sampler = ResumableSampler(len(bench.items), shuffle=False, rank=rank, world_size=world, pad="mark")
         dataset = self._dataset(bench.items, bench.store(), False, system_prompt=bench.system_prompt)
-        if bench.is_grasp:  # model.evaluation.protocol may encode GRASP-Bench its own way (grasp_lightning/eval_protocol.py)
+        if bench.is_grasp:  # model.evaluation.protocol may encode GRASP-Bench its own way (grasp_lightning/evaluation/protocol.py)
             trainer = getattr(self, "trainer", None)
             dataset.encoder = getattr(trainer.lightning_module if trainer is not None else None, "bench_encoder", None)
         return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
@@ -413,7 +413,7 @@ class GraspDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows. With ``benchmarks``:
         one loader per benchmark with items, GRASP-Bench first (``dataloader_idx`` in that order)."""
-        from grasp_lightning.benchmarks.suite import routes
+        from grasp_lightning.evaluation.suite import routes
 
         loaders = [self._bench_loader(b) for b in routes(self.val_benchmarks)]
         return loaders[0] if len(loaders) == 1 else loaders

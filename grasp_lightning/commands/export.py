@@ -160,8 +160,8 @@ def main(argv: list[str]) -> Path:
     The run's configuration is parsed with the training CLI's own parser (so several ``--config``
     files compose exactly as for ``fit``), without building the trainer, model or data.
     """
-    from grasp_lightning.cli import GraspCLI
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.commands.train import GraspCLI
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
 
     class ExportCLI(GraspCLI):

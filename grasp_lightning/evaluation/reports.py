@@ -1,8 +1,8 @@
 """GRASP-Bench reports: results.json, a Markdown table laid out like the paper's Table 1, a bar chart.
 
-All functions read the metric dict of :meth:`grasp_lightning.bench.BenchAccuracy.compute`
+All functions read the metric dict of :meth:`grasp_lightning.evaluation.grasp_score.BenchAccuracy.compute`
 (accuracies in [0, 1], ``NaN`` where undefined) and the per-item records of
-:func:`grasp_lightning.bench.score_completion`. Source of the layout and reference numbers:
+:func:`grasp_lightning.evaluation.grasp_score.score_completion`. Source of the layout and reference numbers:
 GRASP paper (arXiv 2605.15764), Table 1; ``shared/grasp-format.md``.
 """
 

@@ -66,7 +66,7 @@ class MMSI(Benchmark):
         videos: root of ``video_path`` (default: the annotation file's folder).
         name: results key (default ``mmsi``).
         limit: use only the first N items.
-        system_prompt: system turn (default :data:`~grasp_lightning.benchmarks.base.SYSTEM_PROMPT`).
+        system_prompt: system turn (default :data:`~grasp_lightning.evaluation.base.SYSTEM_PROMPT`).
     """
 
     default_name = "mmsi"

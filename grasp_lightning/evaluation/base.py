@@ -122,7 +122,7 @@ class Benchmark:
     title: ClassVar[str] = "Benchmark"
     #: task code -> long name, in table order; tasks found in the data but not listed come after, sorted.
     task_names: ClassVar[dict[str, str]] = {}
-    #: True for GRASP-Bench, which keeps its own metric (``grasp_lightning.bench.BenchAccuracy``) and report.
+    #: True for GRASP-Bench, which keeps its own metric (``grasp_lightning.evaluation.grasp_score.BenchAccuracy``) and report.
     is_grasp: ClassVar[bool] = False
 
     def __init__(self, path: str | list[str], videos: str | None = None, name: str | None = None,
@@ -287,7 +287,7 @@ class TaskAccuracy(Metric):
         self.add_state("unparseable", torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
 
     def update_from_records(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
-        """Same as :meth:`update` (the name :class:`~grasp_lightning.bench.BenchAccuracy` uses)."""
+        """Same as :meth:`update` (the name :class:`~grasp_lightning.evaluation.grasp_score.BenchAccuracy` uses)."""
         self.update(records, valid)
 
     def update(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:

@@ -1,6 +1,6 @@
 """GRASP-Bench as a benchmark plugin: :func:`~grasp_lightning.data.formats.read_bench`,
-:func:`~grasp_lightning.bench.score_completion`, :class:`~grasp_lightning.bench.BenchAccuracy` and
-:func:`~grasp_lightning.reports.markdown_table`, unchanged.
+:func:`~grasp_lightning.evaluation.grasp_score.score_completion`, :class:`~grasp_lightning.evaluation.grasp_score.BenchAccuracy` and
+:func:`~grasp_lightning.evaluation.reports.markdown_table`, unchanged.
 
 The DataModule wraps ``data.bench`` in this plugin itself (first validation dataloader); list it
 under ``data.benchmarks`` only to validate on a second GRASP-Bench copy. The module keeps scoring
@@ -14,10 +14,10 @@ from typing import Any
 
 from torchmetrics import Metric
 
-from grasp_lightning.bench import BenchAccuracy, score_completion
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 from grasp_lightning.data.formats import ReadResult, bench_store, read_bench
 from grasp_lightning.data.records import CATEGORIES, GraspItem
-from grasp_lightning.reports import CATEGORY_NAMES, markdown_table
+from grasp_lightning.evaluation.reports import CATEGORY_NAMES, markdown_table
 
 from .base import Benchmark
 
@@ -66,11 +66,11 @@ class GraspBench(Benchmark):
         return bench_store(self.paths[0])
 
     def score(self, completion: str, item: GraspItem) -> dict[str, Any]:
-        """:func:`~grasp_lightning.bench.score_completion`."""
+        """:func:`~grasp_lightning.evaluation.grasp_score.score_completion`."""
         return score_completion(completion, item)
 
     def metric(self) -> Metric:
-        """:class:`~grasp_lightning.bench.BenchAccuracy`."""
+        """:class:`~grasp_lightning.evaluation.grasp_score.BenchAccuracy`."""
         return BenchAccuracy()
 
     def compute(self, metric: Metric) -> dict[str, float]:
@@ -78,5 +78,5 @@ class GraspBench(Benchmark):
         return metric.compute()
 
     def markdown(self, metrics: dict[str, float]) -> str:
-        """:func:`~grasp_lightning.reports.markdown_table` (the paper's Table 1 layout)."""
+        """:func:`~grasp_lightning.evaluation.reports.markdown_table` (the paper's Table 1 layout)."""
         return markdown_table(metrics, label=self.label)

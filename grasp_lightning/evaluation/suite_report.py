@@ -1,13 +1,13 @@
 """``results.json`` with one section per benchmark, and the per-benchmark Markdown files.
 
-Layout (GRASP-Bench keeps the top level that :func:`grasp_lightning.reports.write_results_json`
+Layout (GRASP-Bench keeps the top level that :func:`grasp_lightning.evaluation.reports.write_results_json`
 writes, so readers of GRASP-only results see no change)::
 
     {"meta": {...},
      "metrics": {GRASP-Bench metrics}, "items": [GRASP-Bench records],      # when GRASP-Bench ran
      "benchmarks": {"mmsi": {"title", "metrics", "items", "table"}, ...}}   # the other benchmarks
 
-Without other benchmarks the file is exactly :func:`~grasp_lightning.reports.write_results_json`'s.
+Without other benchmarks the file is exactly :func:`~grasp_lightning.evaluation.reports.write_results_json`'s.
 Tables: ``table.md`` (GRASP-Bench, Table 1 layout) and ``table_<name>.md`` per other benchmark.
 NaN metrics are written as ``null`` (strict JSON); :func:`read_sections` turns them back into NaN.
 """
@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grasp_lightning.reports import _json_safe, write_json_atomic, write_results_json
+from grasp_lightning.evaluation.reports import _json_safe, write_json_atomic, write_results_json
 
 
 def write_results(path: str | os.PathLike, meta: dict[str, Any], grasp: tuple[dict, list] | None,

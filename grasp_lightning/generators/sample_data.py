@@ -12,7 +12,7 @@ answers are consistent with the pixels. One real clip (``kitchen_two_person.mp4`
 
 Usage::
 
-    python -m grasp_lightning.data.sample OUT_DIR [--seed 0] [--real-clip PATH]
+    python -m grasp_lightning.generators.sample_data OUT_DIR [--seed 0] [--real-clip PATH]
 
 Given the seed, the JSON files, the tar layout (member order, mtimes, owners) and, with the same
 libx264 build, the mp4 bytes are identical run to run (the mp4 muxer runs with ``+bitexact``; the
@@ -892,8 +892,8 @@ def _readme(seed: int, sft: Sequence[Entry], rl: Sequence[Entry], bench: Sequenc
     return f"""# GRASP-format sample data (seed {seed})
 
 A small dataset in the exact file layout of GRASP (`interlive/GRASP`; schemas in
-`shared/grasp-format.md`), made by `python -m grasp_lightning.data.sample OUT_DIR --seed {seed}`
-(module `grasp_lightning/data/sample.py`). It exists so that readers, training and GRASP-Bench
+`shared/grasp-format.md`), made by `python -m grasp_lightning.generators.sample_data OUT_DIR --seed {seed}`
+(module `grasp_lightning/generators/sample_data.py`). It exists so that readers, training and GRASP-Bench
 evaluation can run offline; it is not GRASP data.
 
 - `train/data_sft.jsonl`: {len(sft)} SFT rows (MCQ, and open-ended rows for {", ".join(OPEN_ENDED_CATEGORIES)}).
@@ -986,7 +986,7 @@ def generate_sample(out_dir: str | Path, seed: int = 0, real_clip: str | Path | 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """CLI: ``python -m grasp_lightning.data.sample OUT_DIR [--seed 0] [--real-clip PATH] [--clips-per-shard 8]``."""
+    """CLI: ``python -m grasp_lightning.generators.sample_data OUT_DIR [--seed 0] [--real-clip PATH] [--clips-per-shard 8]``."""
     parser = argparse.ArgumentParser(description="Generate a small GRASP-format sample dataset.")
     parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")

@@ -11,7 +11,7 @@ Layout of ``<run_dir>``::
 
     pipeline_state.json                 stage status, attempts, exports (written atomically)
     stages/<name>/logs/version_N/       the stage's TensorBoard logs, checkpoints, bench reports
-    stages/<name>/export/               the stage's policy + processor (``grasp_lightning.export``)
+    stages/<name>/export/               the stage's policy + processor (``grasp_lightning.commands.export``)
     stages/<name>/stage_result.json     what the stage produced (written when it finished)
     final/...                           the optional final ``validate`` (``final_validate``)
     results.json, table*.md             the last stage's (or final validate's) benchmark report
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from grasp_lightning.errors import GraspConfigError, GraspError
-from grasp_lightning.reports import write_json_atomic
+from grasp_lightning.evaluation.reports import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ def latest_checkpoint(folder: Path) -> Path | None:
 # ---------------------------------------------------------------------------------- one stage
 def _stage_cli(args: list[str], root: Path):
     """The training CLI (``GraspCLI``) parsed and instantiated for ``args``, with every output under ``root``."""
-    from grasp_lightning.cli import GraspCLI
-    from grasp_lightning.data.datamodule import GraspDataModule
+    from grasp_lightning.commands.train import GraspCLI
+    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
 
     class StageCLI(GraspCLI):
@@ -156,7 +156,7 @@ def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
     """Fit, save the final weights and export them; the stage result (rank 0; other ranks: ``{}``)."""
     from lightning.pytorch.trainer.states import TrainerStatus
 
-    from grasp_lightning.export import export_checkpoint
+    from grasp_lightning.commands.export import export_checkpoint
 
     cli = _stage_cli(args, root)
     trainer, module = cli.trainer, cli.model
@@ -225,7 +225,7 @@ class Pipeline:
         common_configs: configs appended to every stage's (e.g. ``configs/demo.yaml``).
         common_overrides: overrides for every stage (before the stage's own).
         final_validate: if set, after the last stage run ``validate`` of the last export with the last
-            stage's configs plus these (e.g. ``[configs/benchmarks.yaml]``); its report becomes the
+            stage's configs plus these (e.g. ``[configs/eval_suites.yaml]``); its report becomes the
             run's ``results.json``. ``None``: the last stage's end-of-fit report is used.
         launcher: ``subprocess`` (one process per stage) or ``inprocess``.
         command: how to start this pipeline in a child process (subprocess launcher).
@@ -386,7 +386,7 @@ def build_parser():
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     parser = ArgumentParser(prog="python -m grasp_lightning pipeline", default_env=False,
-                            description="Run a multi-stage recipe (see grasp_lightning/pipeline.py).")
+                            description="Run a multi-stage recipe (see grasp_lightning/commands/pipeline.py).")
     parser.add_argument("--config", action=ActionConfigFile, help="pipeline YAML (configs/grasp_pipeline.yaml)")
     parser.add_argument("--stages", type=list[Stage], required=True, help="the stages, in order")
     parser.add_argument("--run_dir", type=str, default="runs/pipeline", help="the run folder")

@@ -1,6 +1,6 @@
 """Tiny fixtures of MMSI, Online-MMSI, TVQA+ and HumanSense in their real file shapes, with tiny clips.
 
-``python -m grasp_lightning.benchmarks.fixtures OUT_DIR`` writes::
+``python -m grasp_lightning.generators.suite_fixtures OUT_DIR`` writes::
 
     OUT_DIR/werewolf/mmsi_test_{sti,pcr,mpp}.json           MMSI (context on both sides)
     OUT_DIR/werewolf/online_mmsi_test_{sti,pcr,mpp}.json    Online-MMSI (past context only)
@@ -8,11 +8,11 @@
     OUT_DIR/tvqa_plus/tvqa_plus_val.json + videos/<vid_name>.mp4
     OUT_DIR/humansense/humansense.json + videos/hs_00{0,1}.mp4 (hs_000 has an audio track)
 
-The shipped copy is ``grasp_lightning/assets/benchmarks`` (``configs/benchmarks.yaml``); tests
+The shipped copy is ``grasp_lightning/assets/eval_suites`` (``configs/eval_suites.yaml``); tests
 build their own at run time. Clips are synthetic (players as numbered squares; TVQA+ frames
 whose grey level encodes the time, so a test can tell which seconds were decoded); questions are
 hand-written, so fixtures test reading and scoring, not a model. The JSON is the same on every
-run; mp4 bytes are stable for one encoder build (see :func:`grasp_lightning.data.sample.encode_mp4`).
+run; mp4 bytes are stable for one encoder build (see :func:`grasp_lightning.generators.sample_data.encode_mp4`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grasp_lightning.data.sample import draw_person, encode_mp4
+from grasp_lightning.generators.sample_data import draw_person, encode_mp4
 
 #: Synthetic TVQA+ frame rate (frames per second) and the grey level of the frame shown at second t.
 TVQA_FPS = 2.0
@@ -225,10 +225,10 @@ def write_fixtures(out: str | Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m grasp_lightning.benchmarks.fixtures OUT_DIR``."""
+    """``python -m grasp_lightning.generators.suite_fixtures OUT_DIR``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m grasp_lightning.benchmarks.fixtures OUT_DIR")
+        raise SystemExit("usage: python -m grasp_lightning.generators.suite_fixtures OUT_DIR")
     for name, path in write_fixtures(args[0]).items():
         sys.stdout.write(f"{name}: {path}\n")
 

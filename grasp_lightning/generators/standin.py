@@ -24,7 +24,7 @@ It loads through the same ``AutoModelForImageTextToText`` / ``AutoProcessor.from
 as a download (:func:`grasp_lightning.policy.load_policy`). Used by the real-shape test tier
 (``tests/test_real_shapes.py``) and ``benchmarks/gpu_check.py``.
 
-Command line: ``python -m grasp_lightning.tiny OUT --like Qwen3-VL-2B-Instruct --text-layers 2 --vision-layers 2``.
+Command line: ``python -m grasp_lightning.generators.tiny OUT --like Qwen3-VL-2B-Instruct --text-layers 2 --vision-layers 2``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from grasp_lightning.errors import GraspConfigError
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES_FILE = Path(__file__).parent / "assets" / "qwen3vl-architectures.json"
+ARCHITECTURES_FILE = Path(__file__).resolve().parent.parent / "assets" / "qwen3vl-architectures.json"
 
 #: Token ids of the Qwen3 vocabulary that the Qwen3-VL configs name (``qwen3vl-architectures.json``).
 TOKEN_IDS = {

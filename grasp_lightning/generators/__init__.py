@@ -1,0 +1,3 @@
+"""Generators of models and data for offline runs and tests: the tiny model and real-shape stand-ins,
+the bundled sample data, the synthetic social world and the evaluation-suite fixtures. The training
+runtime never imports them."""

@@ -1,0 +1,1 @@
+"""Planning a run before it starts: per-GPU memory and token counts of a config (``plan-memory``)."""

@@ -16,8 +16,8 @@ import sys
 import lightning as L
 import torch.distributed as dist
 
-from grasp_lightning.evaluation.suite_report import write_results, write_tables
 from grasp_lightning.evaluation.reports import category_bar_chart, markdown_table
+from grasp_lightning.evaluation.suite_report import write_results, write_tables
 
 log = logging.getLogger(__name__)
 

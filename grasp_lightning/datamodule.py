@@ -21,9 +21,8 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from grasp_lightning.evaluation.base import Benchmark
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
-from grasp_lightning.data.formats import SkipRecord, read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.formats import SkipRecord, read_bench, reader_for
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
@@ -31,6 +30,7 @@ from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError
+from grasp_lightning.evaluation.base import Benchmark
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # does not apply here.
 warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
-_READERS = {"data_sft": read_sft, "data_rl": read_rl, "annotations": read_annotations}
 
 
 class GraspDataset(Dataset):
@@ -267,7 +266,7 @@ class GraspDataModule(L.LightningDataModule):
             GraspConfigError: the file name is not one of the GRASP training files.
         """
         path = self.root / self.hparams.train_file
-        reader = _READERS.get(path.name.split(".")[0])
+        reader = reader_for(path)
         if reader is None:
             raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl or annotations.jsonl")
         result = reader(path, on_error=self.hparams.on_bad_item)

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grasp_lightning.data.prompts import VISION_TOKENS
 from grasp_lightning.parsing import opens_think
 
-#: Special tokens that must never be sampled: a sampled placeholder would make the next forward
-#: fail with a token/feature count mismatch (``shared/stack-notes.md``).
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+# Vision tokens must never be sampled: a sampled placeholder would make the next forward fail with
+# a token/feature count mismatch between the text and the vision features.
 
 
 @dataclass

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
-from grasp_lightning.evaluation.grasp_score import BenchAccuracy
-from grasp_lightning.evaluation.suite import BenchmarkSuite
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
+from grasp_lightning.evaluation.suite import BenchmarkSuite
 from grasp_lightning.generation import sample_completions
 from grasp_lightning.policy import (
     LoraConfig,

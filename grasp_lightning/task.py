@@ -80,6 +80,10 @@ class Task:
             ``batch.window`` holding all micro-batches of its window (GRPO samples them together).
         draws_prompts: the task may take further windows from the data stream (``batch.window.draw()``,
             GRPO ``dynamic_sampling: refill``); the DataModule then records draws for resume.
+        samples_rollouts: the task samples completions from the policy during training
+            (``model.rollout``: K per prompt); the memory planner then counts the rollout KV cache.
+        shares_prompt: a group's clip is encoded and its prompt prefilled once for its K completions
+            (``grasp_lightning/shared_prompt.py``); the planner counts one prompt per group.
     """
 
     needs_reference: bool = False
@@ -87,6 +91,8 @@ class Task:
     num_iterations: int = 1
     window_batches: bool = False
     draws_prompts: bool = False
+    samples_rollouts: bool = False
+    shares_prompt: bool = False
 
     def state_dict(self) -> dict:
         """This rank's task state for checkpoints (plain tensors and containers, so ``weights_only``

@@ -332,6 +332,12 @@ class GRPOTask(Task):
         self.rows_without_participants_total = 0
 
     window_batches = True  # rollouts are sampled per accumulation window (batch.window)
+    samples_rollouts = True
+
+    @property
+    def shares_prompt(self) -> bool:
+        """``share_prompt``: each group's prompt is prefilled once (the memory planner reads this)."""
+        return self.share_prompt
 
     @property
     def draws_prompts(self) -> bool:

@@ -14,9 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 from grasp_lightning.data.records import CATEGORIES, ClipRef, GraspItem, SocialEvent
 from grasp_lightning.errors import GraspDataError
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 
 # (category, difficulty, target, completion, gt participants). Comments: extraction route ->
 # predicted letter, correct?, named people, precision |named ∩ gt| / |named|.

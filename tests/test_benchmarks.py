@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from grasp_lightning.errors import ClipDecodeError, GraspFormatError
 from grasp_lightning.evaluation import MMSI, GraspBench, HumanSense, OnlineMMSI, TaskAccuracy, TVQAPlus
-from grasp_lightning.generators import suite_fixtures as fixtures
 from grasp_lightning.evaluation.audio import decode_audio, processor_accepts_audio
 from grasp_lightning.evaluation.humansense import multi_score, pattern_of
 from grasp_lightning.evaluation.suite_report import read_sections
 from grasp_lightning.evaluation.tvqa import parse_ts
-from grasp_lightning.errors import ClipDecodeError, GraspFormatError
+from grasp_lightning.generators import suite_fixtures as fixtures
 
 from .conftest import REPO, SAMPLE, run_cli, scalars
 

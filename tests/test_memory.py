@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3VLConfig
 
-from grasp_lightning.planning import memory
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.planning import memory
 from grasp_lightning.planning.memory import (
     GIB,
     RunSpec,

@@ -190,8 +190,8 @@ def test_memory_planner_token_counts_agree_with_the_processor(standin, seconds):
     settings (2 fps, at most 512 frames of 448 x 448) on 30 fps source clips: within 2 %."""
     import numpy as np
 
-    from grasp_lightning.planning import memory
     from grasp_lightning.data.video import sample_indices
+    from grasp_lightning.planning import memory
     from grasp_lightning.policy import load_processor
 
     processor = load_processor(str(standin))

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 from grasp_lightning.data.records import CATEGORIES
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 from grasp_lightning.evaluation.reports import (
     CATEGORY_NAMES,
     PAPER_REFERENCE,

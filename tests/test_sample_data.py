@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grasp_lightning.generators import sample_data as sample
 from grasp_lightning.data.records import CATEGORIES, CATEGORY_DIFFICULTY, DIFFICULTIES, normalise_category
+from grasp_lightning.generators import sample_data as sample
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -159,8 +159,8 @@ def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
 
     import torch
 
-    from grasp_lightning.policy import load_model, load_processor
     from grasp_lightning.generators.tiny import main
+    from grasp_lightning.policy import load_model, load_processor
 
     out = tmp_path / "standin"
     main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grasp_lightning.policy import PolicyConfig, load_policy, load_processor
 from grasp_lightning.generators.tiny import SPECIAL_TOKENS, build_tiny_qwen3vl
+from grasp_lightning.policy import PolicyConfig, load_policy, load_processor
 
 from .conftest import TINY
 

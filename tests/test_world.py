@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import yaml
 
-from grasp_lightning.generators import world
 from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import user_text
-from grasp_lightning.generators.sample_data import OBJECT, Action
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
+from grasp_lightning.generators import world
+from grasp_lightning.generators.sample_data import OBJECT, Action
 from grasp_lightning.parsing import extract_participants
 
 pytestmark = pytest.mark.timeout(120)
@@ -235,8 +235,8 @@ def test_gestures_differ_in_shape_and_place() -> None:
 
 def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path, tiny_path: Path) -> None:
     """``data.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
-    from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.data.prompts import INSTRUCTION
+    from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(out), processor=str(tiny_path), mode="rl", max_frames=4, max_pixels=4096,
                          val_batch_size=2, num_workers=0, system_prompt=world.SYSTEM_PROMPT,

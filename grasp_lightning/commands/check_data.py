@@ -40,7 +40,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grasp_lightning.data.formats import bench_store, event_warnings, read_annotations, read_bench, read_rl, read_sft
+from grasp_lightning.data.formats import READERS, bench_store, event_warnings, read_bench
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.shards import ClipStore, clean_member_path, scan_shard
 from grasp_lightning.errors import ClipNotFoundError, GraspDataError
@@ -54,8 +54,8 @@ KNOWN_FILES = {
     "train/annotations.jsonl": ("annotations", "videos"),
     "test/annotations.jsonl": ("annotations", "bench"),
 }
-_READERS = {"sft": read_sft, "rl": read_rl, "annotations": read_annotations}
-_KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations"}
+_KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations"}  # file stem -> kind
+_READERS = {kind: READERS[stem] for stem, kind in _KINDS.items()}  # data/formats.py: one reader per file
 RECYCLE_AFTER = 256  # clips per worker process before it is replaced (native decoder memory)
 _CHUNK = 4  # clips per task sent to a worker
 
@@ -169,8 +169,8 @@ def window_problem(item: GraspItem, duration: float | None) -> str | None:
 def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | None]:
     """Decode one item's clip and encode its prompt (and target) with the dataset training uses
     (``GraspDataset.encode``), then check its time window against the clip's duration."""
-    from grasp_lightning.datamodule import GraspDataset
     from grasp_lightning.data.prompts import INSTRUCTION
+    from grasp_lightning.datamodule import GraspDataset
 
     index, store_name, with_target, item = job
     s: Settings = _STATE["settings"]

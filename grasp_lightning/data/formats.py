@@ -143,6 +143,15 @@ def parse_format(value: Any, where: str) -> str:
     return norm
 
 
+def lettered(options: Sequence[str]) -> tuple[str, ...]:
+    """``"A) first"``, ``"B) second"``, ...: options lettered by position (whitespace stripped).
+
+    The one lettering of the codebase: GRASP rows with unlettered options and the evaluation
+    suites' multiple-choice items (``grasp_lightning/evaluation/``) are both written this way.
+    """
+    return tuple(f"{chr(65 + i)}) {str(o).strip()}" for i, o in enumerate(options))
+
+
 def parse_options(raw: Any, where: str) -> tuple[str, ...]:
     """Option strings, each ``"A) ..."``; unlettered options get ``A)``, ``B)``, ... by position."""
     if raw is None:
@@ -154,7 +163,7 @@ def parse_options(raw: Any, where: str) -> tuple[str, ...]:
         return tuple(o.strip() for o in raw)
     if any(lettered):
         raise GraspFormatError(where, "some options start with a letter like 'A)' and some do not")
-    return tuple(f"{chr(65 + i)}) {o.strip()}" for i, o in enumerate(raw))
+    return lettered(raw)
 
 
 def option_letters(options: Sequence[str]) -> list[str]:
@@ -406,6 +415,15 @@ def _source_of(video_path: Any) -> str | None:
 
 
 # ------------------------------------------------------------------ GRASP-Bench
+#: The reader of each GRASP training file, by the file's stem (``data_sft.jsonl`` -> ``data_sft``).
+READERS = {"data_sft": read_sft, "data_rl": read_rl, "annotations": read_annotations}
+
+
+def reader_for(path: str | Path):
+    """The reader of a GRASP training file by its name (:data:`READERS`), or ``None`` for another name."""
+    return READERS.get(Path(path).name.split(".")[0])
+
+
 def read_bench(path: str | Path, on_error: str = "raise", *, cache_dir: str | Path | None = None) -> ReadResult:
     """Read GRASP-Bench from a folder (``json/*.json`` + ``video/*.mp4``, maybe one folder down) or
     from ``grasp_bench.tar`` (members ``json/<clip>.json``, ``video/<clip>.mp4``, maybe under one

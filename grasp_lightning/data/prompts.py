@@ -33,6 +33,12 @@ INSTRUCTION = (
     "<gesture> tags, and give the letter in <answer> tags."
 )
 IGNORE_INDEX = -100
+#: The Qwen chat format's vision special tokens (placeholders the processor expands): never sampled
+#: (``grasp_lightning/generation.py``), a reward of 0 when they appear (``grasp_lightning/rewards.py``).
+VISION_TOKENS: tuple[str, ...] = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+                                  "<|video_pad|>")
+#: The Qwen chat format's turn tokens; with :data:`VISION_TOKENS` the special tokens of a Qwen vocabulary.
+CHAT_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def user_text(item: GraspItem, instruction: str = INSTRUCTION) -> str:

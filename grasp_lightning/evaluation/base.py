@@ -91,11 +91,6 @@ def load_rows(path: Path) -> list[tuple[str, Any]]:
     return [(f"{path}:[{i}]", row) for i, row in enumerate(data)]
 
 
-def lettered(options: Sequence[str]) -> tuple[str, ...]:
-    """``("A) x", "B) y", ...)`` for bare option strings."""
-    return tuple(f"{chr(65 + i)}) {str(o).strip()}" for i, o in enumerate(options))
-
-
 def answer_space(completion: str) -> tuple[str, bool]:
     """``(text, in_block)``: the stripped content of the first ``<answer>`` block, else the stripped completion."""
     block = parsing.answer_block(completion)

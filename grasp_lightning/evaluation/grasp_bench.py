@@ -14,9 +14,9 @@ from typing import Any
 
 from torchmetrics import Metric
 
-from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 from grasp_lightning.data.formats import ReadResult, bench_store, read_bench
 from grasp_lightning.data.records import CATEGORIES, GraspItem
+from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 from grasp_lightning.evaluation.reports import CATEGORY_NAMES, markdown_table
 
 from .base import Benchmark

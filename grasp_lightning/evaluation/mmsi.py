@@ -20,10 +20,11 @@ import re
 from typing import Any
 
 from grasp_lightning import parsing
+from grasp_lightning.data.formats import lettered
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspFormatError
 
-from .base import LETTER_INSTRUCTION, Benchmark, answer_space, lettered
+from .base import LETTER_INSTRUCTION, Benchmark, answer_space
 
 TASKS = {"STI": "Speaking target identification", "PCR": "Pronoun coreference resolution",
          "MPP": "Mentioned player prediction"}

@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from grasp_lightning.evaluation import grasp_score as bench
 from grasp_lightning.data.prompts import EncodedExample
 from grasp_lightning.data.records import DIFFICULTIES, GROUPS, GraspItem
 from grasp_lightning.errors import GraspConfigError, TokenBudgetError
+from grasp_lightning.evaluation import grasp_score as bench
 
 PROTOCOLS = ("grasp", "released")
 #: System turn of the released evaluation in reasoning mode (``eval_social_qa.generate``).

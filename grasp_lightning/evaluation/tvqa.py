@@ -15,10 +15,11 @@ import re
 from typing import Any
 
 from grasp_lightning import parsing
+from grasp_lightning.data.formats import lettered
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspFormatError
 
-from .base import LETTER_INSTRUCTION, Benchmark, first_word, lettered
+from .base import LETTER_INSTRUCTION, Benchmark, first_word
 
 QUESTION_WORDS = {"what": "What …", "who": "Who …", "where": "Where …", "why": "Why …", "how": "How …",
                   "when": "When …", "which": "Which …", "other": "Other questions"}

@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from grasp_lightning.data.prompts import INSTRUCTION
 from grasp_lightning.data.records import CATEGORIES, CATEGORY_DIFFICULTY
 from grasp_lightning.errors import GraspDataError
 
@@ -56,8 +57,6 @@ SOURCES = ("social_gesture", "werewolf", "embody3d")  #: sources of the syntheti
 REAL_SOURCE, REAL_VIDEO_ID, REAL_RESOLUTION = "social-iq", "kitchen.two_person", (360, 640)
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "sample"  #: the shipped copy
 TAR_MTIME = 1735689600  #: fixed member mtime (2025-01-01 UTC) for byte-stable tars
-INSTRUCTION = ("Think step by step about the gaze and gesture interactions, describe them in <gaze> and "
-               "<gesture> tags, and give the letter in <answer> tags.")
 OPEN_INSTRUCTION = ("Think step by step about the gaze and gesture interactions, describe them in <gaze> and "
                     "<gesture> tags, and give your answer in two to four sentences in <answer> tags.")
 REAL_CLIP_ATTRIBUTION = """\

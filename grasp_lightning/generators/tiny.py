@@ -22,19 +22,12 @@ from typing import Sequence
 
 import torch
 
+from grasp_lightning.data.prompts import CHAT_TOKENS, INSTRUCTION, VISION_TOKENS
+
 log = logging.getLogger(__name__)
 
 #: Special tokens of the Qwen chat format, in the order they are appended to the BPE vocabulary.
-SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
+SPECIAL_TOKENS: tuple[str, ...] = (*CHAT_TOKENS, *VISION_TOKENS)
 
 #: A Qwen-style chat template (our own): system / user / assistant turns between
 #: ``<|im_start|>`` and ``<|im_end|>``; a video content part renders as
@@ -68,8 +61,7 @@ def _corpus(seed: int) -> list[str]:
     ]
     lines = [
         "Answer the multiple-choice question with only the option letter inside <answer> tags.",
-        "Think step by step about the gaze and gesture interactions, describe them in <gaze> and "
-        "<gesture> tags, and give the letter in <answer> tags.",
+        INSTRUCTION,
         "pointing giving showing reaching mutual gaze joint attention gaze following attention "
         "capture sudden gaze shift No one None of them seconds red green blue yellow square",
     ]

@@ -1,0 +1,142 @@
+"""The house plan (README "Layout"): rooms by role, imports that only run down, no import circle.
+
+Every ``import`` of the project's own modules is read from the source (inside functions and under
+``TYPE_CHECKING`` too) and checked against the rank of each room below: a module may import its own
+room or a room of lower rank, never a higher one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("grasp_lightning", "tasks", "callbacks")
+
+#: Rooms, lowest first. A module belongs to the first prefix it starts with (longest prefix wins).
+RANKS: dict[str, int] = {
+    "grasp_lightning": 0,  # the package root: version only
+    "grasp_lightning.errors": 0,
+    "grasp_lightning.parsing": 1,
+    "grasp_lightning.grpo": 1,
+    "grasp_lightning.data.records": 1,
+    "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
+    "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
+    "grasp_lightning.rewards": 3,
+    "grasp_lightning.policy": 3,
+    "grasp_lightning.shared_prompt": 3,
+    "grasp_lightning.generation": 3,
+    "grasp_lightning.checkpointing": 3,
+    "grasp_lightning.strategies": 3,
+    "grasp_lightning.task": 4,
+    "grasp_lightning.datamodule": 5,
+    "grasp_lightning.module": 5,
+    "grasp_lightning.planning": 6,
+    "grasp_lightning.generators": 6,
+    "tasks": 7,  # plugins: import the core, never each other's rooms
+    "callbacks": 7,
+    "grasp_lightning.commands": 8,
+    "grasp_lightning.__main__": 9,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def room(name: str) -> str:
+    best = max((p for p in RANKS if name == p or name.startswith(p + ".")), key=len, default=None)
+    assert best is not None, f"{name} is in no room of tests/test_layout.py RANKS"
+    return best
+
+
+def own_imports(path: Path, name: str) -> set[str]:
+    """Project modules ``path`` imports (absolute and relative; ``from pkg import mod`` counts as
+    ``pkg.mod`` when that is a module)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            for a in node.names:
+                out.add(f"{mod}.{a.name}")
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "assets" not in p.parts]
+    names = {module_name(p): p for p in files}
+    edges = {}
+    for name, path in names.items():
+        edges[name] = {m for m in own_imports(path, name) if m in names and m != name}
+    return edges
+
+
+def test_every_module_is_in_a_room_and_imports_run_down() -> None:
+    edges = graph()
+    wrong = []
+    for src, dsts in sorted(edges.items()):
+        for dst in sorted(dsts):
+            if dst.startswith(src + "."):
+                continue  # a package's __init__ re-exports its own modules
+            if RANKS[room(dst)] > RANKS[room(src)]:
+                wrong.append(f"{src} ({room(src)}) imports {dst} ({room(dst)})")
+    assert not wrong, "imports that run back up:\n" + "\n".join(wrong)
+
+
+def test_no_import_circle() -> None:
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w.startswith(v + ".") or v.startswith(w + "."):
+                continue  # a package and its own modules
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_core_imports_no_task_callback_command_or_generator() -> None:
+    edges = graph()
+    core = [m for m in edges if m.startswith("grasp_lightning") and RANKS[room(m)] <= RANKS["grasp_lightning.module"]]
+    assert "grasp_lightning.module" in core and "grasp_lightning.data.formats" in core
+    bad = sorted((src, dst) for src in core for dst in edges[src]
+                 if dst.split(".")[0] in ("tasks", "callbacks")
+                 or dst.startswith(("grasp_lightning.commands", "grasp_lightning.generators", "grasp_lightning.planning")))
+    assert not bad, bad

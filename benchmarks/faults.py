@@ -16,8 +16,8 @@ dataset indices of every micro-batch):
 - ``corrupt_clip``: an undecodable clip with ``on_bad_item=skip``; the run finishes and lists it in
   ``skipped.jsonl``; ``corrupt_many``: too many, the run stops with a clear ``GraspDataError``.
 
-A resumed fault is *recovered* when the runs together saw exactly the uninterrupted run's samples
-(``samples_lost`` and ``samples_repeated`` count the differences, as multisets of dataset indices).
+A resumed fault is *recovered* when the runs together saw exactly the uninterrupted run's dataset items
+(``items_lost`` and ``items_repeated`` count the differences, as multisets of dataset indices).
 
 Bad inputs (each *handled* when it is refused or bounded, never followed): hostile tar members
 (absolute path, ``..``, symlink, hard link), a truncated shard, corrupt/empty/missing clips, a
@@ -26,11 +26,11 @@ token budget (all listed by ``check-data``), a 4K clip and a 30-minute clip (dec
 frame and pixel budget, peak memory printed), a model with remote code (not run), a checkpoint with
 pickled code (refused).
 
-``decode_soak_growth_mb``: four DataLoader workers decode 1,200 clips (sample clips and a 640x360
+``decode_soak_growth_mb``: four DataLoader workers decode 1,200 clips (the sample data clips and a 640x360
 30 fps clip); the sum over workers of resident memory at the end minus after the first 20 %.
 
 Prints a summary, then a JSON object as the last line with ``faults_tried``, ``faults_recovered``,
-``samples_lost``, ``samples_repeated``, ``bad_inputs_tried``, ``bad_inputs_handled``,
+``items_lost``, ``items_repeated``, ``bad_inputs_tried``, ``bad_inputs_handled``,
 ``decode_soak_growth_mb`` and per-item details.
 """
 
@@ -100,7 +100,7 @@ def done(rows: list[dict], before_step: int | None = None) -> list[tuple[int, tu
 
 
 def compare(merged: list, full: list) -> tuple[int, int, bool]:
-    """(samples lost, samples repeated, same order) between a resumed sequence and the uninterrupted one."""
+    """(items lost, items repeated, same order) between a resumed sequence and the uninterrupted one."""
     a = Counter(i for _, b in merged for i in b)
     f = Counter(i for _, b in full for i in b)
     return sum((f - a).values()), sum((a - f).values()), merged == full
@@ -154,8 +154,8 @@ def resumed_faults(work: Path, full: list) -> dict[str, dict]:
 
 def _resumed(merged: list, full: list, ran: bool) -> dict:
     lost, repeated, same = compare(merged, full)
-    return {"recovered": ran and same and lost == 0 and repeated == 0, "samples_lost": lost,
-            "samples_repeated": repeated}
+    return {"recovered": ran and same and lost == 0 and repeated == 0, "items_lost": lost,
+            "items_repeated": repeated}
 
 
 def guard_faults(work: Path) -> dict[str, dict]:
@@ -266,20 +266,13 @@ print(json.dumps({"shape": list(clip.frames.shape), "peak_mb": status("VmHWM:") 
 def moving_clip(path: Path, seconds: float, fps: int, width: int, height: int) -> Path:
     """An H.264 clip (libx264 ultrafast) of a random image sliding sideways: realistic motion, so the
     file size stays in the range of real footage (about 7 MB per 4K second)."""
-    import av
     import numpy as np
 
+    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+
     base = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
-    with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"preset": "ultrafast"}
-        for i in range(int(seconds * fps)):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.roll(base, 4 * i, axis=1), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    frames = (np.roll(base, 4 * i, axis=1) for i in range(int(seconds * fps)))  # one frame in memory at a time
+    return encode_mp4(frames, fps, Mp4Settings(preset="ultrafast", fallback=None), out=path)
 
 
 PEAKS: dict[str, float] = {}
@@ -395,8 +388,8 @@ def main() -> None:
         print(f"bad input {name:<28} {'handled' if ok else 'NOT HANDLED'}")
     print(json.dumps({
         "faults_tried": len(faults), "faults_recovered": sum(r["recovered"] for r in faults.values()),
-        "samples_lost": sum(r.get("samples_lost", 0) for r in faults.values()),
-        "samples_repeated": sum(r.get("samples_repeated", 0) for r in faults.values()),
+        "items_lost": sum(r.get("items_lost", 0) for r in faults.values()),
+        "items_repeated": sum(r.get("items_repeated", 0) for r in faults.values()),
         "bad_inputs_tried": len(inputs), "bad_inputs_handled": sum(inputs.values()),
         "decode_soak_growth_mb": None if soak is None else round(soak, 1),
         "huge_clip_decode_peak_mb": PEAKS,

@@ -79,7 +79,9 @@ def main() -> None:
                                                                       batch_size=2, **DATA))
         grpo_seconds = time.perf_counter() - t1
     rewards = trace.rewards
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    if not rewards:
+        raise SystemExit("no GRPO step logged a reward (--grpo-steps must be >= 1)")
+    first, last = sum(rewards[:10]) / len(rewards[:10]), sum(rewards[-10:]) / len(rewards[-10:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import matplotlib

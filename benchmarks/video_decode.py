@@ -24,30 +24,19 @@ import numpy as np
 
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, sample_indices
+from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
 
 
 def make_clip(seconds: float, fps: int, width: int, height: int, seed: int) -> bytes:
     """An H.264 mp4 (libx264 defaults but ``preset=veryfast``: GOP 250, B-frames) of a moving gradient
     with noise."""
-    import av
-
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width]
     grad = (((xx + yy) // 2) % 256).astype(np.uint8)[..., None].repeat(3, axis=2)
     noise = [rng.integers(0, 8, (height, width, 3), dtype=np.uint8) for _ in range(7)]
+    frames = (grad + np.uint8(3 * i % 256) + noise[i % len(noise)] for i in range(int(seconds * fps)))  # uint8: wraps
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "c.mp4"
-        with av.open(str(out), "w", format="mp4") as container:
-            stream = container.add_stream("libx264", rate=fps)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            stream.options = {"preset": "veryfast"}
-            for i in range(int(seconds * fps)):
-                img = grad + np.uint8(3 * i % 256) + noise[i % len(noise)]  # uint8: wraps around
-                for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
-        return out.read_bytes()
+        return encode_mp4(frames, fps, Mp4Settings(preset="veryfast", fallback=None), out=Path(tmp) / "c.mp4").read_bytes()
 
 
 def build_shard(folder: Path, clips: int, seconds: float, src_fps: int, width: int, height: int) -> Path:

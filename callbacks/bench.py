@@ -1,10 +1,13 @@
-"""GRASP-Bench reports: after each validation or test, ``results.json``, a Markdown table laid out
-like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard. The other
-benchmarks of ``data.benchmarks`` (MMSI, TVQA+, HumanSense, ...) get their own ``results.json``
-section and ``table_<name>.md`` (:mod:`grasp_lightning.evaluation.suite_report`).
+"""Evaluation reports: after each validation or test, every evaluation suite's ``results.json``
+section, tables and figures (GRASP-Bench: the top level of ``results.json``, ``table.md`` laid out
+like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard; MMSI, TVQA+,
+HumanSense, ... of ``data.eval_suites``: a section and ``table_<name>.md`` each).
 
-The numbers come from ``module.bench_metric`` (a torchmetrics metric synced across ranks) and the
-per-item records from every rank (gathered here). ``validate`` prints the table to the terminal.
+The numbers come from ``module.suites`` (:class:`~grasp_lightning.evaluation.suite.SuiteRunner`:
+torchmetrics metrics synced across ranks) and the per-item records from every rank (gathered here);
+what is written for a suite is its own :meth:`~grasp_lightning.evaluation.base.EvalSuite.report`
+and :meth:`~grasp_lightning.evaluation.base.EvalSuite.figures`. ``validate`` prints the tables to
+the terminal.
 """
 
 from __future__ import annotations
@@ -16,14 +19,13 @@ import sys
 import lightning as L
 import torch.distributed as dist
 
-from grasp_lightning.evaluation.reports import category_bar_chart, markdown_table
-from grasp_lightning.evaluation.suite_report import write_results, write_tables
+from grasp_lightning.evaluation.suite_report import write_results
 
 log = logging.getLogger(__name__)
 
 
 class GraspBenchReport(L.Callback):
-    """GRASP-Bench validation reports, written into ``<log_dir>/bench/step_<N>/`` and ``.../latest/``.
+    """Evaluation reports of every suite, written into ``<log_dir>/bench/step_<N>/`` and ``.../latest/``.
 
     Validation runs every ``trainer.val_check_interval`` training batches, at epoch ends, and —
     through this callback — once more at the end of fit when ``max_steps`` stops training
@@ -31,8 +33,8 @@ class GraspBenchReport(L.Callback):
     before it stops).
 
     Args:
-        label: column name of our model in the Markdown table.
-        print_table: print the table to stdout after ``validate``/``test`` (not during fit).
+        label: column name of our model in tables that compare with reference models (GRASP-Bench's Table 1).
+        print_table: print the tables to stdout after ``validate``/``test`` (not during fit).
     """
 
     def __init__(self, label: str = "ours", print_table: bool = True) -> None:
@@ -50,53 +52,42 @@ class GraspBenchReport(L.Callback):
             records = [r for part in gathered for r in part]
         return records
 
-    def _records(self, pl_module) -> list[dict]:
-        return self._gather(pl_module.bench_records)
-
     def _report(self, trainer, pl_module) -> None:
-        metrics = getattr(pl_module, "bench_results", None)
-        suite = getattr(pl_module, "benchmark_suite", None)
-        others = dict(suite.results) if suite is not None else {}  # the other benchmarks (data.benchmarks)
-        if metrics is None and not others:
+        runner = getattr(pl_module, "suites", None)
+        results = dict(runner.results) if runner is not None else {}
+        if not results:
             return
-        records = self._records(pl_module) if metrics is not None else []
-        other_records = {name: self._gather(suite.records[name]) for name in others}
+        records = {name: self._gather(runner.records[name]) for name in results}  # collective: every rank
         if not trainer.is_global_zero:
             return
+        suites = [runner.by_name(name) for name in results]
+        reports = [suite.report(results[suite.name], records[suite.name], label=self.label) for suite in suites]
         root = os.path.join(trainer.log_dir or trainer.default_root_dir, "bench")
-        table = markdown_table(metrics, label=self.label) if metrics is not None else ""
-        tables = suite.tables() if others else {}
-        sections = {name: {"title": suite.by_name(name).title, "metrics": values, "items": other_records[name],
-                           "table": f"table_{name}.md"} for name, values in others.items()}
         meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
                 "stage": str(trainer.state.stage),
                 "decoding": {**vars(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
-        image = None
+        images: dict = {}
         for sub in (f"step_{trainer.global_step}", "latest"):
             out = os.path.join(root, sub)
-            write_results(os.path.join(out, "results.json"), meta,
-                          (metrics, records) if metrics is not None else None, sections)
-            write_tables(out, tables)
-            if metrics is not None:
-                with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as fh:
-                    fh.write(table + "\n")
-                image = category_bar_chart(metrics, path=os.path.join(out, "categories.png"))
-            report = getattr(pl_module, "bench_report", None)  # the released metric_report printout, if chosen
-            if report:
-                with open(os.path.join(out, "report_released.txt"), "w", encoding="utf-8") as fh:
-                    fh.write(report.strip("\n") + "\n")
+            write_results(os.path.join(out, "results.json"), meta, reports)
+            for report in reports:
+                for name, text in report.files.items():
+                    with open(os.path.join(out, name), "w", encoding="utf-8") as fh:
+                        fh.write(text)
+            for suite in suites:
+                images[suite.name] = suite.figures(results[suite.name], out)
         self.last_dir = os.path.join(root, "latest")
         for logger in trainer.loggers:
             exp = getattr(logger, "experiment", None)
             if exp is not None and hasattr(exp, "add_image"):
-                if image is not None:
-                    exp.add_image("bench/category_accuracy", image, global_step=trainer.global_step, dataformats="HWC")
-                    exp.add_text("bench/table", table, global_step=trainer.global_step)
-                for name, text in tables.items():
-                    exp.add_text(f"bench/{name}/table", text, global_step=trainer.global_step)
+                for report in reports:
+                    for tag, image in images[report.name].items():
+                        exp.add_image(tag, image, global_step=trainer.global_step, dataformats="HWC")
+                    for tag, text in report.texts.items():
+                        exp.add_text(tag, text, global_step=trainer.global_step)
         if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
-            sys.stdout.write((table + "\n" if table else "") + "".join(f"\n{t}\n" for t in tables.values()))
-        log.info("benchmark reports written to %s", self.last_dir)
+            sys.stdout.write("".join(report.printout for report in reports))
+        log.info("evaluation reports written to %s", self.last_dir)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:

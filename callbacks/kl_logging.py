@@ -3,7 +3,8 @@
 Everything goes under one TensorBoard section, ``kl/``: ``kl/mean``, ``kl/max`` and a histogram
 ``kl/per_token`` of the k3 estimates of the step's completion tokens, ``kl/clip_ratio`` and
 ``kl/entropy``. A warning is logged when the mean KL exceeds ``warn_above``. The callback only
-reads ``module.last_task_output`` (written by the GRPO task); it never changes training.
+reads ``module.last_task_output`` (:class:`~grasp_lightning.task.TaskOutput`: its ``metrics`` and
+``rollout.kl_tokens``, written by the GRPO task); it never changes training.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class KLLogging(L.Callback):
         out = getattr(pl_module, "last_task_output", None)
         if out is None or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
             return
-        kl = out.extras.get("kl_tokens")
+        kl = out.rollout.kl_tokens if out.rollout is not None else None
         metrics = out.metrics
         values = {}
         if kl is not None and kl.numel():

@@ -1,6 +1,7 @@
 """Rollout samples: every N steps, the K completions of a few prompts with their reward terms,
 extracted answers and named participants, as a TensorBoard text table and a JSONL file
-(``rollouts.jsonl`` in the run directory). Reads ``module.last_task_output``; changes nothing.
+(``rollouts.jsonl`` in the run directory). Reads ``module.last_task_output.rollout``
+(:class:`~grasp_lightning.task.RolloutRecord`); changes nothing.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ import os
 import lightning as L
 
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
+from grasp_lightning.task import RolloutRecord
 
 
-def rollout_rows(extras: dict, max_prompts: int) -> list[dict]:
-    """Rows (one per completion) of the first ``max_prompts`` groups of a GRPO step's extras."""
-    k = extras["num_generations"]
-    names = extras["reward_names"]
+def rollout_rows(record: RolloutRecord, max_prompts: int) -> list[dict]:
+    """Rows (one per completion) of the first ``max_prompts`` groups of a step's rollouts."""
+    k = record.num_generations
+    names = record.reward_names
     rows = []
-    for n, text in enumerate(extras["completions"][: max_prompts * k]):
-        item = extras["items"][n // k]
+    for n, text in enumerate(record.completions[: max_prompts * k]):
+        item = record.items[n // k]
         rows.append({
             "uid": item.uid,
             "group": n // k,
@@ -28,9 +30,9 @@ def rollout_rows(extras: dict, max_prompts: int) -> list[dict]:
             "answer": extract_answer(text),
             "participants_named": sorted(extract_participants(reasoning_text(text))),
             "participants_gt": sorted(item.participants),
-            "rewards": {name: float(extras["terms"][n, j]) for j, name in enumerate(names)},
-            "reward": float(extras["rewards"][n]),
-            "advantage": float(extras["advantages"][n]),
+            "rewards": {name: float(record.terms[n, j]) for j, name in enumerate(names)},
+            "reward": float(record.rewards[n]),
+            "advantage": float(record.advantages[n]),
             "completion": text,
         })
     return rows
@@ -69,11 +71,11 @@ class RolloutSamples(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = getattr(pl_module, "last_task_output", None)
         step = trainer.global_step
-        if out is None or "completions" not in out.extras or not trainer.is_global_zero:
+        if out is None or out.rollout is None or not trainer.is_global_zero:
             return
         if step != 1 and step % self.every_n_steps:
             return
-        rows = rollout_rows(out.extras, self.num_prompts)
+        rows = rollout_rows(out.rollout, self.num_prompts)
         log_dir = trainer.log_dir or trainer.default_root_dir
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, self.filename), "a", encoding="utf-8") as fh:

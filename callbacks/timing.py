@@ -126,10 +126,10 @@ class StepTiming(L.Callback):
         update = self._backward + optimizer
         out = getattr(pl_module, "last_task_output", None)
         metrics = out.metrics if out is not None else {}
-        extras = out.extras if out is not None else {}
         rollout = float(metrics.get("time/rollout_s", 0.0))
         scoring = float(metrics.get("time/scoring_s", 0.0))
-        rows = len(extras.get("completions", None) or batch)
+        record = out.rollout if out is not None else None
+        rows = len(record.completions or batch) if record is not None else len(batch)
         wall = step + self._wait
         record = {
             "time/data_wait_s": self._wait, "time/step_s": step, "time/update_s": update,

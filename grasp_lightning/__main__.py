@@ -1,5 +1,53 @@
-"""``python -m grasp_lightning``: see :mod:`grasp_lightning.commands.train`."""
+"""``python -m grasp_lightning COMMAND ...`` (and the ``grasp-lightning`` script): the one dispatcher.
 
-from grasp_lightning.commands.train import main
+It looks ``COMMAND`` up in :data:`grasp_lightning.commands.COMMANDS` and runs that module's
+``main``; ``--help`` (or no command) lists every command. Each command parses its own arguments
+(``python -m grasp_lightning fit --help`` is LightningCLI's help).
+"""
 
-main()
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from grasp_lightning.commands import COMMANDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: only for ``--help`` and the usage of an unknown command."""
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning",
+                                     description="Train video MLLMs on GRASP: SFT and GRPO with the Social "
+                                                 "Grounding Reward, and the tools around a run.",
+                                     epilog="python -m grasp_lightning COMMAND --help shows a command's options.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        commands.add_parser(name, help=command.help, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command named by the first argument; return its exit status."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        build_parser().print_help()
+        return 0 if args else 2
+    name = args[0]
+    if name.startswith("-"):  # LightningCLI's own top-level options (e.g. --config FILE naming the subcommand)
+        module, command_args = COMMANDS["fit"].module, args
+    elif name in COMMANDS:
+        command = COMMANDS[name]
+        module, command_args = command.module, [name, *args[1:]] if command.lightning else args[1:]
+    else:
+        build_parser().error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")
+    logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    status = importlib.import_module(module).main(command_args)
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

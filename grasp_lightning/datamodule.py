@@ -30,7 +30,7 @@ from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError
-from grasp_lightning.evaluation.base import Benchmark
+from grasp_lightning.evaluation.base import EvalSuite
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,9 @@ class GraspDataModule(L.LightningDataModule):
         bench: GRASP-Bench (``grasp_bench.tar`` or an extracted folder) relative to ``root``;
             ``None`` for no validation.
         mode: ``"sft"`` (prompt + target, right padding) or ``"rl"`` (prompts only, left padding).
+            ``None`` (default): the task's ``data_mode``, passed in by :meth:`connect` (``"sft"`` when
+            no task connects, e.g. the DataModule used on its own). The task owns the value: set it
+            only for that stand-alone use; a value that contradicts the task is an error.
         processor: processor to load (set by the CLI from ``model.policy.name_or_path``).
         trust_remote_code: passed to ``AutoProcessor``.
         fps: frames per second sampled from each clip (GRASP: 2).
@@ -194,37 +197,40 @@ class GraspDataModule(L.LightningDataModule):
         system_prompt: the system turn of every prompt.
         instruction: appended to every question that carries no instruction of its own (GRASP-Bench
             and annotation items; SFT and RL rows carry theirs); ``""`` appends nothing.
-        repeat_batches: deprecated, kept so older run configs load: rollout reuse is set once, by the
-            task's ``num_iterations`` (passed in by :meth:`connect`); a value here must be ``None``
-            or equal to it.
+        repeat_batches: removed, kept only so saved run configs (``repeat_batches: null``) load:
+            rollout reuse is the task's ``num_iterations`` alone (passed in by :meth:`connect`);
+            any other value than ``None`` is an error.
         train_limit: use only the first N training rows (quick runs).
         val_limit: use only the first N bench items.
-        benchmarks: more validation benchmarks (``class_path`` plugins of ``grasp_lightning.evaluation``:
+        eval_suites: more evaluation suites (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
             and its own ``results.json`` section and table (``configs/eval_suites.yaml``).
     """
 
     def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
-                 videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str = "sft",
+                 videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str | None = None,
                  processor: str | None = None, trust_remote_code: bool = False, fps: float = 2.0,
                  max_frames: int = 240, max_pixels: int = 448 * 448, max_prompt_tokens: int | None = 16384,
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
                  num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int | None = None, train_limit: int | None = None,
-                 val_limit: int | None = None, benchmarks: list[Benchmark] | None = None,
+                 val_limit: int | None = None, eval_suites: list[EvalSuite] | None = None,
                  instruction: str = INSTRUCTION) -> None:
         super().__init__()
-        if mode not in ("sft", "rl"):
-            raise GraspConfigError(f"data.mode must be 'sft' or 'rl', got {mode!r}")
+        if mode not in (None, "sft", "rl"):
+            raise GraspConfigError(f"data.mode must be 'sft', 'rl' or null (the task's), got {mode!r}")
+        if repeat_batches is not None:
+            raise GraspConfigError(f"data.repeat_batches={repeat_batches} was removed: rollout reuse is set once, "
+                                   f"by model.task.init_args.num_iterations; remove data.repeat_batches")
         if on_bad_item not in ("raise", "skip"):
             raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
         validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_prompt_tokens=max_prompt_tokens,
                          max_target_tokens=max_target_tokens, batch_size=batch_size, val_batch_size=val_batch_size,
                          num_workers=num_workers, max_skip_fraction=max_skip_fraction, train_limit=train_limit,
                          val_limit=val_limit)
-        self.save_hyperparameters(ignore=["benchmarks"])  # plugin objects stay out of checkpoints
-        self.benchmarks: list[Benchmark] = list(benchmarks or [])
-        self.val_benchmarks: list[Benchmark] = []  # GRASP-Bench (data.bench) first, then data.benchmarks, loaded
+        self.save_hyperparameters(ignore=["eval_suites"])  # plugin objects stay out of checkpoints
+        self.eval_suites: list[EvalSuite] = list(eval_suites or [])
+        self.val_suites: list[EvalSuite] = []  # GRASP-Bench (data.bench) first, then data.eval_suites, loaded
         self.root = Path(root)
         self._processor = None
         self.train_items: list[GraspItem] = []
@@ -233,6 +239,7 @@ class GraspDataModule(L.LightningDataModule):
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
         self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
+        self._mode = mode  # set by connect(): the task's data_mode (None: not connected, data.mode unset)
         self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
         self._stream: tuple[int, int] | None = None  # resume: (stream index, draws) of the last window
         self._last_window = None  # the Window of the last consumed micro-batch (its draws grow in training_step)
@@ -243,6 +250,11 @@ class GraspDataModule(L.LightningDataModule):
         self._unwritten: list[SkipRecord] = []
 
     # ------------------------------------------------------------------ loading
+    @property
+    def mode(self) -> str:
+        """The training batch kind: the task's (:meth:`connect`), else ``data.mode``, else ``"sft"``."""
+        return self._mode or "sft"
+
     @property
     def processor(self):
         """The processor, loaded on first use."""
@@ -291,27 +303,32 @@ class GraspDataModule(L.LightningDataModule):
             items = result.items
             self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
             log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
-        if stage in ("fit", "validate", "test", "predict") and not self.val_benchmarks:
-            self.val_benchmarks = self._load_benchmarks()
+        if stage in ("fit", "validate", "test", "predict") and not self.val_suites:
+            self.val_suites = self._load_suites()
 
-    def _load_benchmarks(self) -> list[Benchmark]:
-        """GRASP-Bench of ``bench`` (when it has items) then ``benchmarks``, loaded.
+    def _load_suites(self) -> list[EvalSuite]:
+        """GRASP-Bench of ``bench`` (when it has items) then ``eval_suites``, loaded, each given the
+        module's evaluation protocol (``model.evaluation.protocol``; GRASP-Bench encodes and scores by it).
 
         Raises:
-            GraspConfigError: two benchmarks share a name.
+            GraspConfigError: two suites share a name.
         """
         from grasp_lightning.evaluation.audio import audio_unavailable_reason
         from grasp_lightning.evaluation.grasp_bench import GraspBench
 
         loaded = [GraspBench.from_items(str(self.root / self.hparams.bench), self.val_items)] if self.val_items else []
-        reason = audio_unavailable_reason(self.processor) if self.benchmarks else None
-        for bench in self.benchmarks:
-            bench.load(on_error=self.hparams.on_bad_item, audio_unavailable=reason)
-            loaded.append(bench)
-        names = [b.name for b in loaded]
+        reason = audio_unavailable_reason(self.processor) if self.eval_suites else None
+        for suite in self.eval_suites:
+            suite.load(on_error=self.hparams.on_bad_item, audio_unavailable=reason)
+            loaded.append(suite)
+        names = [s.name for s in loaded]
         if len(set(names)) != len(names):
-            raise GraspConfigError(f"data.benchmarks: benchmark names must be unique, got {names} "
+            raise GraspConfigError(f"data.eval_suites: evaluation suite names must be unique, got {names} "
                                    f"(set `name` in their init_args)")
+        trainer = getattr(self, "trainer", None)
+        protocol = getattr(trainer.lightning_module if trainer is not None else None, "eval_protocol", None)
+        for suite in loaded:
+            suite.use_protocol(protocol)
         return loaded
 
     def _dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool,
@@ -323,7 +340,7 @@ class GraspDataModule(L.LightningDataModule):
                             system_prompt=h.system_prompt if system_prompt is None else system_prompt,
                             skip_bad=h.on_bad_item == "skip", instruction=h.instruction)
 
-    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False) -> None:
+    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
@@ -336,17 +353,23 @@ class GraspDataModule(L.LightningDataModule):
             draws: the task may draw further windows from the stream (``Window.draw``, GRPO
                 ``dynamic_sampling: refill``): batches come through a :class:`WindowLoader` even for
                 ``window = repeat = 1``, and checkpoints record the draws.
+            mode: the batch kind the task consumes (``Task.data_mode``: ``"sft"`` or ``"rl"``);
+                ``None`` keeps ``data.mode``.
 
         Raises:
-            GraspConfigError: ``window``/``repeat`` < 1, or the deprecated ``data.repeat_batches`` is
-            set to another value than the task's ``num_iterations``.
+            GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.mode`` set
+                explicitly to another kind than the task's.
         """
         if window < 1 or repeat < 1:
             raise GraspConfigError(f"window and repeat must be >= 1, got {window}, {repeat}")
-        legacy = self.hparams.repeat_batches
-        if legacy is not None and legacy != repeat:
-            raise GraspConfigError(f"data.repeat_batches={legacy} is deprecated and must match "
-                                   f"model.task.init_args.num_iterations={repeat}; remove data.repeat_batches")
+        if mode is not None:
+            if mode not in ("sft", "rl"):
+                raise GraspConfigError(f"the task's data_mode must be 'sft' or 'rl', got {mode!r}")
+            given = self.hparams.mode
+            if given is not None and given != mode:
+                raise GraspConfigError(f"data.mode={given!r} contradicts the task, which consumes {mode!r} batches; "
+                                       f"remove data.mode (the task sets it)")
+            self._mode = mode
         self._window, self._repeat, self._draws = window, repeat, draws
 
     def _rank(self) -> tuple[int, int]:
@@ -388,8 +411,8 @@ class GraspDataModule(L.LightningDataModule):
             batches.set_start(epoch, first, exclude)
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
-        dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.hparams.mode == "sft")
-        loader = self._loader(dataset, batches, "right" if self.hparams.mode == "sft" else "left", windowed)
+        dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.mode == "sft")
+        loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
         if not windowed:
             return loader
         micro = -(-len(sampler) // self.hparams.batch_size)
@@ -400,25 +423,24 @@ class GraspDataModule(L.LightningDataModule):
         return WindowLoader(loader, self._window, self._repeat, skip=skip, first_window=first, exclude=exclude,
                             on_draw=self._count_drawn)
 
-    def _bench_loader(self, bench: Benchmark) -> DataLoader:
+    def _suite_loader(self, suite: EvalSuite) -> DataLoader:
         rank, world = self._rank()
-        sampler = ResumableSampler(len(bench.items), shuffle=False, rank=rank, world_size=world, pad="mark")
-        dataset = self._dataset(bench.items, bench.store(), False, system_prompt=bench.system_prompt)
-        if bench.is_grasp:  # model.evaluation.protocol may encode GRASP-Bench its own way (grasp_lightning/evaluation/protocol.py)
-            trainer = getattr(self, "trainer", None)
-            dataset.encoder = getattr(trainer.lightning_module if trainer is not None else None, "bench_encoder", None)
+        sampler = ResumableSampler(len(suite.items), shuffle=False, rank=rank, world_size=world, pad="mark")
+        dataset = self._dataset(suite.items, suite.store(), False, system_prompt=suite.system_prompt)
+        dataset.encoder = suite.encoder(self.processor)  # GRASP-Bench: its protocol's encoder, or None (ours)
         return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 
     def val_dataloader(self) -> DataLoader | list:
-        """GRASP-Bench prompts, left-padded; ranks padded with ``valid=False`` rows. With ``benchmarks``:
-        one loader per benchmark with items, GRASP-Bench first (``dataloader_idx`` in that order)."""
+        """Prompts of every evaluation suite with items, left-padded; ranks padded with ``valid=False``
+        rows. One loader per suite, GRASP-Bench first (``dataloader_idx`` in that order); a single
+        suite gives a single loader."""
         from grasp_lightning.evaluation.suite import routes
 
-        loaders = [self._bench_loader(b) for b in routes(self.val_benchmarks)]
+        loaders = [self._suite_loader(s) for s in routes(self.val_suites)]
         return loaders[0] if len(loaders) == 1 else loaders
 
     def test_dataloader(self) -> DataLoader | list:
-        """Same as validation: GRASP-Bench."""
+        """Same as validation: every evaluation suite."""
         return self.val_dataloader()
 
     # ------------------------------------------------------------------ accounting

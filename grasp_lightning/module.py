@@ -1,10 +1,11 @@
 """``GraspModule``: the LightningModule that holds the policy, the frozen reference model and a task.
 
 Training delegates the objective to the task plugin (``tasks.sft.SFTTask``,
-``tasks.grpo.GRPOTask``); validation and test decode GRASP-Bench answers and score them with
-:class:`~grasp_lightning.evaluation.grasp_score.BenchAccuracy` (exact across ranks). Reports are written by the
-``callbacks.bench.GraspBenchReport`` callback from ``module.bench_metric`` and
-``module.bench_records``.
+``tasks.grpo.GRPOTask``); validation and test decode answers for every evaluation suite
+(GRASP-Bench, MMSI, ...) and hand them to ``module.suites``
+(:class:`~grasp_lightning.evaluation.suite.SuiteRunner`), which scores each with its own suite and
+metric (exact across ranks). Reports are written by the ``callbacks.bench.GraspBenchReport``
+callback from ``module.suites``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.evaluation.grasp_score import BenchAccuracy
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
-from grasp_lightning.evaluation.suite import BenchmarkSuite
-from grasp_lightning.generation import sample_completions
+from grasp_lightning.evaluation.suite import SuiteRunner
+from grasp_lightning.generation import (  # noqa: F401 (RolloutConfig: also importable from here)
+    RolloutConfig,
+    sample_completions,
+)
 from grasp_lightning.policy import (
     LoraConfig,
     PolicyConfig,
@@ -153,35 +156,6 @@ class EvalConfig:
                              frame_spatial_patch=self.frame_spatial_patch, timestamps=self.timestamps)
 
 
-@dataclass
-class RolloutConfig:
-    """Sampling of training rollouts (GRPO): K completions per prompt from the current policy.
-
-    Attributes:
-        num_generations: K completions per prompt, a group (paper: 8); a group stays on one rank.
-        max_new_tokens: completion budget in tokens (paper: 1024).
-        temperature: sampling temperature (paper: 1.0); scoring logits are divided by it too.
-        top_p: nucleus sampling mass.
-        top_k: optional top-k.
-        stop_at_answer: a completion may stop at ``</answer>``.
-    """
-
-    num_generations: int = 8
-    max_new_tokens: int = 1024
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    stop_at_answer: bool = True
-
-    def __post_init__(self) -> None:
-        k = "model.rollout."
-        _require(_pos_int(self.num_generations), k + "num_generations", "an integer >= 1", self.num_generations)
-        _require(_pos_int(self.max_new_tokens), k + "max_new_tokens", "an integer >= 1", self.max_new_tokens)
-        _require(_num(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
-        _require(_num(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
-        _require(_pos_int(self.top_k, optional=True), k + "top_k", "an integer >= 1 or null", self.top_k)
-
-
 class GraspModule(L.LightningModule):
     """Policy + frozen reference model + task plugin.
 
@@ -192,7 +166,7 @@ class GraspModule(L.LightningModule):
         lora: the LoRA flag and its settings (peft).
         optim: optimizer and learning-rate schedule.
         rollout: sampling of training rollouts (used by tasks that sample, e.g. GRPO).
-        evaluation: decoding for GRASP-Bench.
+        evaluation: decoding for the evaluation suites and GRASP-Bench's protocol.
     """
 
     def __init__(self, task: Task, policy: PolicyConfig = PolicyConfig(),  # noqa: B008 (copied below)
@@ -217,9 +191,7 @@ class GraspModule(L.LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference_model: torch.nn.Module | None = None
         self.processor = None
-        self.bench_metric = BenchAccuracy()
-        self.bench_records: list[dict] = []
-        self.benchmark_suite = BenchmarkSuite()  # the other benchmarks of data.benchmarks (MMSI, TVQA+, ...)
+        self.suites = SuiteRunner()  # the evaluation suites: GRASP-Bench (data.bench) and data.eval_suites
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
         self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
@@ -294,19 +266,21 @@ class GraspModule(L.LightningModule):
 
     @property
     def tokenizer(self):
-        """The processor's tokenizer."""
-        return self.processor.tokenizer
+        """The processor's tokenizer (``None`` before :meth:`configure_model` loads it)."""
+        return self.processor.tokenizer if self.processor is not None else None
 
     # ------------------------------------------------------------------ training
     def setup(self, stage: str) -> None:
         """Before ``fit`` builds the train loader: tell the DataModule how the task consumes batches.
 
-        ``connect(window, repeat)``: the accumulation window (``trainer.accumulate_grad_batches``)
-        for tasks that work on whole windows, and the task's ``num_iterations`` (each window is
-        yielded that many times, so a rollout is reused only after an optimizer step).
+        ``connect(window, repeat, mode)``: the accumulation window (``trainer.accumulate_grad_batches``)
+        for tasks that work on whole windows, the task's ``num_iterations`` (each window is yielded
+        that many times, so a rollout is reused only after an optimizer step) and the task's
+        ``data_mode`` (the batch kind; the task is its one owner).
 
         Raises:
-            GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``.
+            GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; from
+                ``connect``: an explicit ``data.mode`` that contradicts the task.
         """
         if stage != "fit" or self._trainer is None:
             return
@@ -320,17 +294,10 @@ class GraspModule(L.LightningModule):
                                        f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} "
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
+        shared = {"window": window, "repeat": repeat, "mode": self.task.data_mode}
         if getattr(self.task, "draws_prompts", False):
-            connect(window=window, repeat=repeat, draws=True)
-        else:
-            connect(window=window, repeat=repeat)
-
-    def on_fit_start(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        mode = getattr(getattr(dm, "hparams", None), "mode", None)
-        if mode is not None and mode != self.task.data_mode:
-            raise GraspConfigError(f"{type(self.task).__name__} consumes data.mode={self.task.data_mode!r} batches, "
-                                   f"but data.mode is {mode!r}")
+            shared["draws"] = True
+        connect(**shared)
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and log its metrics under ``train/``."""
@@ -395,16 +362,11 @@ class GraspModule(L.LightningModule):
         budget = self.eval_cfg.max_new_tokens
         return self.eval_protocol.max_new_tokens if budget is None else budget
 
-    @property
-    def bench_encoder(self):
-        """What encodes GRASP-Bench items for this protocol (``None``: the DataModule's own path); the
-        DataModule asks for it when it builds the GRASP-Bench loader."""
-        return self.eval_protocol.bench_encoder(self.processor) if self.processor is not None else None
-
     def on_validation_epoch_start(self) -> None:
-        self.bench_metric.reset()
-        self.bench_records = []
-        self.benchmark_suite.start(getattr(self._trainer, "datamodule", None) if self._trainer else None, self.device)
+        """Reset :attr:`suites` over the DataModule's ``val_suites`` and warn about decoding that differs
+        from the chosen protocol's reference."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        self.suites.start(getattr(datamodule, "val_suites", None) or [], self.device)
         cfg = self.eval_cfg
         deviations = self.eval_protocol.decoding_deviations(self.eval_max_new_tokens, cfg.do_sample, cfg.stop_at_answer)
         if deviations and self.global_rank == 0:
@@ -412,13 +374,18 @@ class GraspModule(L.LightningModule):
                         cfg.protocol, ", ".join(deviations))
 
     def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Decode answers for a bench batch and update the bench metric (padding rows are not counted).
+        """Decode answers for a batch of the evaluation suite of ``dataloader_idx`` and hand them to
+        :attr:`suites`, which scores them with that suite (padding rows are not counted).
 
-        With several benchmarks (``data.benchmarks``) ``dataloader_idx`` picks the benchmark; batches of
-        benchmarks other than GRASP-Bench are scored by :class:`~grasp_lightning.evaluation.suite.BenchmarkSuite`.
+        Raises:
+            GraspConfigError: the dataloader belongs to no evaluation suite of the DataModule.
         """
         if len(batch) == 0:
             return
+        suite = self.suites.route(dataloader_idx)
+        if suite is None:
+            raise GraspConfigError(f"validation dataloader {dataloader_idx} belongs to no evaluation suite (the "
+                                   f"DataModule's val_suites: {[s.name for s in self.suites.suites]})")
         cfg = self.eval_cfg
         was_training = self.policy.training
         self.policy.eval()
@@ -427,34 +394,18 @@ class GraspModule(L.LightningModule):
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
             stop_strings=("</answer>",) if cfg.stop_at_answer else ())
         self.policy.train(was_training)
-        bench = self.benchmark_suite.route(dataloader_idx)
-        if bench is not None and not bench.is_grasp:
-            self.benchmark_suite.update(bench, completions.texts, batch)
-            return
-        records = [self.eval_protocol.score(text, item) for text, item in zip(completions.texts, batch.items)]
-        self.bench_metric.update_from_records(records, valid=batch.valid)
-        self.bench_records.extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
+        self.suites.update(suite, completions.texts, batch)
 
     def on_validation_epoch_end(self) -> None:
-        for name, values in self.benchmark_suite.compute().items():
-            for key, value in values.items():
-                if key.startswith("acc/") and value == value:  # skip NaN
-                    self.log(f"val/{name}/{key}", float(value), rank_zero_only=True)
-        if self.benchmark_suite.active and not self.benchmark_suite.has_grasp:
-            self.bench_results = None  # GRASP-Bench did not run: no Table-1 report
-            return
-        metrics = self.bench_metric.compute()
-        self.bench_results = metrics
-        self.bench_report = self.eval_protocol.report(metrics)  # the released metric_report layout, or None
-        if self.bench_report and self.global_rank == 0:
-            log.info("GRASP-Bench (%s protocol):%s", self.eval_cfg.protocol, self.bench_report)
-        for key in ("acc/overall", "acc/gaze", "acc/gesture", "acc/joint", "acc_macro/overall", "unparseable_rate",
-                    "grounding/precision"):
-            if key in metrics and metrics[key] == metrics[key]:  # skip NaN
-                self.log(f"val/{key}", float(metrics[key]), sync_dist=False, rank_zero_only=True)
-        for cat_key, value in metrics.items():
-            if cat_key.startswith("acc/") and len(cat_key) == 6 and value == value:
-                self.log(f"val_category/{cat_key[4:]}", float(value), rank_zero_only=True)
+        """Compute every suite's metrics (collective), log the values each suite names
+        (:meth:`~grasp_lightning.evaluation.base.EvalSuite.log_values`) and its summary, if any."""
+        for name, metrics in self.suites.compute().items():
+            suite = self.suites.by_name(name)
+            for key, value in suite.log_values(metrics).items():
+                self.log(key, value, rank_zero_only=True)
+            summary = suite.summary(metrics)  # the released metric_report layout for GRASP-Bench, or None
+            if summary and self.global_rank == 0:
+                log.info("%s (%s protocol):%s", suite.title, self.eval_cfg.protocol, summary)
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Same as :meth:`validation_step`."""

@@ -5,7 +5,22 @@ Every term is a pure function ``(completion: str, item: GraspItem) -> float`` re
 Registered terms also take a keyword ``opened_think`` (default ``False``): true when the prompt
 ended with an opened ``<think>`` (a Thinking template's generation prompt), so the completion
 starts inside the think block (``...</think><answer>B</answer>``) and the terms that read the think
-block (``format_strict``, ``social_grounding``) account for it. The paper's recipe uses
+block (``format_strict``, ``social_grounding``) account for it.
+
+**Reward plugins.** A ``rewards:`` entry of ``GRPOTask`` (and a name given to :func:`compute_rewards`)
+is a registry name or the import path ``package.module.function`` of a function of one's own, so a
+new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). Its signature::
+
+    def my_reward(completion: str, item: GraspItem, opened_think: bool = False) -> float
+
+- ``completion``: one decoded completion (special tokens removed; the prompt not included);
+- ``item``: its prompt's record (:class:`~grasp_lightning.data.records.GraspItem`: ``answer``,
+  ``options``, ``participants``, ``events``, ``question_text``, ...); the K completions of a group
+  share one item;
+- ``opened_think`` (keyword, optional): the prompt ended with an opened ``<think>``; passed only
+  when the function has a parameter of that name;
+- returns a finite float (the term's value before its ``reward_weights`` weight). A completion
+  holding a vision placeholder gets 0 without the function being called, as registered terms do. The paper's recipe uses
 ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with weights 1.0, 0.1,
 0.05, 0.2 (GRASP, arXiv 2605.15764; ``shared/grasp-format.md``, Rewards).
 
@@ -22,6 +37,7 @@ it must not be rewarded for a letter it happens to contain.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Sequence
 from typing import Callable
@@ -46,6 +62,7 @@ __all__ = [
     "compute_rewards",
     "grounding_precision_recall",
     "has_vision_placeholder",
+    "resolve_reward",
 ]
 
 #: A reward term: completion text and its item (and the keyword ``opened_think``) -> a finite float.
@@ -63,29 +80,79 @@ def has_vision_placeholder(text: str) -> bool:
     return any(token in text for token in VISION_PLACEHOLDERS)
 
 
-def _register(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register a reward term under ``name``, wrapped so a vision placeholder gives 0.
+def _guard(fn: RewardFn) -> RewardFn:
+    """``fn`` as ``(completion, item, *, opened_think=False) -> float``: a vision placeholder gives 0,
+    and the flag reaches ``fn`` only when ``fn`` has an ``opened_think`` parameter (terms that do not
+    read the think block ignore it)."""
+    try:
+        takes_flag = "opened_think" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        takes_flag = False
 
-    The registered function takes ``(completion, item, *, opened_think=False)``; the flag reaches
-    ``fn`` only when ``fn`` has an ``opened_think`` parameter (terms that do not read the think
-    block ignore it).
-    """
+    @functools.wraps(fn)
+    def guarded(completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
+        if has_vision_placeholder(completion):
+            return 0.0
+        if takes_flag:
+            return float(fn(completion, item, opened_think=opened_think))
+        return float(fn(completion, item))
+
+    return guarded
+
+
+def _register(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register a reward term under ``name``, wrapped by :func:`_guard` (a vision placeholder gives 0)."""
 
     def wrap(fn: RewardFn) -> RewardFn:
-        takes_flag = "opened_think" in inspect.signature(fn).parameters
-
-        @functools.wraps(fn)
-        def guarded(completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
-            if has_vision_placeholder(completion):
-                return 0.0
-            if takes_flag:
-                return float(fn(completion, item, opened_think=opened_think))
-            return float(fn(completion, item))
-
-        REWARDS[name] = guarded
-        return guarded
+        REWARDS[name] = _guard(fn)
+        return REWARDS[name]
 
     return wrap
+
+
+@functools.lru_cache(maxsize=None)
+def _import_reward(path: str) -> RewardFn:
+    """The guarded function at import path ``path`` (cached: imported and checked once per path)."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure becomes a config error naming the entry
+        raise GraspConfigError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    if not hasattr(module, attr):
+        raise GraspConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise GraspConfigError(f"{path} is a {type(fn).__name__}, not a function")
+    return _guard(fn)
+
+
+def resolve_reward(entry: str, key: str = "rewards") -> RewardFn:
+    """The reward function of a ``rewards:`` entry: a name in :data:`REWARDS`, else an import path
+    ``package.module.function`` (the signature in this module's docstring), wrapped like the
+    registered terms (vision placeholder gives 0; ``opened_think`` passed when accepted).
+
+    Args:
+        entry: the registry name or import path.
+        key: the config key the entry came from, for the error message.
+
+    Raises:
+        GraspConfigError: naming ``entry``: not a registered name and not a dotted path, the module
+            does not import, it has no such attribute, or the object is not callable.
+    """
+    if not isinstance(entry, str):
+        raise GraspConfigError(f"{key}: entry {entry!r} must be a reward name or an import path, "
+                               f"got a {type(entry).__name__}")
+    if entry in REWARDS:
+        return REWARDS[entry]
+    module_name, _, attr = entry.rpartition(".")
+    if not module_name or not attr:
+        raise GraspConfigError(f"{key}: unknown reward {entry!r}; known rewards: {sorted(REWARDS)}, or an import "
+                               f"path package.module.function")
+    try:
+        return _import_reward(entry)
+    except GraspConfigError as exc:
+        raise GraspConfigError(f"{key}: reward {entry!r} is neither a known reward ({sorted(REWARDS)}) nor a "
+                               f"usable import path: {exc}") from None
 
 
 def grounding_precision_recall(pred: set[int] | frozenset[int], gt: set[int] | frozenset[int]) -> tuple[float, float]:
@@ -225,7 +292,8 @@ def compute_rewards(completions: list[str], items: list[GraspItem], names: list[
     Args:
         completions: ``N`` completion texts (special tokens kept, so placeholders can be seen).
         items: ``N`` items aligned with ``completions`` (the K rollouts of a prompt repeat its item).
-        names: reward term names from :data:`REWARDS`, in the column order wanted.
+        names: reward entries (names in :data:`REWARDS` or import paths, :func:`resolve_reward`), in
+            the column order wanted.
         opened_think: whether each completion's prompt ended with an opened ``<think>`` (one flag
             for all, or ``N`` flags, e.g. :attr:`grasp_lightning.generation.Completions.prompt_opened_think`).
 
@@ -233,17 +301,15 @@ def compute_rewards(completions: list[str], items: list[GraspItem], names: list[
         Float32 tensor of shape ``(N, len(names))``, all values finite.
 
     Raises:
-        GraspConfigError: if a name is not in :data:`REWARDS` (the message lists the known names).
+        GraspConfigError: if an entry is neither a name in :data:`REWARDS` nor a usable import path
+            (the message names it and lists the known names).
         ValueError: if ``completions`` and ``items`` (or the ``opened_think`` flags) differ in length.
     """
-    unknown = [name for name in names if name not in REWARDS]
-    if unknown:
-        raise GraspConfigError(f"unknown reward name(s) {unknown}; known rewards: {sorted(REWARDS)}")
+    fns = [resolve_reward(name) for name in names]
     if len(completions) != len(items):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(items)} items")
     flags = [bool(opened_think)] * len(completions) if isinstance(opened_think, bool) else list(opened_think)
     if len(flags) != len(completions):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(flags)} opened_think flags")
-    fns = [REWARDS[name] for name in names]
     values = [[fn(text, item, opened_think=flag) for fn in fns] for text, item, flag in zip(completions, items, flags)]
     return torch.tensor(values, dtype=torch.float32).reshape(len(completions), len(names))

@@ -1,38 +1,78 @@
-"""The task-plugin interface: a training objective the :class:`~grasp_lightning.module.GraspModule` runs.
+"""The task-plugin interface: a training objective, the narrow context it runs in, and what it returns.
 
-The core knows no task by name. A task gets the module (policy, reference model, processor) and a
-batch, and returns a loss and the metrics to log; configs select it by ``class_path``
-(``tasks.sft.SFTTask``, ``tasks.grpo.GRPOTask``). A task owns its objective, including how its
-loss is normalised under gradient accumulation, and nothing else.
+The core knows no task by name. A task gets a :class:`TaskContext` (policy, tokenizer, device,
+reference model, rollout sampling settings, a cross-rank sum) and a batch, and returns a
+:class:`TaskOutput`: a loss, the metrics to log and, for tasks that sample, a typed
+:class:`RolloutRecord` the callbacks read. Configs select a task by ``class_path``
+(``tasks.sft.SFTTask``, ``tasks.grpo.GRPOTask``). A task owns its objective, including how its loss
+is normalised under gradient accumulation, and nothing else: it never sees the trainer, the
+strategy, the DataModule or the processor. :class:`~grasp_lightning.module.GraspModule` is a
+``TaskContext`` (structurally); tests pass small stand-ins.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from grasp_lightning.generation import RolloutConfig
+
 if TYPE_CHECKING:
     from grasp_lightning.data.collate import Batch
-    from grasp_lightning.module import GraspModule
+    from grasp_lightning.data.records import GraspItem
+
+
+@dataclass
+class RolloutRecord:
+    """The scored rollouts of one micro-batch, as a sampling task (GRPO) shows them to the callbacks.
+
+    ``B`` prompts (groups) of ``K`` completions each: ``N = B * K`` rows, group-major (row ``n`` is
+    completion ``n % K`` of prompt ``n // K``); ``T`` reward terms; ``M`` completion tokens counted by
+    the loss. Read by ``callbacks/kl_logging.py`` (``kl_tokens``), ``callbacks/rollout_samples.py``
+    (everything but the token tensors) and ``callbacks/timing.py`` (``len(completions)``).
+
+    Attributes:
+        completions: ``N`` decoded completion texts.
+        items: the ``B`` prompt records (:class:`~grasp_lightning.data.records.GraspItem`).
+        num_generations: ``K``.
+        reward_names: the ``T`` reward entries (registry names or import paths), the column order
+            of ``terms``.
+        terms: ``(N, T)`` float32 reward terms.
+        rewards: ``(N,)`` weighted sum of the terms (plus the overlong penalty in ``reward`` mode).
+        advantages: ``(N,)`` the advantages the loss used.
+        kl_tokens: ``(M,)`` k3 KL to the reference model (nats) of the loss tokens, ``None`` without a
+            reference model (``beta: 0``).
+        entropy_tokens: ``(M,)`` policy entropy (nats) of the loss tokens, ``None`` if not computed.
+    """
+
+    completions: list[str]
+    items: list[GraspItem]
+    num_generations: int
+    reward_names: list[str]
+    terms: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    kl_tokens: torch.Tensor | None = None
+    entropy_tokens: torch.Tensor | None = None
 
 
 @dataclass
 class TaskOutput:
-    """What a task returns for one micro-batch.
+    """What a task returns for one micro-batch (kept until the next step as ``module.last_task_output``).
 
     Attributes:
         loss: scalar tensor to back-propagate (already normalised as the task defines), or
             ``None`` to skip the micro-batch (e.g. every row was skipped).
         metrics: scalars to log under ``train/`` (tensors or floats).
-        extras: anything the callbacks may read (e.g. per-token KL, completions), kept until the
-            next step as ``module.last_task_output``.
+        rollout: the micro-batch's scored rollouts for the callbacks (tasks that sample), else ``None``.
     """
 
     loss: torch.Tensor | None
     metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
-    extras: dict = field(default_factory=dict)
+    rollout: RolloutRecord | None = None
 
 
 class CrossRank:
@@ -67,13 +107,44 @@ class CrossRank:
         return [obj]
 
 
+@runtime_checkable
+class TaskContext(Protocol):
+    """What a task may use: the one narrow view of the run it gets (the module satisfies it).
+
+    Attributes:
+        policy: the trainable policy (a Hugging Face image-text-to-text model).
+        tokenizer: the policy's tokenizer (``None`` before the policy is loaded).
+        device: where the policy's inputs go.
+        rollout_cfg: the rollout sampling settings (``model.rollout``), the one copy; read, never copy.
+        cross_rank: the cross-rank sum (:class:`CrossRank`).
+    """
+
+    policy: torch.nn.Module
+    tokenizer: Any
+    rollout_cfg: RolloutConfig
+    cross_rank: CrossRank
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the policy's inputs."""
+
+    def reference(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """Context yielding the frozen reference model (or the policy with its adapters disabled).
+
+        Raises:
+            GraspConfigError: the task asked for no reference model (``Task.needs_reference``).
+        """
+
+
 class Task:
     """Base class of a task plugin.
 
     Attributes:
         needs_reference: the module builds a frozen reference model only when this is true.
         data_mode: the batch kind the task consumes: ``"sft"`` (prompt + target, labels) or
-            ``"rl"`` (prompts with answers and ground-truth events).
+            ``"rl"`` (prompts with answers and ground-truth events). The task is its one owner: the
+            module passes it to the DataModule (``GraspDataModule.connect(mode=...)``), so
+            ``data.mode`` need not be set.
         num_iterations: optimizer steps each batch serves (GRPO's rollout reuse); the DataModule
             repeats every accumulation window this many times.
         window_batches: the task works on whole accumulation windows: each micro-batch arrives with
@@ -102,14 +173,14 @@ class Task:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` of this rank (called from ``GraspModule.on_load_checkpoint``)."""
 
-    def setup(self, module: "GraspModule") -> None:
-        """Called once the policy is loaded (e.g. to read token ids from the processor)."""
+    def setup(self, ctx: TaskContext) -> None:
+        """Called once the policy is loaded (e.g. to check the sampling settings or read token ids)."""
 
-    def prepare(self, module: "GraspModule", batch: "Batch") -> None:
+    def prepare(self, ctx: TaskContext, batch: Batch) -> None:
         """Called on every micro-batch of every rank before :meth:`training_step`, also for an empty
-        batch that will be skipped: the place for cross-rank collectives (``module.cross_rank``),
+        batch that will be skipped: the place for cross-rank collectives (``ctx.cross_rank``),
         which no rank may miss."""
 
-    def training_step(self, module: "GraspModule", batch: "Batch") -> TaskOutput:
+    def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
         """Compute the loss of one micro-batch. Must be overridden."""
         raise NotImplementedError

@@ -48,7 +48,7 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions, sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
-from grasp_lightning.rewards import REWARDS, compute_rewards, grounding_precision_recall
+from grasp_lightning.rewards import compute_rewards, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
     concat_prompts,
@@ -58,7 +58,7 @@ from grasp_lightning.shared_prompt import (
     select_prompts,
     sharing_unsupported_reason,
 )
-from grasp_lightning.task import Task, TaskOutput
+from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,11 @@ class Rollout:
     def num_groups(self) -> int:
         """Prompts (groups) in the rollout."""
         return int(self.zero_variance.numel())
+
+    @property
+    def num_generations(self) -> int:
+        """Completions per prompt ``K`` (``N / B``)."""
+        return self.completions.ids.shape[0] // max(1, self.num_groups)
 
 
 _ROW_TENSORS = ("terms", "rewards", "advantages", "penalty")
@@ -221,12 +226,14 @@ def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, to
 class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
 
-    Sampling settings (K, temperature, top-p, budget) come from ``model.rollout``
-    (:class:`grasp_lightning.module.RolloutConfig`), so ``configs/demo.yaml`` can shrink them for
-    any recipe.
+    Sampling settings (K, temperature, top-p, budget) are read, when needed, from the context's
+    ``model.rollout`` (:class:`grasp_lightning.generation.RolloutConfig`, ``ctx.rollout_cfg``), never
+    copied, so ``configs/demo.yaml`` can shrink them for any recipe.
 
     Args:
-        rewards: reward term names from :data:`grasp_lightning.rewards.REWARDS`.
+        rewards: reward terms: names in :data:`grasp_lightning.rewards.REWARDS` or import paths
+            ``package.module.function`` of a reward function (signature in :mod:`grasp_lightning.rewards`),
+            resolved here (:func:`grasp_lightning.rewards.resolve_reward`).
         reward_weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2).
         advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over every
             rank's rewards); ``released`` (each term mean-centred per group, then weighted: released code);
@@ -276,9 +283,8 @@ class GRPOTask(Task):
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
             raise GraspConfigError(f"{len(self.rewards)} rewards but {len(self.reward_weights)} reward_weights")
-        unknown = [r for r in self.rewards if r not in REWARDS]
-        if unknown:
-            raise GraspConfigError(f"unknown rewards {unknown}; known: {sorted(REWARDS)}")
+        for entry in self.rewards:
+            resolve_reward(entry, key="model.task.init_args.rewards")  # GraspConfigError naming the entry
         if advantage not in ADVANTAGES:
             raise GraspConfigError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
         if loss_type not in grpo.LOSS_TYPES:
@@ -304,9 +310,6 @@ class GRPOTask(Task):
         self.dynamic_sampling = dynamic_sampling
         self.max_resample = max_resample
         self.rollout_batch_prompts = rollout_batch_prompts
-        self.num_generations = 8
-        self.temperature = 1.0
-        self.max_new_tokens = 1024
         self.advantage = advantage
         self.advantage_eps = advantage_eps
         self.advantage_clip = advantage_clip
@@ -349,30 +352,27 @@ class GRPOTask(Task):
         """A reference model is only needed when the KL term is on."""
         return self.beta != 0.0
 
-    def setup(self, module) -> None:
-        """Read the rollout settings from the module.
+    def setup(self, ctx: TaskContext) -> None:
+        """Check the rollout settings of the context (read again wherever they are used, never copied).
 
         Raises:
             GraspConfigError: ``model.rollout.num_generations`` < 2.
         """
-        cfg = module.rollout_cfg
-        if cfg.num_generations < 2:
+        if ctx.rollout_cfg.num_generations < 2:
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
-        self.num_generations = cfg.num_generations
-        self.temperature = cfg.temperature
-        self.max_new_tokens = cfg.max_new_tokens
 
     # ------------------------------------------------------------------ rollouts
     def advantages(self, terms: torch.Tensor, penalty: torch.Tensor | None = None,
-                   batch_std: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   batch_std: torch.Tensor | None = None, *, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted rewards ``(N,)`` and advantages ``(N,)`` from reward terms ``(N, T)``.
 
         Args:
-            terms: ``(N, T)`` reward terms.
+            terms: ``(N, T)`` reward terms, ``N = B * k`` rows, group-major.
             penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``overlong_mode: reward`` adds it to
                 the reward before the normalisation (with ``advantage: released``, which centres each
                 term, it is centred like a term of weight 1); ``released`` adds it, raw, to the advantage.
             batch_std: the std of ``advantage: batch`` (over every rank's rewards), ``None``: local.
+            k: completions per prompt (``model.rollout.num_generations``).
 
         Returns:
             ``(rewards, advantages)``; rewards include the penalty in ``reward`` mode; advantages are
@@ -380,7 +380,6 @@ class GRPOTask(Task):
         """
         weights = torch.tensor(self.reward_weights, dtype=terms.dtype, device=terms.device)
         rewards = terms @ weights
-        k = self.num_generations
         dapo_penalty = penalty is not None and self.overlong_mode == "reward"
         if dapo_penalty:
             rewards = rewards + penalty
@@ -394,23 +393,24 @@ class GRPOTask(Task):
             adv = adv + penalty
         return rewards, grpo.clip_advantages(adv, self.advantage_clip)
 
-    def overlong(self, lengths: torch.Tensor) -> torch.Tensor:
-        """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13)."""
-        return grpo.overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+    def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
+        budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
+        return grpo.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer, self.overlong_penalty)
 
     @torch.no_grad()
-    def rollout(self, module, batch: Batch) -> Rollout:
+    def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
         """Sample K completions per prompt, score them and compute advantages and reference log-probs."""
         t0 = time.perf_counter()
-        k = self.num_generations
-        policy = module.policy
+        cfg = ctx.rollout_cfg
+        k = cfg.num_generations
+        policy = ctx.policy
         was_training = policy.training
         policy.eval()
-        cfg = module.rollout_cfg
         prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
         share = self._share(policy, prompt)
         completions = sample_completions(
-            policy, module.tokenizer, prompt, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
+            policy, ctx.tokenizer, prompt, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share)
         policy.train(was_training)
@@ -419,8 +419,9 @@ class GRPOTask(Task):
         items = [item for item in batch.items for _ in range(k)]
         terms = compute_rewards(completions.texts, items, self.rewards,
                                 opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
-        penalty = self.overlong(completions.mask.sum(1)).to(terms.device) if self.overlong_buffer else None
-        rewards, adv = self.advantages(terms, penalty)  # advantage: batch is redone by prepare() with all ranks
+        penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
+                   if self.overlong_buffer else None)
+        rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
         zero_var = grpo.zero_variance_groups(rewards, k)
         t2 = time.perf_counter()
         loss_mask = completions.mask.clone()
@@ -428,13 +429,13 @@ class GRPOTask(Task):
             loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
         old_logp = None
         if self.num_iterations > 1:
-            old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, self.temperature,
+            old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
                                             share)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         ref_logp = None
         if self.beta != 0.0:
-            with module.reference() as ref:
-                ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, self.temperature,
+            with ctx.reference() as ref:
+                ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
                                                 share)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
@@ -459,33 +460,34 @@ class GRPOTask(Task):
         w = batch.window
         return ([batch], 0, 0, -1) if w is None else (w.batches, w.position, w.iteration, w.index)
 
-    def prepare(self, module, batch: Batch) -> None:
+    def prepare(self, ctx: TaskContext, batch: Batch) -> None:
         """At a window's first use: sample its rollout batch (:meth:`sample_window`), then one all-reduce
-        of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``module.cross_rank``) for the ``dapo``
+        of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``ctx.cross_rank``) for the ``dapo``
         normaliser and the ``batch`` advantage std. Runs on every rank at the same micro-batches
         (windows line up across ranks), also where the micro-batch or the whole window is empty."""
         batches, position, iteration, index = self._window_of(batch)
         key = (index, tuple(tuple(b.indices) for b in batches))
         self._ready = (id(batch), id(batch.window))
         if (iteration > 0 or position > 0) and key == self._window_key:
-            if not self._restored or self._attach(module, batch.window, batches):
+            if not self._restored or self._attach(ctx, batch.window, batches):
                 return
         if iteration > 0 or position > 0:
             log.warning("GRPO: window %d (iteration %d) has no cached rollouts (resumed inside a window from a "
                         "checkpoint without them?); sampling them again", index, iteration)
-        device = module.device
-        self._window_rollouts = self.sample_window(module, [b.to(device) for b in batches], batch.window)
+        device = ctx.device
+        self._window_rollouts = self.sample_window(ctx, [b.to(device) for b in batches], batch.window)
         self._window_key, self._restored = key, False
         rollouts = [ro for ro in self._window_rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
         local = torch.cat([tokens.reshape(1).cpu(), grpo.reward_moments(rewards)]).to(device)
-        total = module.cross_rank.sum(local).cpu()
+        total = ctx.cross_rank.sum(local).cpu()
         self._window_tokens = total[0]
         if self.advantage == "batch":
             std = grpo.std_from_moments(total[1:])
             for ro in rollouts:
-                ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std)
+                ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
+                                                            k=ctx.rollout_cfg.num_generations)
 
     def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
         """Micro-batches grouped into generation calls of at most ``rollout_batch_prompts`` prompts
@@ -500,13 +502,12 @@ class GRPOTask(Task):
                 chunks.append([b])
         return chunks
 
-    def _sample(self, module, batches: list[Batch]) -> list[Rollout]:
+    def _sample(self, ctx: TaskContext, batches: list[Batch]) -> list[Rollout]:
         """One rollout per generation call over the non-empty ``batches``."""
-        pad = module.tokenizer.pad_token_id if getattr(module, "processor", None) is not None else 0
         live = [b for b in batches if len(b)]
-        return [self.rollout(module, merge_batches(chunk, pad)) for chunk in self._chunks(live)]
+        return [self.rollout(ctx, merge_batches(chunk, _pad_id(ctx))) for chunk in self._chunks(live)]
 
-    def sample_window(self, module, batches: list[Batch], window=None) -> list[Rollout | None]:
+    def sample_window(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout | None]:
         """The rollout batch of a window: sampled in as few generation calls as ``rollout_batch_prompts``
         allows, refilled (``dynamic_sampling: refill``) from ``window.draw()``, then cut into one
         :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
@@ -515,23 +516,23 @@ class GRPOTask(Task):
         (then, if the budget ran out, masked degenerate ones up to the window's prompt count) are spread
         evenly over the non-empty positions. Collective under refill: one ``cross_rank.sum`` per try.
         """
-        pad = module.tokenizer.pad_token_id if getattr(module, "processor", None) is not None else 0
+        pad = _pad_id(ctx)
         t0 = time.perf_counter()
-        ros = self._sample(module, batches)
+        ros = self._sample(ctx, batches)
         target = sum(len(b) for b in batches)
         tries = 0
         if self.dynamic_sampling == "refill":
-            device = module.device
+            device = ctx.device
             while tries < self.max_resample:
                 kept = sum(int((~ro.zero_variance).sum()) for ro in ros)
-                short = module.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
+                short = ctx.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
                 if float(short[0]) == 0:
                     break
                 extra = window.draw() if window is not None else None
                 if extra is None:
                     break
                 tries += 1
-                ros += self._sample(module, [b.to(device) for b in extra])
+                ros += self._sample(ctx, [b.to(device) for b in extra])
         positions: list[Rollout | None] = [None] * len(batches)
         stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "resample_tries": float(tries),
                  "generation_calls": 0.0, "sequences_per_call": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
@@ -548,7 +549,7 @@ class GRPOTask(Task):
                 selected, sizes = list(range(ro.num_groups)), [len(batches[i]) for i in live]
             start = 0
             for i, size in zip(live, sizes):
-                positions[i] = take_groups(ro, selected[start:start + size], self.num_generations)
+                positions[i] = take_groups(ro, selected[start:start + size], ctx.rollout_cfg.num_generations)
                 start += size
             n_kept = ro.num_groups - sum(zero)
             stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_kept),
@@ -584,10 +585,10 @@ class GRPOTask(Task):
         self._window_rollouts = [None if r is None else _rollout_from_state(r) for r in state["rollouts"]]
         self._restored, self._window_reported = True, True
 
-    def _attach(self, module, window, batches: list[Batch]) -> bool:
+    def _attach(self, ctx: TaskContext, window, batches: list[Batch]) -> bool:
         """Give restored rollouts their prompts and items (from the micro-batch with the same indices, or
         decoded again by index); ``False`` (resample) where that fails."""
-        device = module.device
+        device = ctx.device
         for i, ro in enumerate(self._window_rollouts):
             if ro is None:
                 continue
@@ -609,31 +610,33 @@ class GRPOTask(Task):
         return True
 
     # ------------------------------------------------------------------ objective
-    def training_step(self, module, batch: Batch) -> TaskOutput:
+    def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
         """The micro-batch's rollouts (sampled by :meth:`prepare`), then the clipped GRPO loss with the k3 KL."""
         if self._ready != (id(batch), id(batch.window)):
-            self.prepare(module, batch)  # called directly, not through the module
+            self.prepare(ctx, batch)  # called directly, not through the module
         self._ready = None
         batches, position, iteration, _ = self._window_of(batch)
         ro = self._window_rollouts[position]
         fresh = iteration == 0
+        cfg = ctx.rollout_cfg
+        k = cfg.num_generations
         t0 = time.perf_counter()
         mask = ro.loss_mask
-        logp, entropy = score_completions(module.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          self.num_generations, self.temperature, ro.shared)
+        logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
+                                          k, cfg.temperature, ro.shared)
         num_items = None
         if self.loss_type == "dapo":
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
-            num_items = self._window_tokens.float().to(logp.device) / (module.cross_rank.world_size * len(batches))
+            num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
         loss, lm = grpo.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
                                   epsilon_high=self.epsilon_high, beta=self.beta, loss_type=self.loss_type,
-                                  max_completion_length=self.max_new_tokens, num_items_in_batch=num_items)
+                                  max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items)
         metrics = self.metrics(batch, ro, lm, entropy, mask)
         metrics["ratio/mean"] = lm["ratio_mean"]
         metrics["tokens/window_loss_tokens"] = float(self._window_tokens)
         metrics["rollout/iteration"] = float(iteration)
         metrics["time/scoring_s"] = time.perf_counter() - t0
-        prompt_tokens = prompt_tokens_forwarded(ro.prompt, self.num_generations, ro.shared)
+        prompt_tokens = prompt_tokens_forwarded(ro.prompt, k, ro.shared)
         if fresh and not self._window_reported:
             # the rollout batch's figures, once, on the first micro-batch that trains (where it was sampled)
             st = self._window_stats
@@ -653,11 +656,10 @@ class GRPOTask(Task):
         kl_tokens = None
         if ro.ref_logp is not None:
             kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
-        extras = {"completions": ro.completions.texts, "terms": ro.terms, "reward_names": self.rewards,
-                  "rewards": ro.rewards, "advantages": ro.advantages, "items": ro.items or batch.items,
-                  "num_generations": self.num_generations, "kl_tokens": kl_tokens,
-                  "entropy_tokens": entropy[mask.bool()]}
-        return TaskOutput(loss=loss, metrics=metrics, extras=extras)
+        record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
+                               reward_names=list(self.rewards), terms=ro.terms, rewards=ro.rewards,
+                               advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
+        return TaskOutput(loss=loss, metrics=metrics, rollout=record)
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
         """Per-step metrics: reward terms, advantages, KL, clipping, lengths, zero-variance groups, grounding."""
@@ -686,7 +688,8 @@ class GRPOTask(Task):
         m["zero_variance_groups/count"] = float(n_zero)
         precisions, recalls, no_gt = [], [], 0
         items = ro.items or batch.items
-        for text, item in zip(ro.completions.texts, [it for it in items for _ in range(self.num_generations)]):
+        k = ro.num_generations
+        for text, item in zip(ro.completions.texts, [it for it in items for _ in range(k)]):
             gt = item.participants
             if not gt:
                 no_gt += 1
@@ -697,12 +700,17 @@ class GRPOTask(Task):
         if precisions:
             m["grounding/precision"] = sum(precisions) / len(precisions)
             m["grounding/recall"] = sum(recalls) / len(recalls)
-        rows_no_gt = no_gt // self.num_generations
+        rows_no_gt = no_gt // k
         self.rows_without_participants_total += rows_no_gt
         m["grounding/rows_without_participants"] = float(rows_no_gt)
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
         m["answer/parsed_fraction"] = sum(parsed) / len(parsed)
         return m
+
+
+def _pad_id(ctx: TaskContext) -> int:
+    """The tokenizer's pad id (0 where the context has no tokenizer, e.g. scripted rollouts)."""
+    return ctx.tokenizer.pad_token_id if ctx.tokenizer is not None else 0
 
 
 def _rollout_state(ro: Rollout) -> dict:

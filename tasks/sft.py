@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.prompts import IGNORE_INDEX
-from grasp_lightning.task import Task, TaskOutput
+from grasp_lightning.task import Task, TaskContext, TaskOutput
 
 
 def response_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +43,12 @@ class SFTTask(Task):
     needs_reference = False
     data_mode = "sft"
 
-    def training_step(self, module, batch: Batch) -> TaskOutput:
+    def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
         """Cross-entropy on the response. Logits are computed only from the first response
         position on (``logits_to_keep``), never over the thousands of video tokens of the prompt."""
         inputs = dict(batch.inputs)
         labels = inputs.pop("labels")
         keep = labels.shape[1] - int(batch.prompt_lengths.min()) + 1
-        logits = module.policy(**inputs, use_cache=False, logits_to_keep=keep).logits
+        logits = ctx.policy(**inputs, use_cache=False, logits_to_keep=keep).logits
         loss, n_tokens = response_cross_entropy(logits, labels[:, -keep:])
         return TaskOutput(loss=loss, metrics={"response_tokens": n_tokens.float()})

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+
 
 def _real_clip() -> Path:
     """The real two-person clip: ``../shared`` beside the checkout when present, else the byte-identical
@@ -53,28 +55,19 @@ def level_to_index(level: float, n_frames: int) -> int:
 def make_mp4(n_frames: int = 10, fps: int = 5, width: int = 32, height: int = 32, codec: str = "libx264",
              faststart: bool = False, noise: bool = False) -> bytes:
     """Encode ``n_frames`` flat grey frames (random ones if ``noise``) at ``fps`` into mp4 bytes (moov at
-    the end unless ``faststart``)."""
-    import av
+    the end unless ``faststart``); libx264 runs with preset ultrafast, crf 10."""
+    x264 = {"preset": "ultrafast", "crf": 10} if codec == "libx264" else {}
+    settings = Mp4Settings(codec=codec, fallback=None, faststart=faststart, **x264)
+
+    def frames():
+        for i in range(n_frames):
+            if noise:
+                yield np.random.default_rng(i).integers(0, 256, (height, width, 3), dtype=np.uint8)
+            else:
+                yield np.full((height, width, 3), frame_level(i), np.uint8)
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "clip.mp4"
-        opts = {"movflags": "faststart"} if faststart else {}
-        with av.open(str(out), "w", format="mp4", options=opts) as container:
-            stream = container.add_stream(codec, rate=fps)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            if codec == "libx264":
-                stream.options = {"preset": "ultrafast", "crf": "10"}
-            if n_frames == 0:
-                container.start_encoding()
-            for i in range(n_frames):
-                img = np.full((height, width, 3), frame_level(i), np.uint8)
-                if noise:
-                    img = np.random.default_rng(i).integers(0, 256, (height, width, 3), dtype=np.uint8)
-                for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
-        return out.read_bytes()
+        return encode_mp4(frames(), fps, settings, out=Path(tmp) / "clip.mp4", size=(height, width)).read_bytes()
 
 
 def make_tar(path: Path, members: dict[str, bytes], *, symlinks: dict[str, str] | None = None,

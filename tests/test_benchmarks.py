@@ -1,5 +1,6 @@
-"""Benchmarks beyond GRASP-Bench: hand-scored golden scorers, readers on the fixtures, audio, and one
-``validate`` that reports GRASP-Bench, MMSI, Online-MMSI, TVQA+ and HumanSense together."""
+"""Evaluation suites beyond GRASP-Bench: hand-scored golden scorers, readers on the fixtures, audio,
+GRASP-Bench as a suite, and one ``validate`` that reports GRASP-Bench, MMSI, Online-MMSI, TVQA+ and
+HumanSense together."""
 
 from __future__ import annotations
 
@@ -292,20 +293,38 @@ def test_shipped_fixtures_match_the_generator_and_read(tmp_path):
                       "humansense": (7, 2, ["Action_Recognition", "Emo_Strategy", "Expression_Recognition"])}
 
 
-def test_grasp_bench_plugin_reuses_bench_and_reports():
+def test_grasp_bench_suite_reuses_bench_and_reports(tmp_path):
     from grasp_lightning.evaluation.grasp_score import score_completion
+    from grasp_lightning.evaluation.protocol import make_protocol, released_report
     from grasp_lightning.evaluation.reports import markdown_table
 
     bench = GraspBench(str(SAMPLE / "test" / "grasp_bench.tar"))
     bench.load()
-    assert len(bench.items) == 32 and bench.is_grasp
+    assert len(bench.items) == 32 and bench.top_level
     item = bench.items[0]
     text = f"<think>Person 0 looks.</think><answer>{item.answer}</answer>"
     assert bench.score(text, item) == score_completion(text, item)
     metric = bench.metric()
     metric.update_from_records([bench.score(text, item)])
-    assert bench.compute(metric)["acc/overall"] == 1.0
-    assert bench.markdown(bench.compute(metric)) == markdown_table(metric.compute())
+    metrics = bench.compute(metric)
+    assert metrics["acc/overall"] == 1.0
+    assert bench.markdown(metrics) == markdown_table(metric.compute())
+    assert bench.log_values(metrics)["val/acc/overall"] == 1.0
+    assert bench.log_values(metrics)[f"val_category/{item.category}"] == 1.0
+    report = bench.report(metrics, ["record"], label="mine")
+    assert report.top_level and report.section == {"metrics": metrics, "items": ["record"]}
+    assert report.files == {"table.md": markdown_table(metrics, label="mine") + "\n"}
+    assert report.texts == {"bench/table": markdown_table(metrics, label="mine")}
+    assert list(bench.figures(metrics, tmp_path)) == ["bench/category_accuracy"] and (tmp_path / "categories.png").is_file()
+    assert bench.summary(metrics) is None and bench.encoder(None) is None
+    released = make_protocol("released")
+    bench.use_protocol(released)  # what the DataModule hands over from model.evaluation.protocol
+    assert bench.score("<answer>Z</answer>", item) == released.score("<answer>Z</answer>", item)
+    assert bench.summary(metrics) == released_report(metrics)
+    assert bench.report(metrics, []).files["report_released.txt"] == released_report(metrics).strip("\n") + "\n"
+    other = GraspBench(str(SAMPLE / "test" / "grasp_bench.tar"), name="grasp_copy")
+    assert not other.top_level and other.log_values(metrics)["val/grasp_copy/acc/overall"] == 1.0
+    assert other.report(metrics, []).section["table"] == "table_grasp_copy.md"
 
 
 # ------------------------------------------------------------------------------------ validate, all at once

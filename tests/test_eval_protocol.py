@@ -250,5 +250,7 @@ def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp
     assert results["metrics"]["n/overall"] == 2 and results["meta"]["decoding"]["protocol"] == "released"
     assert results["meta"]["decoding"]["max_new_tokens"] == 8
     report = open(f"{cli.trainer.log_dir}/bench/latest/report_released.txt").read()
-    assert report.strip() == module.bench_report.strip() and "===== Overall: " in report
+    bench = module.suites.by_name("grasp_bench")  # scored by the protocol the DataModule handed over
+    assert bench.protocol is module.eval_protocol
+    assert report.strip() == bench.summary(module.suites.results["grasp_bench"]).strip() and "===== Overall: " in report
     assert "===== Overall: " in caplog.text and "max_new_tokens=8 (released: 2048)" in caplog.text

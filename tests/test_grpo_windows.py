@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.windows import Window
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.generation import Completions
+from grasp_lightning.generation import Completions, RolloutConfig
 from grasp_lightning.task import CrossRank
 from tasks.grpo import GRPOTask, Rollout
 
@@ -30,32 +30,31 @@ MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the oth
 def _overlong_task(mode: str, advantage: str = "none", clip: float | None = None) -> GRPOTask:
     task = GRPOTask(rewards=["accuracy"], advantage=advantage, overlong_buffer=4, overlong_penalty=1.0,
                     overlong_mode=mode, advantage_clip=clip)
-    task.num_generations, task.max_new_tokens = 2, 8
-    return task
+    return task  # K = 2, budget 8: passed to advantages()/overlong() below
 
 
 def test_overlong_penalty_modes_by_hand():
     # budget 8, buffer 4: lengths [8, 8 | 6, 4] -> penalty [-1, -1 | -0.5, 0]; accuracy [1, 0 | 1, 1].
     # Group 1 is all-overlong (both rollouts hit the limit).
     terms = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
-    penalty = _overlong_task("reward").overlong(torch.tensor([8, 8, 6, 4]))
+    penalty = _overlong_task("reward").overlong(torch.tensor([8, 8, 6, 4]), 8)
     assert penalty.tolist() == [-1.0, -1.0, -0.5, 0.0]
     # reward (DAPO): rewards [0, -1 | 0.5, 1], centred: [0.5, -0.5 | -0.25, 0.25]; the all-overlong group's
     # equal penalties cancel.
-    rewards, adv = _overlong_task("reward").advantages(terms, penalty)
+    rewards, adv = _overlong_task("reward").advantages(terms, penalty, k=2)
     assert rewards.tolist() == [0.0, -1.0, 0.5, 1.0] and adv.tolist() == [0.5, -0.5, -0.25, 0.25]
     # group std (unbiased): group 1 std sqrt(0.5) -> ±0.5 / 0.70711 (+1e-4); group 2 likewise ±0.25 / 0.35355
-    _, adv = _overlong_task("reward", "group").advantages(terms, penalty)
+    _, adv = _overlong_task("reward", "group").advantages(terms, penalty, k=2)
     torch.testing.assert_close(adv, torch.tensor([0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4),
                                                   -0.25 / (math.sqrt(0.125) + 1e-4), 0.25 / (math.sqrt(0.125) + 1e-4)]))
     # released (GRASP code): the raw penalty is added to the centred advantage, then clipped:
     # group 1: [0.5 - 1, -0.5 - 1] = [-0.5, -1.5] (the all-overlong group is penalised); group 2: [0 - 0.5, 0]
-    rewards, adv = _overlong_task("released").advantages(terms, penalty)
+    rewards, adv = _overlong_task("released").advantages(terms, penalty, k=2)
     assert rewards.tolist() == [1.0, 0.0, 1.0, 1.0] and adv.tolist() == [-0.5, -1.5, -0.5, 0.0]
-    _, adv = _overlong_task("released", clip=1.0).advantages(terms, penalty)
+    _, adv = _overlong_task("released", clip=1.0).advantages(terms, penalty, k=2)
     assert adv.tolist() == [-0.5, -1.0, -0.5, 0.0]  # the penalty comes before the clip
     # advantage: released (each term centred) with the DAPO mode: the penalty is centred like a term
-    _, adv = _overlong_task("reward", "released").advantages(terms, penalty)
+    _, adv = _overlong_task("reward", "released").advantages(terms, penalty, k=2)
     assert adv.tolist() == [0.5, -0.5, -0.25, 0.25]
     with pytest.raises(GraspConfigError, match="overlong_mode"):
         GRPOTask(overlong_mode="group")
@@ -109,15 +108,14 @@ class _ScriptedTask(GRPOTask):
 
     def __init__(self, script: dict, **kwargs):
         super().__init__(rewards=["accuracy"], beta=0.0, rollout_batch_prompts=1, **kwargs)
-        self.script = script
-        self.num_generations = 2
+        self.script = script  # K = 2: the context's model.rollout.num_generations
 
     def rollout(self, module, batch):
         rewards, lengths = self.script[tuple(batch.indices)]
         n, width = len(lengths), max(lengths)
         mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
         terms = torch.tensor(rewards)[:, None]
-        r, adv = self.advantages(terms)
+        r, adv = self.advantages(terms, k=module.rollout_cfg.num_generations)
         comp = Completions(ids=torch.full((n, width), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=bool))
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
                        old_logp=None, ref_logp=None, zero_variance=torch.zeros(n // 2, dtype=torch.bool),
@@ -130,7 +128,8 @@ BATCH_SCRIPT = {(0, 1): ([1.0, 0.0, 1.0, 1.0], [1, 1, 1, 1]), (2, 3): ([0.0, 0.0
 
 def _batch_std_rank(rank: int) -> None:
     task = _ScriptedTask(BATCH_SCRIPT, advantage="batch", advantage_eps=0.0)
-    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=CrossRank())
+    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=CrossRank(), tokenizer=None,
+                             rollout_cfg=RolloutConfig(num_generations=2))
     batch = _batch([0, 1] if rank == 0 else [2, 3])
     task.prepare(module, batch)
     # all 8 rewards [1, 0, 1, 1, 0, 0, 3, 1]: mean 7/8, Σr² = 13, unbiased var = (13 - 49/8) / 7 = 55/56
@@ -159,7 +158,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
 
     grpo_task.score_completions = fake_score
     task = _ScriptedTask(DAPO_SCRIPT, loss_type="dapo")
-    module = GraspModule(task)
+    module = GraspModule(task, rollout=RolloutConfig(num_generations=2))
     batches = [_batch([0]), _batch([1])] if rank == 0 else [_batch([]), _batch([3])]
     _window(batches)
     outs = []
@@ -230,3 +229,30 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
             assert abs(ratio - 1.0) > 1e-4
     # one generate per rollout batch (the window's 2 micro-batches x 2 prompts), never for a reused window
     assert calls == [4, 4]
+
+
+# ----------------------------------------------------------------------------------- context and shared values
+def test_the_module_is_a_task_context_and_the_task_reads_k_from_it():
+    from grasp_lightning.module import GraspModule
+    from grasp_lightning.task import TaskContext
+
+    module = GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=3))
+    assert isinstance(module, TaskContext) and module.tokenizer is None  # before configure_model
+    module.task.setup(module)  # checks, copies nothing
+    assert not hasattr(module.task, "num_generations") and module.rollout_cfg.num_generations == 3
+    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):
+        GRPOTask().setup(GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=1)))
+
+
+def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
+    from grasp_lightning.datamodule import GraspDataModule
+
+    dm = GraspDataModule(bench=None)
+    assert dm.mode == "sft"  # stand-alone: no task connected
+    dm.connect(mode="rl")
+    assert dm.mode == "rl"
+    GraspDataModule(bench=None, mode="rl").connect(mode="rl")  # an explicit, agreeing value is fine
+    with pytest.raises(GraspConfigError, match=r"data.mode='sft' contradicts the task, which consumes 'rl'"):
+        GraspDataModule(bench=None, mode="sft").connect(mode="rl")
+    with pytest.raises(GraspConfigError, match="data.repeat_batches=2 was removed"):
+        GraspDataModule(bench=None, repeat_batches=2)

@@ -266,3 +266,80 @@ def test_compute_rewards_length_mismatch_and_empty() -> None:
     with pytest.raises(ValueError):
         compute_rewards(["x", "y"], [make_item()], ["accuracy"])
     assert compute_rewards([], [], PAPER_TERMS).shape == (0, 4)
+
+
+# --- reward plugins: an import path instead of a registry name --------------------------------------
+
+def answer_is_b(completion: str, item: GraspItem) -> float:
+    """A reward plugin of the tests (``tests.test_rewards.answer_is_b``): 3 for ``<answer>B</answer>``, else 0.5."""
+    return 3.0 if "<answer>B</answer>" in completion else 0.5
+
+
+def opened(completion: str, item: GraspItem, opened_think: bool = False) -> float:
+    """A plugin that reads the ``opened_think`` flag (``tests.test_rewards.opened``)."""
+    return 2.0 if opened_think else -1.0
+
+
+NOT_A_FUNCTION = 42
+PLUGIN, OPENED = "tests.test_rewards.answer_is_b", "tests.test_rewards.opened"
+
+
+def test_compute_rewards_with_plugins_by_import_path() -> None:
+    item = make_item()
+    texts = ["<answer>B</answer>", "<answer>A</answer>", "<|video_pad|><answer>B</answer>"]
+    out = compute_rewards(texts, [item] * 3, ["accuracy", PLUGIN, OPENED], opened_think=[True, False, True])
+    # the vision placeholder gives 0 on every term, the plugins included, as for registered terms
+    assert out.tolist() == [[1.0, 3.0, 2.0], [0.0, 0.5, -1.0], [0.0, 0.0, 0.0]]
+    assert PLUGIN not in REWARDS  # resolving does not register
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("sgr", "unknown reward 'sgr'"),
+    ("tests.test_rewards.missing", "has no attribute 'missing'"),
+    ("no_such_package_xyz.rewards.fn", "cannot import module 'no_such_package_xyz.rewards'"),
+    ("tests.test_rewards.NOT_A_FUNCTION", "is a int, not a function"),
+])
+def test_bad_reward_entries_fail_at_task_init_naming_the_entry(entry: str, says: str) -> None:
+    from tasks.grpo import GRPOTask
+
+    with pytest.raises(GraspConfigError) as info:
+        GRPOTask(rewards=["accuracy", entry], reward_weights=[1.0, 1.0])
+    msg = str(info.value)
+    assert "model.task.init_args.rewards" in msg and repr(entry) in msg and says in msg, msg
+    with pytest.raises(GraspConfigError, match="social_grounding"):
+        compute_rewards(["x"], [make_item()], [entry])  # the known names are listed
+
+
+def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -> None:
+    """GRPOTask.rollout with a scripted sampler: the plugin's values are a column of the terms and, weighted,
+    drive the rewards and the (centred) advantages."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import tasks.grpo as grpo_task
+    from grasp_lightning.data.collate import Batch
+    from grasp_lightning.generation import Completions, RolloutConfig
+    from grasp_lightning.task import CrossRank
+
+    texts = ["<answer>B</answer>", "<answer>A</answer>"]
+
+    def sample(policy, tokenizer, prompt, *, num_return_sequences, **kwargs):
+        n = prompt["input_ids"].shape[0] * num_return_sequences
+        return Completions(ids=torch.full((n, 3), 7), mask=torch.ones(n, 3, dtype=torch.bool), texts=texts * (n // 2),
+                           truncated=torch.zeros(n, dtype=torch.bool), prompt_opened_think=[False] * n)
+
+    monkeypatch.setattr(grpo_task, "sample_completions", sample)
+    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
+                          rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
+                          reference=contextlib.nullcontext)
+    task = grpo_task.GRPOTask(rewards=["accuracy", PLUGIN], reward_weights=[1.0, 0.5], beta=0.0, share_prompt=False,
+                              advantage="none")
+    task.setup(ctx)
+    batch = Batch(inputs={"input_ids": torch.ones(1, 2, dtype=torch.long),
+                          "attention_mask": torch.ones(1, 2, dtype=torch.long)},
+                  items=[make_item()], indices=[0], valid=torch.ones(1, dtype=torch.bool), prompt_lengths=torch.tensor([2]),
+                  padding_side="left")
+    ro = task.rollout(ctx, batch)
+    assert ro.terms.tolist() == [[1.0, 3.0], [0.0, 0.5]]
+    # rewards 1 + 0.5 * 3 = 2.5 and 0 + 0.5 * 0.5 = 0.25; centred over the group (mean 1.375)
+    assert ro.rewards.tolist() == [2.5, 0.25] and ro.advantages.tolist() == [1.125, -1.125]

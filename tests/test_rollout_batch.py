@@ -90,15 +90,14 @@ def make_module(policy, reference, processor):
     def ref():
         yield reference
 
-    return SimpleNamespace(policy=policy, processor=processor, tokenizer=processor.tokenizer, device=torch.device("cpu"),
+    return SimpleNamespace(policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
                            rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
                            reference=ref)
 
 
 def make_task(**kwargs) -> grpo_task.GRPOTask:
     task = grpo_task.GRPOTask(rewards=["accuracy"], beta=0.05, loss_type="dapo", num_iterations=2, **kwargs)
-    task.num_generations, task.max_new_tokens = K, 6
-    return task
+    return task  # K and the budget come from the context (make_module)
 
 
 def windows(dm, window: int, repeat: int = 1, draws: bool = False):
@@ -194,9 +193,9 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     resumed.prepare(module, fresh_micro)
     out = resumed.training_step(module, fresh_micro)
     assert len(calls) == n_calls  # nothing sampled again
-    assert out.extras["completions"] == ref_out.extras["completions"]
+    assert out.rollout.completions == ref_out.rollout.completions
     assert float(out.loss) == pytest.approx(float(ref_out.loss), rel=1e-6)
-    assert [it.uid for it in out.extras["items"]] == [it.uid for it in ref_out.extras["items"]]
+    assert [it.uid for it in out.rollout.items] == [it.uid for it in ref_out.rollout.items]
 
 
 # ----------------------------------------------------------------------------------- refill stream
@@ -282,7 +281,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
         w = batch.window
         rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
                      "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
-                     "iteration": w.iteration, "texts": list(out.extras["completions"]),
+                     "iteration": w.iteration, "texts": list(out.rollout.completions),
                      "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
                      "tries": float(out.metrics["dynamic_sampling/resample_tries"]), "calls": len(calls)})
         return out
@@ -340,13 +339,13 @@ class _IndexTask(grpo_task.GRPOTask):
 
     def __init__(self, degenerate: set[int], **kwargs):
         super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=2, dynamic_sampling="refill", **kwargs)
-        self.degenerate, self.num_generations = degenerate, 2
+        self.degenerate = degenerate  # K = 2: the context's model.rollout.num_generations
 
     def rollout(self, module, batch):
         n = 2 * len(batch)
         terms = torch.tensor([[1.0 if (i in self.degenerate or j == 0) else 0.0]
                               for i in batch.indices for j in range(2)])
-        rewards, adv = self.advantages(terms)
+        rewards, adv = self.advantages(terms, k=module.rollout_cfg.num_generations)
         mask = torch.ones(n, 1, dtype=torch.bool)
         comp = Completions(ids=torch.full((n, 1), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool),
                            prompt_opened_think=[False] * n)
@@ -394,7 +393,8 @@ def _refill_rank(rank: int) -> None:
     degenerate = {own[0], own[2], own[1 + 2 * 8]}
     task = _IndexTask(degenerate)
     cross = _CountingCrossRank()
-    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, processor=None)
+    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
+                             rollout_cfg=RolloutConfig(num_generations=2))
     steps, yielded, trained = [], [], []
     for batch in loader:
         w = batch.window

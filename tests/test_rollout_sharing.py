@@ -211,7 +211,7 @@ def test_grpo_task_shared_step_equals_naive_step(prompts):
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     (naive, naive_grads), (shared, shared_grads) = _task_step(False, batch), _task_step(True, batch)
-    assert shared.extras["completions"] == naive.extras["completions"]
+    assert shared.rollout.completions == naive.rollout.completions
     torch.testing.assert_close(shared.loss, naive.loss, rtol=1e-5, atol=1e-6)
     for name, grad in naive_grads.items():
         _assert_grad_close(shared_grads[name], grad, name)

@@ -1,4 +1,4 @@
-"""Tests of :mod:`grasp_lightning.generators.sample_data`: every generated file against ``shared/grasp-format.md``,
+"""Tests of the sample data generator (:mod:`grasp_lightning.generators.sample`): every generated file against ``shared/grasp-format.md``,
 answers against the drawn actions, byte-determinism, and the shipped copy in ``assets/sample``."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from grasp_lightning.data.prompts import INSTRUCTION
 from grasp_lightning.data.records import CATEGORIES, CATEGORY_DIFFICULTY, DIFFICULTIES, normalise_category
-from grasp_lightning.generators import sample_data as sample
+from grasp_lightning.generators import sample_data
+from grasp_lightning.generators.sample import drawing, questions, writer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +38,7 @@ RESPONSE_RE = re.compile(r"^<think>.*<gaze>.+</gaze>.*<gesture>.+</gesture>.*</t
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh generation with seed 0."""
     root = tmp_path_factory.mktemp("sample")
-    sample.generate_sample(root, seed=0, real_clip=REAL_CLIP if REAL_CLIP.is_file() else None)
+    writer.generate_sample(root, seed=0, real_clip=REAL_CLIP if REAL_CLIP.is_file() else None)
     return root
 
 
@@ -108,16 +110,16 @@ def test_layout_and_shards(out: Path) -> None:
         source = SHARD_RE.match(shard.name).group("source")
         with tarfile.open(shard) as tar:
             for m in tar.getmembers():
-                assert m.mtime == sample.TAR_MTIME and m.uid == 0 and m.gid == 0 and (m.isfile() or m.isdir())
+                assert m.mtime == writer.TAR_MTIME and m.uid == 0 and m.gid == 0 and (m.isfile() or m.isdir())
                 if m.isfile():
                     parts = m.name.split("/")
                     assert parts[:2] == [source, "video"] and len(parts) == 3 and CLIP_RE.match(parts[2]), m.name
     assert any("." in CLIP_RE.match(Path(p).name).group("video") for p in _shard_index(out)), "no dotted video id"
     readme = (out / "README.md").read_text(encoding="utf-8")
-    assert sample.REAL_CLIP_ATTRIBUTION in readme
+    assert writer.REAL_CLIP_ATTRIBUTION in readme
     shared_readme = REAL_CLIP.parent / "README.md"
     if shared_readme.is_file():
-        assert shared_readme.read_text(encoding="utf-8") == sample.REAL_CLIP_ATTRIBUTION
+        assert shared_readme.read_text(encoding="utf-8") == writer.REAL_CLIP_ATTRIBUTION
 
 
 # ------------------------------------------------------------------------------------ train files
@@ -157,7 +159,7 @@ def test_sft_rows(out: Path) -> None:
         answer = RESPONSE_RE.match(target).group("answer")
         if note["format"] == "mcq":
             assert _options_in(user) == note["options"] and answer == note["answer"]
-            assert user.endswith(sample.INSTRUCTION)
+            assert user.endswith(INSTRUCTION)
         else:
             assert _options_in(user) == [] and answer == note["answer"]
     assert sum(n["format"] == "open_ended" for n in notes) == 4
@@ -239,31 +241,31 @@ def test_clips_decode(out: Path) -> None:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         codec = stream.codec_context.name
-    assert frames[0].shape == (sample.HEIGHT, sample.WIDTH, 3)
+    assert frames[0].shape == (drawing.HEIGHT, drawing.WIDTH, 3)
     assert len(frames) in {40, 50, 60}
     assert codec == ("h264" if "libx264" in av.codecs_available else "mpeg4")
 
 
 def test_drawing_gaze_ends_inside_target() -> None:
     for seed in range(3):
-        for cat, (template, min_n) in sample.TEMPLATES.items():
+        for cat, (template, min_n) in questions.TEMPLATES.items():
             n = max(min_n, 3 + seed % 2)
-            scene = sample.make_scene(random.Random(seed), n)
+            scene = drawing.make_scene(random.Random(seed), n)
             q = template(random.Random(f"{seed}{cat}"), n, 5.0)
             for a in q.actions:
-                frame = sample.render_frame(scene, [a], a.end - 0.05)
+                frame = drawing.render_frame(scene, [a], a.end - 0.05)
                 x, y = scene.point(a.target)
-                half = sample.SQUARE // 2 if a.target != sample.OBJECT else 3
+                half = drawing.SQUARE // 2 if a.target != drawing.OBJECT else 3
                 box = frame[y - half:y + half, x - half:x + half]
                 if a.kind == "gaze":
-                    assert (box == sample.DOT).all(-1).any(), f"{cat}: gaze dot of {a} not inside its target"
-                assert not np.array_equal(frame, sample.render_frame(scene, [], 0.0)), f"{cat}: {a} not drawn"
+                    assert (box == drawing.DOT).all(-1).any(), f"{cat}: gaze dot of {a} not inside its target"
+                assert not np.array_equal(frame, drawing.render_frame(scene, [], 0.0)), f"{cat}: {a} not drawn"
 
 
 def test_draw_person_colour_and_label() -> None:
-    frame = np.zeros((sample.HEIGHT, sample.WIDTH, 3), np.uint8)
-    sample.draw_person(frame, (40, 40), 2)
-    assert tuple(frame[40, 40]) == sample.PERSON_COLOURS[2]
+    frame = np.zeros((drawing.HEIGHT, drawing.WIDTH, 3), np.uint8)
+    drawing.draw_person(frame, (40, 40), 2)
+    assert tuple(frame[40, 40]) == drawing.PERSON_COLOURS[2]
     assert (frame[24:31, 30:36] == 255).all(-1).any(), "no id label above the box"
 
 
@@ -271,19 +273,19 @@ def _persons(text: str) -> list[int]:
     return [int(m) for m in re.findall(r"Person (\d)", text)]
 
 
-def _overlap(a: sample.Action, b: sample.Action) -> bool:
+def _overlap(a: drawing.Action, b: drawing.Action) -> bool:
     return a.start < b.end and b.start < a.end
 
 
-def _oracle(q: sample.Question) -> str | None:
+def _oracle(q: questions.Question) -> str | None:
     """The answer recomputed from the drawn actions, for the categories where that is simple."""
     gazes = [a for a in q.actions if a.kind == "gaze"]
     gestures = [a for a in q.actions if a.kind != "gaze"]
     subject = (_persons(q.text) or [None])[0]
     if q.category == "T1":
-        return sample._opt(next(a.target for a in gazes if a.actor == subject))
+        return questions.option_text(next(a.target for a in gazes if a.actor == subject))
     if q.category == "T3":
-        return sample._opt(min((a for a in gazes if a.actor == subject), key=lambda a: a.start).target)
+        return questions.option_text(min((a for a in gazes if a.actor == subject), key=lambda a: a.start).target)
     if q.category == "T4":
         mutual = {a.target for a in gazes if a.actor == subject
                   and any(b.actor == a.target and b.target == subject and _overlap(a, b) for b in gazes)}
@@ -302,7 +304,7 @@ def _oracle(q: sample.Question) -> str | None:
 
 def test_answers_follow_the_drawn_actions() -> None:
     for seed in range(20):
-        for cat, (template, min_n) in sample.TEMPLATES.items():
+        for cat, (template, min_n) in questions.TEMPLATES.items():
             n = min_n + seed % (5 - min_n)
             q = template(random.Random(f"{seed}:{cat}"), n, 4.0 + seed % 3)
             expected = _oracle(q)
@@ -326,16 +328,16 @@ def _structure(root: Path) -> dict[str, object]:
 
 
 def test_shipped_copy_matches_fresh_generation(out: Path) -> None:
-    shipped = sample.ASSETS_DIR
+    shipped = writer.ASSETS_DIR
     assert shipped.is_dir(), "grasp_lightning/assets/sample is missing: run python -m grasp_lightning.generators.sample_data"
     assert _structure(shipped) == _structure(out)
     assert sum(p.stat().st_size for p in shipped.rglob("*") if p.is_file()) < 3_000_000
-    assert sample.load_real_clip() == _tar(out / "train" / "videos" / "social-iq_part000.tar")[
+    assert writer.load_real_clip() == _tar(out / "train" / "videos" / "social-iq_part000.tar")[
         "social-iq/video/kitchen.two_person_qa0000.mp4"]
 
 
 def test_cli_seed_changes_content(out: Path, tmp_path: Path) -> None:
-    sample.main([str(tmp_path), "--seed", "1", "--clips-per-shard", "100"])
+    sample_data.main([str(tmp_path), "--seed", "1", "--clips-per-shard", "100"])
     assert len(list((tmp_path / "train" / "videos").glob("*.tar"))) == 4
     assert (tmp_path / "train" / "data_rl.jsonl").read_bytes() != (out / "train" / "data_rl.jsonl").read_bytes()
     assert len(_jsonl(tmp_path / "train" / "data_rl.jsonl")) == 24
@@ -367,4 +369,4 @@ def test_readers_parse_the_sample(out: Path, tmp_path: Path) -> None:
     clip = video.decode_clip(store.open(item.clip.path), fps=item.clip.fps, end_seconds=item.clip.end_seconds)
     assert clip.frames.ndim == 4 and len(clip.frames) == 7
     synth = video.decode_clip(store.open(rl[1].clip.path), fps=2.0, max_pixels=None)
-    assert synth.frames.shape[1:] == (sample.HEIGHT, sample.WIDTH, 3)
+    assert synth.frames.shape[1:] == (drawing.HEIGHT, drawing.WIDTH, 3)

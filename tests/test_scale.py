@@ -90,7 +90,7 @@ def _zero2(devices: int = 2) -> dict:
 def _sft_trainer(run: Path, accumulate: int, devices: int, zero2: bool, checkpoints: bool) -> dict:
     callbacks = [{"class_path": "tests.deepspeed_cpu.StepRecorder", "init_args": {"out_dir": str(run / "rec")}}]
     if checkpoints:
-        callbacks.insert(0, {"class_path": "callbacks.checkpoint.AtomicModelCheckpoint", "init_args": {
+        callbacks.insert(0, {"class_path": "callbacks.control.checkpoint.AtomicModelCheckpoint", "init_args": {
             "dirpath": str(run / "ckpt"), "every_n_train_steps": RESUME_AT, "save_top_k": -1}})
     trainer = {"devices": devices, "accumulate_grad_batches": accumulate, "max_steps": STEPS, "max_epochs": 2,
                "limit_val_batches": 0, "enable_progress_bar": False, "enable_model_summary": False,
@@ -327,8 +327,8 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     assert (module.reference_model is not None) is separate_reference
     batch = _rl_batch()
     out = module.task.training_step(module, batch)
-    assert out.extras["kl_tokens"].numel() > 0
-    assert torch.equal(out.extras["kl_tokens"], torch.zeros_like(out.extras["kl_tokens"]))
+    assert out.rollout.kl_tokens.numel() > 0
+    assert torch.equal(out.rollout.kl_tokens, torch.zeros_like(out.rollout.kl_tokens))
     assert float(out.metrics["kl"]) == 0.0
     with torch.no_grad():
         for name, p in module.policy.named_parameters():

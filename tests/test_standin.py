@@ -52,7 +52,7 @@ def thinking():
 
 
 @pytest.fixture(scope="module")
-def sample_item():
+def rl_item():
     from grasp_lightning.data.formats import read_rl
 
     return read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
@@ -73,10 +73,10 @@ def test_the_real_qwen3_vocabulary_and_special_token_ids(instruct):
         ("<|im_end|>", 151645, "<|endoftext|>", 151643)
 
 
-def test_instruct_template_renders_the_published_format(instruct, sample_item):
+def test_instruct_template_renders_the_published_format(instruct, rl_item):
     from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
 
-    prompt, suffix = render_texts(instruct, sample_item, TARGET, DEFAULT_SYSTEM_PROMPT)
+    prompt, suffix = render_texts(instruct, rl_item, TARGET, DEFAULT_SYSTEM_PROMPT)
     assert prompt == PUBLISHED_INSTRUCT_PROMPT
     assert suffix == TARGET + "<|im_end|>\n"
     no_system = instruct.apply_chat_template(
@@ -85,10 +85,10 @@ def test_instruct_template_renders_the_published_format(instruct, sample_item):
     assert no_system == "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>Q?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_thinking_template_opens_the_reasoning_and_writes_the_published_assistant_turn(thinking, sample_item):
+def test_thinking_template_opens_the_reasoning_and_writes_the_published_assistant_turn(thinking, rl_item):
     from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 
-    messages = build_messages(sample_item, DEFAULT_SYSTEM_PROMPT)
+    messages = build_messages(rl_item, DEFAULT_SYSTEM_PROMPT)
     prompt = thinking.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert prompt == PUBLISHED_INSTRUCT_PROMPT + "<think>\n"
     assistant = {"role": "assistant", "content": [{"type": "text", "text": TARGET}]}

@@ -16,7 +16,7 @@ from grasp_lightning.data.prompts import user_text
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
 from grasp_lightning.generators import world
-from grasp_lightning.generators.sample_data import OBJECT, Action
+from grasp_lightning.generators.sample.drawing import OBJECT, Action
 from grasp_lightning.parsing import extract_participants
 
 pytestmark = pytest.mark.timeout(120)
@@ -193,7 +193,7 @@ def test_world_tokenizer_knows_the_worlds_words(tmp_path: Path) -> None:
     quarter fewer tokens than with the generic tiny tokenizer (measured: 270 vs 363 for these five)."""
     from transformers import AutoTokenizer
 
-    from grasp_lightning.generators.sample_data import user_text as user_text_of
+    from grasp_lightning.generators.sample.entries import user_text as user_text_of
     from grasp_lightning.generators.tiny import build_tokenizer
 
     world.build_world_model(tmp_path / "m", seed=0)
@@ -209,7 +209,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
     """G2's four gestures are told apart by the pixels: a given object sits inside the receiver's square
     from the second frame on, a shown object outside every square; a reaching arm covers at least three
     times the white pixels of a pointing arm."""
-    from grasp_lightning.generators.sample_data import HELD
+    from grasp_lightning.generators.sample.drawing import HELD
 
     seen, white = set(), {"pointing": [], "reaching": []}
     for k in range(4, 400, 5):  # the G2 clips

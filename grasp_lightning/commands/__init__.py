@@ -1,1 +1,52 @@
-"""The subcommands of ``python -m grasp_lightning``."""
+"""The commands of ``python -m grasp_lightning``: one table, one dispatcher (:mod:`grasp_lightning.__main__`).
+
+Every command is a module with ``main(argv) -> int | None`` that builds its own parser; the table
+names the module (imported only when its command runs, so ``--help`` is fast) and gives the one-line
+help that ``python -m grasp_lightning --help`` lists. ``fit``, ``validate``, ``test`` and ``predict``
+are LightningCLI's subcommands (:mod:`grasp_lightning.commands.train`): their ``main`` gets the
+subcommand's name too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of ``python -m grasp_lightning``.
+
+    Attributes:
+        module: the module whose ``main(argv)`` runs it (its exit status, ``None`` for 0).
+        help: the one-line description ``--help`` lists.
+        lightning: a LightningCLI subcommand: ``main`` gets ``[name, *argv]`` instead of ``argv``.
+    """
+
+    module: str
+    help: str
+    lightning: bool = False
+
+
+_TRAIN = "grasp_lightning.commands.train"
+
+#: Command name -> :class:`Command`, in the order ``--help`` lists them.
+COMMANDS: dict[str, Command] = {
+    "fit": Command(_TRAIN, "train with the configured task (SFT or GRPO)", lightning=True),
+    "validate": Command(_TRAIN, "decode GRASP-Bench (and data.benchmarks), print the per-category table, "
+                                "write results.json, table.md and a bar chart", lightning=True),
+    "test": Command(_TRAIN, "the same as validate, with Lightning's test loop", lightning=True),
+    "predict": Command(_TRAIN, "Lightning's predict loop", lightning=True),
+    "export": Command("grasp_lightning.commands.export",
+                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory"),
+    "pipeline": Command("grasp_lightning.commands.pipeline",
+                        "a multi-stage recipe, each stage starting from the previous stage's export"),
+    "check-data": Command("grasp_lightning.commands.check_data",
+                          "scan a dataset before training: every line, clip, answer, event and token budget"),
+    "plan-memory": Command("grasp_lightning.commands.plan_memory",
+                           "per-GPU memory of a config (weights, gradients, optimizer, reference, activations, "
+                           "KV cache); --table: the README's scaling table"),
+    "build-model": Command("grasp_lightning.generators.tiny",
+                           "write the offline tiny Qwen3-VL, or a stand-in of a real checkpoint (--like)"),
+    "make-sample": Command("grasp_lightning.generators.sample_data",
+                           "write the small GRASP-format sample dataset (the bundled one: --seed 0)"),
+}

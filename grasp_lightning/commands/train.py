@@ -1,17 +1,20 @@
-"""Command line: ``python -m grasp_lightning fit|validate|test|predict --config ...`` (LightningCLI),
-and ``python -m grasp_lightning export --config ... --ckpt_path ... --out ...`` (:mod:`grasp_lightning.commands.export`).
+"""``python -m grasp_lightning fit|validate|test|predict --config ...``: the training CLI (LightningCLI).
 
 Several ``--config`` files compose (a recipe, then overrides such as ``configs/demo.yaml``), every
 key can be overridden on the command line (``--model.optim.lr 1e-5``), and ``--print_config``
 prints the resolved configuration. The processor of the DataModule is linked to the policy, so a
 checkpoint is named once.
+
+:func:`build_cli` is the one place the CLI is built: for these four commands, for the commands that
+read a run's configuration (:func:`grasp_lightning.commands.config.load_run`), for the pipeline's
+stages and for the tests.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -20,39 +23,85 @@ from grasp_lightning.module import GraspModule
 
 
 class GraspCLI(LightningCLI):
-    """LightningCLI with the links between model and data that GRASP needs."""
+    """LightningCLI with the links between model and data that GRASP needs (built by :func:`build_cli`).
+
+    Args:
+        args, kwargs: LightningCLI's.
+        build_trainer: with ``run=False``, instantiate the ``Trainer`` too; ``False``: only the model,
+            the DataModule and the trainer's settings (``config_init.trainer``, its strategy, logger and
+            callbacks instantiated), for commands that only read a run's configuration.
+        run_dir: put the run's outputs under this folder: ``trainer.default_root_dir`` and the
+            logger's ``save_dir`` (its ``name`` becomes ``logs``), e.g. a pipeline stage's folder.
+        arguments: adds a command's own arguments to a ``run=False`` parser (``export``'s ``--out``).
+    """
+
+    def __init__(self, *args, build_trainer: bool = True, run_dir: str | Path | None = None,
+                 arguments: Callable | None = None, **kwargs) -> None:
+        self._build_trainer, self._run_dir, self._arguments = build_trainer, run_dir, arguments
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.policy.name_or_path", "data.processor")
         parser.link_arguments("model.policy.trust_remote_code", "data.trust_remote_code")
 
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        """LightningCLI's parser; a configuration-only one (``run=False``) also takes the keys of a
+        ``fit`` config that are ``Trainer.fit`` arguments (a run's saved ``config.yaml`` and the
+        recipes hold ``ckpt_path`` and ``weights_only``), and the command's own ``arguments``."""
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:
+            return
+        self.parser.add_argument("--ckpt_path", type=str | None, default=None,
+                                 help="a checkpoint: Lightning .ckpt file or DeepSpeed checkpoint directory")
+        self.parser.add_argument("--weights_only", type=bool | None, default=None,
+                                 help="how a checkpoint is loaded (torch.load weights_only), as for fit")
+        if self._arguments is not None:
+            self._arguments(self.parser)
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m grasp_lightning`` and the ``grasp-lightning`` script."""
-    logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = sys.argv[1:] if argv is None else argv
-    if args and args[0] == "check-data":  # dataset checks before training (grasp_lightning/commands/check_data.py)
-        from grasp_lightning.commands.check_data import main as check_data_main
+    def before_instantiate_classes(self) -> None:
+        """Move the outputs under ``run_dir`` (when given)."""
+        if self._run_dir is None:
+            return
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        trainer = config.trainer
+        trainer.default_root_dir = str(self._run_dir)
+        logger = trainer.get("logger")
+        init = getattr(logger, "init_args", None) if logger not in (None, True, False) else None
+        if init is not None and "save_dir" in init:
+            init.save_dir = str(self._run_dir)
+            if "name" in init:
+                init.name = "logs"
 
-        sys.exit(check_data_main(args[1:]))
-    if args and args[0] == "pipeline":  # multi-stage recipes, e.g. SFT -> SGR (grasp_lightning/commands/pipeline.py)
-        from grasp_lightning.commands.pipeline import main as pipeline_main
-
-        sys.exit(pipeline_main(args[1:]))
-    if args and args[0] == "plan-memory":  # per-GPU memory of a config (grasp_lightning/planning/memory.py)
-        from grasp_lightning.planning.memory import main as memory_main
-
-        sys.exit(memory_main(args[1:]))
-    if args and args[0] == "export":  # checkpoint -> Hugging Face directory (grasp_lightning/commands/export.py)
-        from grasp_lightning.commands.export import main as export_main
-
-        export_main(args[1:])
-        return
-    GraspCLI(GraspModule, GraspDataModule, args=args, save_config_kwargs={"overwrite": True},
-             auto_configure_optimizers=False,
-             parser_kwargs={"default_env": False})
+    def instantiate_trainer(self, **kwargs):
+        """The ``Trainer``, or ``None`` for a configuration-only CLI (``build_trainer=False``)."""
+        return super().instantiate_trainer(**kwargs) if self._build_trainer else None
 
 
-if __name__ == "__main__":
-    main()
+def build_cli(args: Sequence[str], run: bool = True, **options) -> GraspCLI:
+    """The training CLI as ``python -m grasp_lightning fit|validate|test|predict`` builds it.
+
+    Args:
+        args: command-line arguments (``["fit", "--config", ...]``; without the subcommand when
+            ``run`` is false).
+        run: parse a subcommand and run it; ``False``: parse and instantiate only (the caller runs
+            ``cli.trainer.fit(cli.model, datamodule=cli.datamodule)`` or reads the objects).
+        options: :class:`GraspCLI`'s own (``build_trainer``, ``run_dir``, ``arguments``).
+
+    Returns:
+        The CLI (``cli.model``, ``cli.datamodule``, ``cli.trainer``, ``cli.config``, ``cli.config_init``).
+    """
+    kwargs = dict(args=list(args), run=run, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+                  parser_kwargs={"default_env": False}, **options)
+    argv = sys.argv
+    if not run:  # LightningCLI warns when it sees both `args` and sys.argv (nothing is launched before fit)
+        sys.argv = sys.argv[:1]
+    try:
+        return GraspCLI(GraspModule, GraspDataModule, **kwargs)
+    finally:
+        sys.argv = argv  # multi-process launchers re-run sys.argv
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m grasp_lightning fit|validate|test|predict ...`` (``argv`` starts with the subcommand)."""
+    build_cli(argv)
+    return 0

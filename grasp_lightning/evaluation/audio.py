@@ -1,4 +1,4 @@
-"""Audio for benchmarks: decode a clip's audio track with PyAV, and tell whether a processor takes audio.
+"""Audio for evaluation suites: decode a clip's audio track with PyAV, and tell whether a processor takes audio.
 
 Source: PyAV's ``AudioResampler`` (any codec FFmpeg decodes, resampled to mono float32); Hugging
 Face processors expose an audio front end as ``feature_extractor`` (Qwen2.5-Omni, Qwen2-Audio,

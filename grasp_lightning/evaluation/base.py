@@ -1,15 +1,18 @@
-"""The benchmark plugin interface, the clip store of a benchmark, and the per-task accuracy metric.
+"""The evaluation-suite interface, the clip store of a suite, and the per-task accuracy metric.
 
-A :class:`Benchmark` is a reader plus a scorer. :meth:`Benchmark.read` turns every item of the
-benchmark's annotation file(s) into a :class:`~grasp_lightning.data.records.GraspItem` (question
-text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the task), so the
-GRASP prompt, decoding and collate path serve every benchmark unchanged. :meth:`Benchmark.score`
+An :class:`EvalSuite` is a reader, a scorer and a reporter. :meth:`EvalSuite.read` turns every
+item of the suite's annotation file(s) into a :class:`~grasp_lightning.data.records.GraspItem`
+(question text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the task),
+so the GRASP prompt, decoding and collate path serve every suite unchanged. :meth:`EvalSuite.score`
 turns one completion into a JSON-ready record with ``task``, ``target``, ``predicted`` and
 ``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`TaskAccuracy` sums them per
-task with sum-reduced states (exact across ranks); :meth:`Benchmark.markdown` renders the table.
+task with sum-reduced states (exact across ranks); :meth:`EvalSuite.log_values` names the logged
+values, :meth:`EvalSuite.markdown` renders the table and :meth:`EvalSuite.report` /
+:meth:`EvalSuite.figures` give what ``callbacks.bench.GraspBenchReport`` writes.
 
-Configs select benchmarks by ``class_path`` under ``data.benchmarks``; the DataModule gives each
-one a validation dataloader and the module routes each dataloader's batches to its scorer.
+Configs select suites by ``class_path`` under ``data.eval_suites``; the DataModule gives each one a
+validation dataloader and :class:`~grasp_lightning.evaluation.suite.SuiteRunner` routes each
+dataloader's completions to its suite.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,15 +38,15 @@ from grasp_lightning.errors import ClipNotFoundError, GraspConfigError, GraspDat
 
 log = logging.getLogger(__name__)
 
-#: Appended to every lettered multiple-choice question of the non-GRASP benchmarks.
+#: Appended to every lettered multiple-choice question of the suites other than GRASP-Bench.
 LETTER_INSTRUCTION = "Give the letter of the correct option inside <answer> tags, e.g. <answer>A</answer>."
-#: System turn of the non-GRASP benchmarks (their questions carry their own answer instruction).
+#: System turn of the suites other than GRASP-Bench (their questions carry their own answer instruction).
 SYSTEM_PROMPT = ("You are watching a video of people interacting. Answer the question about it and put "
                  "only the final answer inside <answer> tags.")
 
 
 class VideoStore:
-    """Opens a benchmark's clips: paths relative to ``root`` (folder and/or tar shards, through
+    """Opens an evaluation suite's clips: paths relative to ``root`` (folder and/or tar shards, through
     :class:`~grasp_lightning.data.shards.ClipStore`) or absolute paths.
 
     Picklable, so DataLoader workers receive it. Raises :class:`ClipNotFoundError` naming the path.
@@ -97,28 +101,49 @@ def answer_space(completion: str) -> tuple[str, bool]:
     return (block.strip(), True) if block is not None else (completion.strip(), False)
 
 
-class Benchmark:
-    """Base class of the validation benchmarks: read items, score completions, aggregate, render.
+@dataclass
+class SuiteReport:
+    """What ``callbacks.bench.GraspBenchReport`` writes for one suite after an evaluation epoch.
+
+    Attributes:
+        name: the suite's name.
+        section: its ``results.json`` content (JSON-ready; NaN is written as ``null``).
+        top_level: ``section``'s keys go to the top level of ``results.json`` (GRASP-Bench, so readers
+            of GRASP-only results see no change) instead of under ``"benchmarks": {name: ...}``.
+        files: file name -> text, written into every report folder (``bench/step_<N>/``, ``bench/latest/``).
+        texts: TensorBoard tag -> text (``add_text``).
+        printout: what ``validate``/``test`` print to stdout for this suite.
+    """
+
+    name: str
+    section: dict[str, Any]
+    top_level: bool = False
+    files: dict[str, str] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    printout: str = ""
+
+
+class EvalSuite:
+    """Base class of the evaluation suites: read items, score completions, aggregate, report.
 
     Args:
         path: annotation file (JSON list or JSONL), a list of such files, or a folder whose
             ``*.json``/``*.jsonl`` files are all read (e.g. one file per task).
         videos: root the items' video paths are relative to; default: the folder of the
             (first) annotation file.
-        name: key of this benchmark in logs, ``results.json`` and file names (default per class).
+        name: key of this suite in logs, ``results.json`` and file names (default per class).
         limit: use only the first N items (after reading, before the audio check).
         system_prompt: system turn of its prompts; default :data:`SYSTEM_PROMPT`.
 
     Subclasses set :attr:`default_name`, :attr:`title`, :attr:`task_names` and implement
-    :meth:`parse_row` and :meth:`score`.
+    :meth:`parse_row` and :meth:`score`; the report hooks (:meth:`log_values`, :meth:`summary`,
+    :meth:`report`, :meth:`figures`) have defaults that suit a per-task accuracy table.
     """
 
-    default_name: ClassVar[str] = "benchmark"
-    title: ClassVar[str] = "Benchmark"
+    default_name: ClassVar[str] = "suite"
+    title: ClassVar[str] = "Evaluation suite"
     #: task code -> long name, in table order; tasks found in the data but not listed come after, sorted.
     task_names: ClassVar[dict[str, str]] = {}
-    #: True for GRASP-Bench, which keeps its own metric (``grasp_lightning.evaluation.grasp_score.BenchAccuracy``) and report.
-    is_grasp: ClassVar[bool] = False
 
     def __init__(self, path: str | list[str], videos: str | None = None, name: str | None = None,
                  limit: int | None = None, system_prompt: str | None = None) -> None:
@@ -134,6 +159,11 @@ class Benchmark:
         self.not_evaluated_reason = ""
         self.tasks: list[str] = []
         self.skipped: list = []
+
+    @property
+    def top_level(self) -> bool:
+        """True when this suite's ``results.json`` section is the file's top level (see :class:`SuiteReport`)."""
+        return False
 
     # ------------------------------------------------------------------ reading
     def files(self) -> list[Path]:
@@ -166,6 +196,16 @@ class Benchmark:
     def store(self) -> VideoStore:
         """Where the items' ``clip.path`` are opened."""
         return VideoStore(self.video_root())
+
+    def use_protocol(self, protocol: Any) -> None:
+        """Take the run's GRASP-Bench evaluation protocol (``model.evaluation.protocol``,
+        :mod:`grasp_lightning.evaluation.protocol`); the DataModule hands it to every suite once, when
+        it loads them. Only suites whose prompts or scoring follow it keep it (none by default)."""
+
+    def encoder(self, processor: Any) -> Callable | None:  # noqa: ARG002 (GraspBench uses it)
+        """What encodes this suite's items (``(processor, item, clip_bytes, max_prompt_tokens=) ->
+        EncodedExample``); ``None``: the DataModule's own prompt and 2 fps path."""
+        return None
 
     def parse_row(self, row: Any, where: str) -> list[GraspItem]:
         """Turn one raw item into GraspItems (usually one). Raise :class:`GraspFormatError` naming ``where``."""
@@ -240,9 +280,32 @@ class Benchmark:
         out["not_evaluated/overall"] = float(sum(self.not_evaluated.values()))
         return out
 
+    # ------------------------------------------------------------------ reporting
+    def log_values(self, metrics: dict[str, float]) -> dict[str, float]:
+        """What the module logs after an epoch: ``val/<name>/acc/<task>``, ``val/<name>/acc/mean`` and
+        ``val/<name>/acc/overall`` (NaN values left out)."""
+        return {f"val/{self.name}/{key}": float(value) for key, value in metrics.items()
+                if key.startswith("acc/") and value == value}
+
+    def summary(self, metrics: dict[str, float]) -> str | None:  # noqa: ARG002
+        """Text the module logs after an epoch (none by default)."""
+        return None
+
     def markdown(self, metrics: dict[str, float]) -> str:
         """A Markdown table: one row per task (accuracy %, n, not evaluated), then mean and overall."""
         return task_table(self.title, self.tasks, self.task_names, metrics, self.not_evaluated_reason)
+
+    def report(self, metrics: dict[str, float], records: list[dict], label: str = "ours") -> SuiteReport:  # noqa: ARG002
+        """The ``results.json`` section ``{"title", "metrics", "items", "table"}``, ``table_<name>.md``,
+        the TensorBoard text ``bench/<name>/table`` and the printed table (``label``: unused here)."""
+        table = self.markdown(metrics)
+        file = f"table_{self.name}.md"
+        return SuiteReport(self.name, {"title": self.title, "metrics": metrics, "items": records, "table": file},
+                           files={file: table}, texts={f"bench/{self.name}/table": table}, printout=f"\n{table}\n")
+
+    def figures(self, metrics: dict[str, float], folder: str | Path) -> dict[str, Any]:  # noqa: ARG002
+        """TensorBoard tag -> RGB uint8 image ``(H, W, 3)``, each also saved as PNG in ``folder`` (none by default)."""
+        return {}
 
     @staticmethod
     def record(item: GraspItem, target: Any, predicted: Any, score: float, completion: str, **extra: Any) -> dict:
@@ -286,7 +349,7 @@ class TaskAccuracy(Metric):
         self.update(records, valid)
 
     def update(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
-        """Count records of :meth:`Benchmark.score` (``valid``: bool ``(B,)`` or ``None`` for all).
+        """Count records of :meth:`EvalSuite.score` (``valid``: bool ``(B,)`` or ``None`` for all).
 
         Raises:
             GraspDataError: a record's task is not one of the metric's tasks (names the uid).

@@ -39,7 +39,7 @@ from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspFormatError
 
 from .audio import AUDIO_SUFFIXES
-from .base import Benchmark, answer_space
+from .base import EvalSuite, answer_space
 
 #: Task types for which the HumanSense release passes the audio track to omni models.
 AUDIO_TASK_TYPES = ("Rapport_Recognition", "Emo_Strategy", "Talkingperson_Recognition", "Familiarity_Recognition",
@@ -135,11 +135,11 @@ def predicted_yes_no(completion: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-class HumanSense(Benchmark):
+class HumanSense(EvalSuite):
     """HumanSense (see the module docstring).
 
     Args:
-        path: the benchmark JSON (or a list of files / a folder).
+        path: the HumanSense JSON (or a list of files / a folder).
         videos: root of ``video_path`` (default: the JSON's folder).
         name: results key (default ``humansense``).
         limit: use only the first N items.

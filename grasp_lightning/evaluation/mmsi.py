@@ -24,7 +24,7 @@ from grasp_lightning.data.formats import lettered
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspFormatError
 
-from .base import LETTER_INSTRUCTION, Benchmark, answer_space
+from .base import LETTER_INSTRUCTION, EvalSuite, answer_space
 
 TASKS = {"STI": "Speaking target identification", "PCR": "Pronoun coreference resolution",
          "MPP": "Mentioned player prediction"}
@@ -59,7 +59,7 @@ def _context_lines(raw: Any, where: str) -> list[str]:
     return lines
 
 
-class MMSI(Benchmark):
+class MMSI(EvalSuite):
     """MMSI (offline: context on both sides of the utterance). See the module docstring.
 
     Args:

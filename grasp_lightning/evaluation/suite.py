@@ -1,81 +1,66 @@
-"""What the module keeps per validation/test epoch for the benchmarks other than GRASP-Bench.
+"""What the module keeps per validation/test epoch for the evaluation suites, GRASP-Bench included.
 
-The DataModule exposes ``val_benchmarks`` (every configured benchmark, loaded) whose entries with
-items each got one validation dataloader, in order (:func:`routes`). :class:`BenchmarkSuite` maps a
-``dataloader_idx`` to its benchmark, scores that benchmark's completions into its own
-:class:`~grasp_lightning.evaluation.base.TaskAccuracy` (sum-reduced states: exact across ranks)
-and keeps the per-item records for ``results.json``. GRASP-Bench batches stay on the module's
-``bench_metric``/``bench_records`` path.
+The DataModule exposes ``val_suites`` (GRASP-Bench of ``data.bench`` first, then ``data.eval_suites``,
+loaded) whose entries with items each got one validation dataloader, in order (:func:`routes`).
+:class:`SuiteRunner` maps a ``dataloader_idx`` to its suite, scores that suite's completions with
+the suite's own :meth:`~grasp_lightning.evaluation.base.EvalSuite.score` into the suite's own metric
+(sum-reduced states: exact across ranks) and keeps the per-item records for ``results.json``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grasp_lightning.evaluation.base import Benchmark
+from grasp_lightning.evaluation.base import EvalSuite
 
 
-def routes(benchmarks: list[Benchmark]) -> list[Benchmark]:
-    """The benchmarks that get a dataloader (those with items to evaluate), in dataloader order."""
-    return [b for b in benchmarks if b.items]
+def routes(suites: list[EvalSuite]) -> list[EvalSuite]:
+    """The suites that get a dataloader (those with items to evaluate), in dataloader order."""
+    return [s for s in suites if s.items]
 
 
-class BenchmarkSuite:
-    """Per-epoch scoring state of the configured benchmarks (see the module docstring).
+class SuiteRunner:
+    """Per-epoch scoring state of the evaluation suites (see the module docstring).
 
     Attributes:
-        benchmarks: every configured benchmark (also those with nothing to evaluate).
-        metrics: name -> metric of each non-GRASP benchmark.
+        suites: every configured suite (also those with nothing to evaluate).
+        metrics: name -> metric of each suite.
         records: name -> scored records of this rank (padding rows left out).
         results: name -> metric dict of the last :meth:`compute`.
     """
 
     def __init__(self) -> None:
-        self.benchmarks: list[Benchmark] = []
+        self.suites: list[EvalSuite] = []
         self.metrics: dict[str, Any] = {}
         self.records: dict[str, list[dict]] = {}
         self.results: dict[str, dict[str, float]] = {}
 
-    def start(self, datamodule: Any, device: Any) -> None:
-        """Reset for an epoch from ``datamodule.val_benchmarks`` (none: the GRASP-only path)."""
-        self.benchmarks = list(getattr(datamodule, "val_benchmarks", None) or [])
-        self.metrics = {b.name: b.metric().to(device) for b in self.benchmarks if not b.is_grasp}
+    def start(self, suites: list[EvalSuite], device: Any) -> None:
+        """Reset for an epoch over ``suites`` (the DataModule's ``val_suites``), metrics on ``device``."""
+        self.suites = list(suites)
+        self.metrics = {s.name: s.metric().to(device) for s in self.suites}
         self.records = {name: [] for name in self.metrics}
         self.results = {}
 
-    @property
-    def active(self) -> bool:
-        """True when the DataModule configured benchmarks (GRASP-Bench included)."""
-        return bool(self.benchmarks)
-
-    @property
-    def has_grasp(self) -> bool:
-        """True when GRASP-Bench is among the benchmarks with a dataloader."""
-        return any(b.is_grasp for b in routes(self.benchmarks))
-
-    def route(self, dataloader_idx: int) -> Benchmark | None:
-        """The benchmark of a dataloader index, ``None`` outside the configured ones."""
-        active = routes(self.benchmarks)
+    def route(self, dataloader_idx: int) -> EvalSuite | None:
+        """The suite of a dataloader index, ``None`` outside the configured ones."""
+        active = routes(self.suites)
         return active[dataloader_idx] if 0 <= dataloader_idx < len(active) else None
 
-    def by_name(self, name: str) -> Benchmark:
-        """The benchmark called ``name`` (KeyError if none)."""
-        for bench in self.benchmarks:
-            if bench.name == name:
-                return bench
+    def by_name(self, name: str) -> EvalSuite:
+        """The suite called ``name`` (KeyError if none)."""
+        for suite in self.suites:
+            if suite.name == name:
+                return suite
         raise KeyError(name)
 
-    def update(self, bench: Benchmark, completions: list[str], batch: Any) -> None:
-        """Score a batch's completions with ``bench`` and count them (``batch.valid`` marks real rows)."""
-        records = [bench.score(text, item) for text, item in zip(completions, batch.items)]
-        self.metrics[bench.name].update(records, valid=batch.valid)
-        self.records[bench.name].extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
+    def update(self, suite: EvalSuite, completions: list[str], batch: Any) -> None:
+        """Score a batch's completions with ``suite`` and count them (``batch.valid`` marks real rows)."""
+        records = [suite.score(text, item) for text, item in zip(completions, batch.items)]
+        self.metrics[suite.name].update_from_records(records, valid=batch.valid)
+        self.records[suite.name].extend(r for r, ok in zip(records, batch.valid.tolist()) if ok)
 
     def compute(self) -> dict[str, dict[str, float]]:
-        """name -> metric dict of every non-GRASP benchmark (collective under DDP: call on all ranks)."""
-        self.results = {b.name: b.compute(self.metrics[b.name]) for b in self.benchmarks if not b.is_grasp}
+        """name -> metric dict of every suite (collective under DDP: call on all ranks)."""
+        self.results = {s.name: s.compute(self.metrics[s.name]) for s in self.suites}
         return self.results
-
-    def tables(self) -> dict[str, str]:
-        """name -> Markdown table of the last :meth:`compute`."""
-        return {name: self.by_name(name).markdown(metrics) for name, metrics in self.results.items()}

@@ -19,7 +19,7 @@ from grasp_lightning.data.formats import lettered
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.errors import GraspFormatError
 
-from .base import LETTER_INSTRUCTION, Benchmark, first_word
+from .base import LETTER_INSTRUCTION, EvalSuite, first_word
 
 QUESTION_WORDS = {"what": "What …", "who": "Who …", "where": "Where …", "why": "Why …", "how": "How …",
                   "when": "When …", "which": "Which …", "other": "Other questions"}
@@ -65,7 +65,7 @@ def _subtitle_text(raw: Any, window: tuple[float, float]) -> str:
     return "\n".join(line for line in lines if line)
 
 
-class TVQAPlus(Benchmark):
+class TVQAPlus(EvalSuite):
     """TVQA+ validation set (see the module docstring).
 
     Args:

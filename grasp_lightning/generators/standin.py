@@ -36,18 +36,20 @@ from pathlib import Path
 
 import torch
 
+from grasp_lightning.data.prompts import CHAT_TOKENS, VISION_TOKENS
 from grasp_lightning.errors import GraspConfigError
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES_FILE = Path(__file__).resolve().parent.parent / "assets" / "qwen3vl-architectures.json"
 
-#: Token ids of the Qwen3 vocabulary that the Qwen3-VL configs name (``qwen3vl-architectures.json``).
-TOKEN_IDS = {
-    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652,
-    "<|vision_end|>": 151653, "<|vision_pad|>": 151654, "<|image_pad|>": 151655, "<|video_pad|>": 151656,
-    "<think>": 151667, "</think>": 151668,
-}
+#: Token ids of the Qwen3 vocabulary that the Qwen3-VL configs name (``qwen3vl-architectures.json``):
+#: the chat tokens are 151643-151645 (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``), the vision
+#: tokens 151652-151656 (``<|vision_start|>`` ... ``<|video_pad|>``), both in the order of
+#: :mod:`grasp_lightning.data.prompts`; then ``<think>`` 151667 and ``</think>`` 151668.
+TOKEN_IDS = {**dict(zip(CHAT_TOKENS, range(151643, 151646), strict=True)),
+             **dict(zip(VISION_TOKENS, range(151652, 151657), strict=True)),
+             "<think>": 151667, "</think>": 151668}
 
 #: The published generation configs: two end ids, pad = ``<|endoftext|>``, sampling on by default.
 GENERATION_CONFIGS = {

@@ -12,21 +12,20 @@ The shipped copy is ``grasp_lightning/assets/eval_suites`` (``configs/eval_suite
 build their own at run time. Clips are synthetic (players as numbered squares; TVQA+ frames
 whose grey level encodes the time, so a test can tell which seconds were decoded); questions are
 hand-written, so fixtures test reading and scoring, not a model. The JSON is the same on every
-run; mp4 bytes are stable for one encoder build (see :func:`grasp_lightning.generators.sample_data.encode_mp4`).
+run; mp4 bytes are stable for one encoder build (:data:`grasp_lightning.generators.mp4.STABLE`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
-from grasp_lightning.generators.sample_data import draw_person, encode_mp4
+from grasp_lightning.generators.mp4 import STABLE, Mp4Settings, encode_mp4
+from grasp_lightning.generators.sample.drawing import draw_person
 
 #: Synthetic TVQA+ frame rate (frames per second) and the grey level of the frame shown at second t.
 TVQA_FPS = 2.0
@@ -58,35 +57,19 @@ def grey_frames(seconds: float, fps: float, level=tvqa_level, size: tuple[int, i
     return [np.full((*size, 3), level(i / fps), np.uint8) for i in range(int(round(seconds * fps)))]
 
 
+#: Settings of the clip with an audio track: the encoder's defaults, one thread, ``+bitexact``
+#: (kept as first written: the shipped ``hs_000.mp4`` is compared byte for byte).
+AUDIO_CLIP = Mp4Settings(threads=1, bitexact=True)
+
+
 def encode_av_mp4(frames: list[np.ndarray], fps: float, audio: np.ndarray | None = None,
                   sample_rate: int = 16000) -> bytes:
-    """mp4 bytes: H.264 video of ``(H, W, 3)`` uint8 frames, plus an AAC mono track of ``audio``
-    (float32 samples in [-1, 1] at ``sample_rate``) when given."""
+    """mp4 bytes: H.264 video of ``(H, W, 3)`` uint8 frames (:data:`~grasp_lightning.generators.mp4.STABLE`),
+    plus an AAC mono track of ``audio`` (float32 samples in [-1, 1] at ``sample_rate``) when given
+    (the video then with :data:`AUDIO_CLIP`)."""
     if audio is None:
-        return encode_mp4(frames, fps)
-    import av
-
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4", container_options={"fflags": "+bitexact"}) as container:
-        video = container.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4",
-                                     rate=Fraction(fps).limit_denominator(1001))
-        video.height, video.width = frames[0].shape[:2]
-        video.pix_fmt = "yuv420p"
-        video.codec_context.thread_count = 1
-        sound = container.add_stream("aac", rate=sample_rate)
-        sound.layout = "mono"
-        for frame in frames:
-            container.mux(video.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
-        container.mux(video.encode(None))
-        samples = np.asarray(audio, np.float32).reshape(1, -1)
-        chunk = 1024
-        for start in range(0, samples.shape[1], chunk):
-            piece = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start:start + chunk]), format="flt",
-                                               layout="mono")
-            piece.sample_rate, piece.pts = sample_rate, start
-            container.mux(sound.encode(piece))
-        container.mux(sound.encode(None))
-    return buf.getvalue()
+        return encode_mp4(frames, fps, STABLE)
+    return encode_mp4(frames, fps, AUDIO_CLIP, audio=audio, sample_rate=sample_rate)
 
 
 def tone(seconds: float, hz: float = 440.0, sample_rate: int = 16000) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from grasp_lightning.data.formats import lettered
 from grasp_lightning.data.prompts import CHAT_TOKENS, INSTRUCTION, VISION_TOKENS
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def _corpus(seed: int) -> list[str]:
         v = rng.choice(verbs)
         t0 = rng.randint(0, 20) / 2
         q = rng.choice(questions).format(a=a, b=b, v=v, t0=t0, t1=t0 + rng.randint(1, 6) / 2)
-        opts = "\n".join(f"{letter}) {p}" for letter, p in zip("ABCD", rng.sample(people, 4)))
+        opts = "\n".join(lettered(rng.sample(people, 4)))
         ans = rng.choice("ABCD")
         lines.append(f"{q}\n{opts}")
         lines.append(

@@ -4,7 +4,7 @@ Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264). Four persons are c
 (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id is drawn: the colour
 identifies them), placed in the four 16x16-pixel corner cells in a random order per clip, with a grey
 object; the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
-events are drawn with the primitives of :mod:`grasp_lightning.generators.sample_data`: a gaze is a 2-pixel line
+events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line
 in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
 the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
 the same square, pointing a short thin white bar; the other gestures of G2 are reaching (a long
@@ -43,37 +43,30 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from grasp_lightning.generators.sample_data import (
+from grasp_lightning.generators.mp4 import STABLE, encode_mp4
+from grasp_lightning.generators.sample.drawing import (
     BACKGROUND,
     GESTURES,
     HELD,
     OBJECT,
     PERSON_COLOURS,
     Action,
-    Clip,
-    Entry,
-    Question,
     Scene,
-    annotation,
     draw_gaze,
     draw_gesture,
     draw_object,
     draw_person,
     draw_pointing,
-    encode_mp4,
-    make_options,
-    rl_row,
-    sft_row,
-    write_bench,
-    write_jsonl,
-    write_shards,
 )
+from grasp_lightning.generators.sample.entries import VERBS, Clip, Entry, mcq_user_text
+from grasp_lightning.generators.sample.questions import Question, make_options, option_text, participants, person_name
+from grasp_lightning.generators.sample.writer import annotation, rl_row, sft_row, write_bench, write_jsonl, write_shards
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +109,6 @@ INSTRUCTION = "Name who is involved in <gaze> or <gesture> tags, then give the l
 #: 44 % of held-out SFT targets exactly right after 700 and 500 steps).
 MODEL_SIZES = dict(text_hidden_size=128, text_layers=4, text_heads=4, vision_hidden_size=128, vision_depth=2,
                    patch_size=8)
-_VERBS = {"gaze": "looks at", "pointing": "points at", "reaching": "reaches toward",
-          "showing": "shows an object to", "giving": "gives an object to"}
 
 
 # ------------------------------------------------------------------------------------ drawing
@@ -136,8 +127,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
     Cues are bold and aligned with the visual tokens, which a model trained from scratch needs: a
     gaze is a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is
     nearly as light as the white dot) with a ``DOT``-pixel white dot that ends inside the target's
-    square (:func:`~grasp_lightning.generators.sample_data.draw_gaze`); pointing and reaching are white bars
-    from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample_data.draw_pointing`),
+    square (:func:`~grasp_lightning.generators.sample.drawing.draw_gaze`); pointing and reaching are white bars
+    from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample.drawing.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
     orange object held beside the actor, toward the middle of the frame; giving an orange object that
     leaves the actor's square and sits in the receiver's square from the second frame on (so the
@@ -175,18 +166,6 @@ def render_world_clip(scene: Scene, actions: Sequence[Action]) -> list[np.ndarra
 
 
 # ------------------------------------------------------------------------------------ questions
-def _name(target: int) -> str:
-    return "the object" if target == OBJECT else f"Person {target}"
-
-
-def _opt(target: int) -> str:
-    return "An object" if target == OBJECT else f"Person {target}"
-
-
-def _ev(actor: int, target: int) -> tuple[int, ...]:
-    return (actor,) if target == OBJECT else (actor, target)
-
-
 def _gaze(actor: int, target: int) -> Action:
     return Action("gaze", actor, target, 0.0, DURATION)
 
@@ -201,7 +180,7 @@ def _persons(*exclude: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class WorldQuestion:
-    """A world question: the sample's :class:`~grasp_lightning.generators.sample_data.Question` plus its short reasoning.
+    """A world question: a sample data :class:`~grasp_lightning.generators.sample.questions.Question` plus its short reasoning.
 
     Attributes:
         question: category, text, answer text, option pool (in display order), drawn actions,
@@ -221,9 +200,9 @@ def _t1(rng: random.Random, shuffle: bool) -> WorldQuestion:
     if rng.random() < DISTRACTOR_P:
         c = rng.choice(_others(a))
         acts.append(_gaze(c, rng.choice(_others(c) + [OBJECT])))
-    q = Question("T1", f"Who or what is Person {a} looking at?", _opt(target), _persons(a) + ("An object",),
-                 tuple(acts), (("gaze", _ev(a, target)),), (0.0, DURATION), sort_options=shuffle)
-    return WorldQuestion(q, f"<gaze>Person {a} looks at {_name(target)}.</gaze>")
+    q = Question("T1", f"Who or what is Person {a} looking at?", option_text(target), _persons(a) + ("An object",),
+                 tuple(acts), (("gaze", participants(a, target)),), (0.0, DURATION), sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {a} looks at {person_name(target)}.</gaze>")
 
 
 def _t4(rng: random.Random, shuffle: bool) -> WorldQuestion:
@@ -261,9 +240,9 @@ def _g1(rng: random.Random, shuffle: bool) -> WorldQuestion:
     if rng.random() < DISTRACTOR_P:
         c = rng.choice(_others(a))
         acts.append(_gaze(c, rng.choice(_others(c) + [OBJECT])))
-    q = Question("G1", "Who is pointing?", f"Person {a}", _persons(), tuple(acts), (("pointing", _ev(a, target)),),
+    q = Question("G1", "Who is pointing?", f"Person {a}", _persons(), tuple(acts), (("pointing", participants(a, target)),),
                  (0.0, DURATION), sort_options=shuffle)
-    return WorldQuestion(q, f"<gesture>Person {a} points at {_name(target)}.</gesture>")
+    return WorldQuestion(q, f"<gesture>Person {a} points at {person_name(target)}.</gesture>")
 
 
 def _g2(rng: random.Random, shuffle: bool) -> WorldQuestion:
@@ -272,9 +251,9 @@ def _g2(rng: random.Random, shuffle: bool) -> WorldQuestion:
     target = rng.choice(_others(a) + ([] if kind in ("showing", "giving") else [OBJECT]))
     acts = (Action(kind, a, target, 0.0, DURATION),)
     q = Question("G2", f"What kind of gesture does Person {a} make?", kind.capitalize(),
-                 tuple(k.capitalize() for k in GESTURES), acts, ((kind, _ev(a, target)),), (0.0, DURATION),
+                 tuple(k.capitalize() for k in GESTURES), acts, ((kind, participants(a, target)),), (0.0, DURATION),
                  sort_options=shuffle)
-    return WorldQuestion(q, f"<gesture>Person {a} {_VERBS[kind]} {_name(target)}.</gesture>")
+    return WorldQuestion(q, f"<gesture>Person {a} {VERBS[kind]} {person_name(target)}.</gesture>")
 
 
 #: Question builder of each world category.
@@ -294,15 +273,15 @@ def make_world_item(seed: int, split: str, k: int, shuffle_options: bool = False
         shuffle_options: put the answer at a random position instead of the fixed option order.
 
     Returns:
-        ``(entry, scene)``: a sample :class:`~grasp_lightning.generators.sample_data.Entry` (clip with mp4
+        ``(entry, scene)``: an :class:`~grasp_lightning.generators.sample.entries.Entry` (clip with mp4
         bytes, question with its drawn actions, options, letter, reasoning; ``entry.response`` is the
-        SFT target) and the :class:`~grasp_lightning.generators.sample_data.Scene` (person centres in pixels).
+        SFT target) and the :class:`~grasp_lightning.generators.sample.drawing.Scene` (person centres in pixels).
     """
     rng = random.Random(f"world:{seed}:{split}:{k}")
     category = CATEGORIES[k % len(CATEGORIES)]
     wq = TEMPLATES[category](rng, shuffle_options)
     scene = make_world_scene(rng)
-    data = encode_mp4(render_world_clip(scene, wq.question.actions), FPS, crf=CRF)
+    data = encode_mp4(render_world_clip(scene, wq.question.actions), FPS, replace(STABLE, crf=CRF))
     clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, DURATION, (SIZE, SIZE), data, 4)
     options, letter = make_options(rng, wq.question)
     return Entry(clip, wq.question, "mcq", options, letter, wq.reasoning), scene
@@ -386,7 +365,7 @@ def world_corpus(seed: int = 0, n: int = 400) -> list[str]:
         rng = random.Random(f"world:{seed}:k:{k}")
         wq = TEMPLATES[CATEGORIES[k % len(CATEGORIES)]](rng, False)
         options, letter = make_options(rng, wq.question)
-        lines += ["\n".join([wq.question.text, *options, INSTRUCTION]), f"{wq.reasoning}<answer>{letter}</answer>"]
+        lines += [mcq_user_text(wq.question.text, options, INSTRUCTION), f"{wq.reasoning}<answer>{letter}</answer>"]
     return lines
 
 

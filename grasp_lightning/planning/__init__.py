@@ -1,1 +1,11 @@
-"""Planning a run before it starts: per-GPU memory and token counts of a config (``plan-memory``)."""
+"""Planning a run before it starts: per-GPU memory and token counts of a config (``plan-memory``).
+
+- :mod:`~grasp_lightning.planning.architectures`: published Qwen3-VL shapes, parameters counted on the
+  meta device, LoRA's adapters.
+- :mod:`~grasp_lightning.planning.tokens`: a clip's tokens as the Qwen3-VL processor writes them.
+- :mod:`~grasp_lightning.planning.spec`: the planner's inputs (:class:`RunSpec`), read from a run's objects.
+- :mod:`~grasp_lightning.planning.estimate`: the bytes per GPU (:func:`plan_memory`), the verdict, the report.
+- :mod:`~grasp_lightning.planning.tables`: the README's scaling table.
+
+The command is :mod:`grasp_lightning.commands.plan_memory`.
+"""

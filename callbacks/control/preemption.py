@@ -6,7 +6,7 @@ micro-batch* and saves nothing, and its SLURM handler (``SLURMEnvironment(auto_r
 saves ``hpc_ckpt_N.ckpt`` *inside the signal handler*, wherever the training loop happens to be.
 Both can land in the middle of a gradient-accumulation window: the accumulated gradients are not
 part of a checkpoint, while the DataModule already counted those micro-batches as consumed, so
-their samples would be lost on resume. This callback replaces those handlers while training runs:
+their dataset items would be lost on resume. This callback replaces those handlers while training runs:
 
 1. the handler only records the signal (nothing else is safe inside a signal handler);
 2. at the end of the micro-batch that completed an optimizer step, all ranks agree
@@ -20,7 +20,7 @@ their samples would be lost on resume. This callback replaces those handlers whi
    itself (Lightning picks the newest ``hpc_ckpt_*`` when ``ckpt_path`` is unset under SLURM);
 5. Lightning's ``SIGTERMException`` (a ``SystemExit`` with status 0) ends the run.
 
-Resume with ``--ckpt_path <that last.ckpt>``; the resumed run sees exactly the samples the
+Resume with ``--ckpt_path <that last.ckpt>``; the resumed run sees exactly the dataset items the
 uninterrupted run would have seen (``tests/test_reliability.py``). With SLURM use
 ``#SBATCH --signal=USR1@90`` (or ``B:USR1@90`` when the batch script forwards it) and leave the
 seconds for one optimizer step (all its micro-batches) plus the checkpoint write.

@@ -1,0 +1,138 @@
+"""``python -m grasp_lightning plan-memory``: the per-GPU memory of a run, read from its config.
+
+``python -m grasp_lightning plan-memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
+prints the bytes of every component per GPU and whether the run fits; ``--table`` prints the
+README's scaling table (Qwen3-VL 2B/4B/8B; full fine-tune on 8 x H200, LoRA on one 24 GB GPU).
+
+The configs are instantiated by the one config loader (:func:`grasp_lightning.commands.config.load_run`,
+as ``fit`` would: a key a config leaves out has the code's value), and the planner reads the
+objects (:func:`grasp_lightning.planning.spec.spec_from_run`): the task says whether it needs a
+reference model, samples rollouts and shares prompts. The formulas are in
+:mod:`grasp_lightning.planning.estimate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grasp_lightning.commands.config import config_args, load_run
+from grasp_lightning.planning.architectures import bundled_architectures
+from grasp_lightning.planning.estimate import MemoryPlan, fits, format_plan, plan_memory
+from grasp_lightning.planning.spec import RunSpec, bundled_or_local, spec_from_run
+from grasp_lightning.planning.tables import TABLE_MODELS, TABLE_SETUPS, scaling_table
+from grasp_lightning.planning.tokens import DEFAULT_SOURCE_FPS
+
+log = logging.getLogger(__name__)
+
+
+def load_spec(args: Sequence[str], **extra: Any) -> tuple[RunSpec, list[str]]:
+    """The :class:`RunSpec` of a run given by ``fit``-style arguments (``--config`` files, ``--key=value``
+    overrides), and notes about assumptions; ``extra``: the spec's clip and prompt fields."""
+    run = load_run(args)
+    return spec_from_run(run.module, run.datamodule, run.trainer, **extra)
+
+
+def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, Any] | None = None, *,
+                     gpu_memory_gib: float | None = None, video_seconds: float = 60.0, text_tokens: int = 256,
+                     response_tokens: int | None = None, frame_size: tuple[int, int] | None = None,
+                     source_fps: float = DEFAULT_SOURCE_FPS, args: Sequence[str] = ()) -> MemoryPlan:
+    """Plan a run from grasp_lightning config files, composed in order, then ``overrides``.
+
+    Args:
+        config_paths: YAML files as given to ``python -m grasp_lightning fit --config ...``.
+        overrides: dotted keys to values, e.g. ``{"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"}``.
+        gpu_memory_gib: the GPU's memory in GiB; logged verdict (see :func:`fits`).
+        video_seconds: clip length in seconds (at the recipes' settings 60 s gives 12,289 video tokens;
+            the most, 14,639, is at 250 s: the processor shrinks frames of longer clips).
+        text_tokens: tokens of the rendered prompt with its one video placeholder (system prompt,
+            question, options, chat markers).
+        response_tokens: SFT target tokens (default: ``data.max_target_tokens``).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
+            ``data.max_pixels``). source_fps: its frame rate (frames/s).
+        args: further command-line overrides, after ``overrides`` (``["--model.lora.r=8"]``).
+
+    Raises:
+        GraspConfigError: a value the planner does not model (an FSDP strategy, ZeRO-3, a dtype).
+        SystemExit: the configs do not parse (a missing file, an unknown key).
+    """
+    spec, notes = load_spec([*config_args(config_paths, overrides), *args], video_seconds=video_seconds,
+                            text_tokens=text_tokens, response_tokens=response_tokens, frame_size=frame_size,
+                            source_fps=source_fps)
+    plan = plan_memory(spec)
+    plan.notes[:0] = notes
+    for note in notes:
+        log.warning("%s", note)
+    if gpu_memory_gib is not None:
+        verdict = fits(plan, gpu_memory_gib)
+        log.info("%s: peak %.1f GiB of %.1f usable: %s", plan.name, verdict.need_gib, verdict.usable_gib,
+                 "fits" if verdict.fits else "does not fit")
+    return plan
+
+
+def table(configs_dir: str | Path = "configs", *, video_seconds: float = 60.0, text_tokens: int = 256,
+          models: Sequence[str] = TABLE_MODELS) -> str:
+    """The README's scaling table of ``models`` x :data:`~grasp_lightning.planning.tables.TABLE_SETUPS`,
+    each setup's recipes read from ``configs_dir``."""
+    rows = []
+    for model in models:
+        for label, files, gpu in TABLE_SETUPS:
+            paths = [Path(configs_dir) / f for f in files]
+            spec, _ = load_spec(config_args(paths, {"model.policy.name_or_path": model}))
+            rows.append((model, label, spec, gpu))
+    return scaling_table(rows, video_seconds=video_seconds, text_tokens=text_tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``plan-memory`` command's parser."""
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning plan-memory", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", default=[], help="a grasp_lightning YAML config (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a dotted config key as fit's --KEY=VALUE does, e.g. "
+                             "model.policy.name_or_path=Qwen3-VL-2B-Instruct")
+    parser.add_argument("--model", help="shorthand for --set model.policy.name_or_path=MODEL")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="GPU memory in GiB (H200: 140.4)")
+    parser.add_argument("--video-seconds", type=float, default=60.0, help="clip length in seconds")
+    parser.add_argument("--text-tokens", type=int, default=256,
+                        help="prompt tokens besides the clip (the template with its one video placeholder)")
+    parser.add_argument("--response-tokens", type=int, default=None, help="SFT target tokens (default: the budget)")
+    parser.add_argument("--table", action="store_true", help="print the README scaling table")
+    parser.add_argument("--configs-dir", default="configs", help="where --table finds sft/sgr/lora.yaml")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m grasp_lightning plan-memory``: print a plan (``--config ...``) or the README table (``--table``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.table:
+        sys.stdout.write(table(args.configs_dir, video_seconds=args.video_seconds, text_tokens=args.text_tokens)
+                         + "\n")
+        return 0
+    if not args.config:
+        parser.error("give --config FILE (repeatable) or --table")
+    overrides = []
+    for text in args.set:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {text!r}: expected KEY=VALUE, e.g. model.lora.r=8")
+        overrides.append(f"--{key.strip()}={value}")
+    if args.model:
+        if not bundled_or_local(args.model):
+            known = ", ".join(sorted(bundled_architectures()))
+            parser.error(f"--model {args.model!r}: no config.json there and not a published architecture "
+                         f"(known: {known})")
+        overrides.append(f"--model.policy.name_or_path={args.model}")
+    plan = plan_from_config(args.config, gpu_memory_gib=args.gpu_memory_gib, video_seconds=args.video_seconds,
+                            text_tokens=args.text_tokens, response_tokens=args.response_tokens, args=overrides)
+    sys.stdout.write(format_plan(plan, args.gpu_memory_gib) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""The per-GPU memory of a run: model states, reference model, ZeRO buffers, activations, logits, rollout.
+
+:func:`plan_memory` turns a :class:`~grasp_lightning.planning.spec.RunSpec` into a
+:class:`MemoryPlan` (bytes per GPU, with a short derivation of every component); :func:`fits`
+checks it against a GPU and :func:`format_plan` prints it. Parameters are counted exactly
+(:mod:`grasp_lightning.planning.architectures`), tokens as the processor writes them
+(:mod:`grasp_lightning.planning.tokens`). Per GPU, with ``P`` parameters, ``P_t`` of them
+trainable and ``N`` data-parallel ranks:
+
+- weights: ``P x 2 B`` (bf16). LoRA adds ``r (in + out)`` per wrapped Linear, in float32 without
+  DeepSpeed (peft's ``get_peft_model(autocast_adapter_dtype=True)``). A full fine-tune without
+  DeepSpeed keeps its trainable weights in float32 (``GraspModule`` casts them:
+  ``policy.keep_float32_masters``): ``(P - P_t) x 2 B + P_t x 4 B``, and under ``*-mixed`` precision
+  autocast holds a bf16 copy of them through the forward/backward (``P_t x 2 B``, with the activations).
+- gradients: ZeRO-2 ``P_t x (2 B bf16 + 4 B fp32) / N``; ZeRO-1 ``P_t x (2 + 4 / N) B``; without
+  ZeRO ``P_t x 4 B`` (float32 masters or adapters), twice under DDP (its buckets are a second copy).
+- optimizer states: with DeepSpeed, Adam's fp32 master copy + exp_avg + exp_avg_sq = ``12 B x P_t /
+  N`` (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes per parameter; DeepSpeed's
+  ``estimate_zero2_model_states_mem_needs`` counts the same 2 + 18 / N). torch AdamW without ZeRO
+  keeps exp_avg and exp_avg_sq in the parameter's dtype (float32: ``8 B x P_t``).
+- tokens: :func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
+  ``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
+  32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
+  processor's settings read from the model directory (``processor_config.json`` or
+  ``video_preprocessor_config.json``); it matches the processor's prompt length exactly.
+- reference model: a task that needs one (``Task.needs_reference``; GRPO with ``beta != 0``): ``P x 2 B``;
+  0 for LoRA with the adapter-disabled reference and for a task without one (SFT, ``beta == 0``).
+- ZeRO buffers: the reduce buckets, ``(1 + overlap_comm) x reduce_bucket_size x 2 B`` (DeepSpeed
+  ``setup_buckets`` with ``contiguous_gradients``).
+- activations: kept for the backward pass, :func:`layer_activation_bytes` (after Korthikanti et al.
+  2022) per layer and token, or only each layer's input under gradient checkpointing.
+- logits: the loss's logits and their float32 copies, as ``tasks/sft.py`` and ``tasks/grpo.py``
+  compute them (:data:`SFT_LOGIT_BYTES`, :data:`GRPO_LOGIT_BYTES`).
+- rollout (a task that samples rollouts, ``Task.samples_rollouts``: GRPO): the KV cache,
+  ``2 x layers x kv_heads x head_dim x 2 B`` per token of the ``B x K`` sequences (``generate(num_return_sequences=K)`` prefills the prompt K times), or, if larger, the
+  prompt's cache plus the prefill's no-grad working set of one layer, ``2 B x (2h + 3i)`` per token
+  (residual, normed input, gate, up, SiLU(gate)). The shared-prefix cache (prompt cached once per
+  group, as a prefix-sharing cache such as vLLM's holds it) is reported beside it; HF's
+  ``cache.batch_repeat_interleave(K)`` copies the prompt's cache K times, so there it only saves the
+  prefill, not the cache.
+
+Peak = weights + gradients + optimizer states + reference + buffers + max(training pass, rollout):
+the rollout runs without gradients before the training forward, so the two never coexist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.planning.architectures import (
+    ParamCounts,
+    architecture_config,
+    count_parameters,
+    format_count,
+    lora_parameters,
+    lora_targets,
+)
+from grasp_lightning.planning.spec import RunSpec
+from grasp_lightning.planning.tokens import VideoTokens, processor_video_settings, video_tokens
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+#: Bytes per logit position and vocabulary entry in SFT: bf16 logits (2) + the float32 copy (4) +
+#: the float32 log-softmax ``F.cross_entropy`` keeps for backward (4) (``tasks/sft.py``; logits are
+#: computed for the response positions only, ``logits_to_keep``).
+SFT_LOGIT_BYTES = 10
+#: The same for GRPO scoring of completion positions: bf16 logits (2) + the float32 rows that
+#: ``logsumexp`` keeps for backward (4); the no-grad entropy works one row at a time
+#: (``grasp_lightning/shared_prompt.py: logps_and_entropy``).
+GRPO_LOGIT_BYTES = 6
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+
+def format_gib(n: int) -> str:
+    """Bytes as GiB with two decimals."""
+    return f"{n / GIB:.2f}"
+
+
+# ---------------------------------------------------------------------------------- activations
+def layer_activation_bytes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, seq_len: int,
+                           *, gated_mlp: bool = True, qk_norm: bool = True, flash: bool = True) -> int:
+    """Bytes one transformer layer keeps for the backward pass, per token, with 16-bit activations.
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+    Sec. 4.1, Eq. 1) count ``s b h (34 + 5 a s / h)`` bytes per GPT layer: 34 h per token plus
+    ``5 a s`` for the attention scores, softmax and dropout. Recounted for a Qwen3 decoder layer
+    (RMSNorm, grouped-query attention with ``g`` KV heads, q/k-norm, no dropout, SwiGLU), in elements:
+    attention: norm input ``h``, QKV input ``h``, Q, K, V ``(a + 2g) d``, Q and K before q/k-norm
+    ``(a + g) d``, output-projection input ``a d``; MLP: norm input ``h``, gate/up input ``h``, gate,
+    up, SiLU(gate) and their product ``4 i`` (a plain GELU MLP, as in the vision tower: ``2 i``).
+    With flash attention (``flash_attention_2``, or ``sdpa`` on a GPU) the ``s x s`` scores are never
+    stored; with ``eager`` attention Korthikanti's ``5 a s`` bytes are added.
+
+    Returns:
+        bytes per token (multiply by tokens).
+    """
+    attn = 2 * hidden + (heads + 2 * kv_heads) * head_dim + heads * head_dim + (qk_norm * (heads + kv_heads) * head_dim)
+    mlp = 2 * hidden + (4 if gated_mlp else 2) * intermediate
+    return 2 * (attn + mlp) + (0 if flash else 5 * heads * seq_len)
+
+
+def stack_activation_bytes(tokens: int, layers: int, hidden: int, per_layer: int, *, checkpointing: bool) -> int:
+    """Activations of a stack of ``layers`` layers for ``tokens`` tokens, in bytes.
+
+    Without checkpointing every layer keeps ``per_layer`` bytes per token. With (HF per-layer)
+    checkpointing each layer keeps only its 16-bit input (``2 h`` bytes per token) and one layer's
+    full activations exist again while it is recomputed in the backward pass.
+    """
+    per_token = layers * 2 * hidden + per_layer if checkpointing else layers * per_layer
+    return tokens * per_token
+
+
+@dataclass
+class MemoryPlan:
+    """Per-GPU memory of one run, in bytes, with a short derivation of every component.
+
+    ``peak = static + max(training, rollout)`` where ``static`` holds the model states, the
+    reference model and the ZeRO buffers; ``training`` the activations and logits of one
+    micro-batch (or a frozen vision tower's one-layer transient, if larger); ``rollout`` the KV
+    cache of generation (or the prefill's peak). ``deepspeed_model_states`` is DeepSpeed's own
+    estimate (``None`` without ZeRO), which assumes every parameter is trainable.
+    """
+
+    spec: RunSpec
+    name: str
+    params_total: int
+    params_vision: int
+    params_trainable: int
+    prompt_tokens: int
+    visual_tokens: int
+    sequence_tokens: int
+    sequences: int
+    weights: int
+    gradients: int
+    optimizer_states: int
+    reference_model: int
+    zero_buffers: int
+    activations: int
+    logits: int
+    vision_transient: int
+    kv_cache: int
+    kv_cache_shared_prefix: int
+    rollout: int
+    deepspeed_model_states: int | None
+    how: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model_states(self) -> int:
+        """Weights + gradients + optimizer states (what DeepSpeed's estimator covers)."""
+        return self.weights + self.gradients + self.optimizer_states
+
+    @property
+    def static(self) -> int:
+        """Memory held for the whole run: model states, reference model, ZeRO buffers."""
+        return self.model_states + self.reference_model + self.zero_buffers
+
+    @property
+    def training(self) -> int:
+        """The training forward/backward of one micro-batch."""
+        return max(self.activations + self.logits, self.vision_transient)
+
+    @property
+    def peak(self) -> int:
+        """Peak bytes per GPU: static + the larger of the training pass and the rollout."""
+        return self.static + max(self.training, self.rollout)
+
+
+def _strategy_label(spec: RunSpec) -> str:
+    if spec.zero_stage:
+        offload = " + optimizer offload" if spec.offload_optimizer else ""
+        return f"DeepSpeed ZeRO-{spec.zero_stage}{offload} on {spec.world_size} GPU(s)"
+    return f"{'DDP on ' if spec.world_size > 1 else ''}{spec.world_size} GPU(s), no ZeRO"
+
+
+def deepspeed_zero2_estimate(total_params: int, gpus_per_node: int, num_nodes: int,
+                             cpu_offload: bool = False) -> int | None:
+    """DeepSpeed's ``estimate_zero2_model_states_mem_needs`` GPU bytes per GPU (``2 P + 18 P / N``,
+    or ``2 P`` with offload), or ``None`` when DeepSpeed cannot be imported. Imported lazily: on a
+    machine without a GPU DeepSpeed warns and selects its CPU accelerator."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice on stdout
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except (ImportError, RuntimeError, OSError) as exc:
+        log.warning("DeepSpeed's estimator is unavailable (%s); reporting ours only", exc)
+        return None
+    _, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=gpus_per_node,
+                                                   num_nodes=num_nodes, cpu_offload=cpu_offload)
+    return int(gpu)
+
+
+def _model_states(spec: RunSpec, counts: ParamCounts, n_lora: int, trainable: int, how: dict) -> dict[str, Any]:
+    """Weights, gradients, optimizer states, ZeRO buffers and DeepSpeed's estimate, bytes per GPU."""
+    n = spec.world_size
+    if spec.zero_stage:  # DeepSpeed casts the module to 16 bit under bf16/16 precision, to float32 under 32
+        wb = 2 if spec.precision.startswith(("bf16", "16")) else 4
+    else:
+        wb = _DTYPE_BYTES[spec.dtype]
+    how["weights"] = f"{format_count(counts.total)} x {wb} B" + (f" + {format_count(n_lora)} adapters" if n_lora else "")
+    if not spec.zero_stage:
+        # Outside DeepSpeed the optimizer updates float32 parameters: peft's adapters, or the float32
+        # master weights GraspModule keeps for a full fine-tune (policy.keep_float32_masters).
+        tb = 4 if n_lora or wb < 4 else wb
+        masters = 0 if n_lora else trainable  # full fine-tune: the trainable weights are float32
+        if masters and wb < 4:
+            how["weights"] = (f"{format_count(counts.total - trainable)} frozen x {wb} B + {format_count(trainable)} "
+                              "trainable x 4 B (float32 masters)")
+        how["gradients"] = f"{format_count(trainable)} x {tb} B" + (" x 2 (DDP buckets)" if n > 1 else "")
+        how["optimizer states"] = f"{format_count(trainable)} x 2 x {tb} B (torch AdamW exp_avg, exp_avg_sq)"
+        how["ZeRO buffers"] = "no ZeRO"
+        weights = wb * (counts.total - masters) + tb * masters + 4 * n_lora
+        return dict(weights=weights, gradients=tb * trainable * (2 if n > 1 else 1),
+                    optimizer_states=2 * tb * trainable, zero_buffers=0, deepspeed_model_states=None)
+    # DeepSpeed casts the whole module, adapters included, to 16 bit and keeps fp32 partitions
+    grad_b = wb / n if spec.zero_stage == 2 else wb
+    offload = spec.offload_optimizer
+    how["gradients"] = (f"{format_count(trainable)} x ({wb} B{'' if spec.zero_stage == 2 else ' unpartitioned'}"
+                        f"{'' if offload else ' + 4 B fp32'}) / {n}")
+    how["optimizer states"] = ("on the CPU (offload)" if offload
+                               else f"{format_count(trainable)} x 12 B (fp32 master, exp_avg, exp_avg_sq) / {n}")
+    how["ZeRO buffers"] = f"{1 + spec.overlap_comm} x {spec.reduce_bucket_size:.0e} x {wb} B reduce buckets"
+    return dict(weights=wb * (counts.total + n_lora), gradients=int(trainable * (grad_b + (0 if offload else 4 / n))),
+                optimizer_states=0 if offload else int(12 * trainable / n),
+                zero_buffers=(1 + spec.overlap_comm) * spec.reduce_bucket_size * wb,
+                deepspeed_model_states=deepspeed_zero2_estimate(counts.total + n_lora, spec.devices, spec.num_nodes,
+                                                                offload))
+
+
+def _reference(spec: RunSpec, counts: ParamCounts, how: dict) -> int:
+    """Bytes of the frozen reference model per GPU: none when the task needs none
+    (``spec.needs_reference``), or when LoRA's reference is the policy with its adapters disabled."""
+    adapter_ref = spec.lora.enabled and not spec.separate_reference
+    if not spec.needs_reference or adapter_ref:
+        how["reference model"] = f"{spec.task}: none" if not spec.needs_reference else "policy with adapters disabled"
+        return 0
+    how["reference model"] = f"{format_count(counts.total)} x {_DTYPE_BYTES[spec.dtype]} B, frozen copy"
+    return _DTYPE_BYTES[spec.dtype] * counts.total
+
+
+def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
+    """The clip's tokens, prompt tokens, completion tokens and sequences per micro-batch.
+
+    The processor's settings come from the model directory (:func:`processor_video_settings`);
+    ``spec.text_tokens`` counts the rendered prompt with its one video placeholder. A task that
+    samples rollouts has ``B x K`` sequences of ``max_new_tokens`` completions; any other trains on
+    ``B`` targets of ``response_tokens`` (default: the ``max_target_tokens`` budget).
+
+    Raises:
+        GraspConfigError: neither ``response_tokens`` nor ``data.max_target_tokens`` is set (SFT).
+    """
+    vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels, frame_size=spec.frame_size,
+                      source_fps=spec.source_fps, settings=processor_video_settings(spec.model))
+    prompt = vt.total + spec.text_tokens
+    if not spec.samples_rollouts:
+        completion = spec.response_tokens if spec.response_tokens is not None else spec.max_target_tokens
+        if completion is None:
+            raise GraspConfigError("data.max_target_tokens is null (no target budget): give the target's tokens "
+                                   "(--response-tokens)")
+        return vt, prompt, completion, spec.micro_batch_size
+    return vt, prompt, spec.max_new_tokens, spec.micro_batch_size * spec.num_generations
+
+
+def _kv_bytes_per_token(text) -> int:
+    """KV-cache bytes per token over all layers: K and V x layers x kv_heads x head_dim x 2 B."""
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 2
+
+
+def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoTokens, prompt: int, completion: int,
+                 sequences: int, how: dict) -> dict[str, int]:
+    """Activations kept for backward, logits, and a frozen vision tower's transient, bytes per GPU.
+
+    A task that shares prompts (GRPO's ``share_prompt``) runs the ``B`` prompts once (clip included) and the ``B x K``
+    completions against their cache, whose keys/values are repeated K times inside each layer's
+    attention: the cache stays alive for the backward pass, and the repeated keys/values of one
+    layer (of every layer without checkpointing) are saved by the attention.
+    """
+    h, layers = text.hidden_size, text.num_hidden_layers
+    shared = spec.samples_rollouts and spec.shares_prompt
+    prompts = spec.micro_batch_size if shared else sequences  # prompt copies run through the model
+    tokens = prompts * prompt + sequences * completion
+    head_dim = getattr(text, "head_dim", None) or h // text.num_attention_heads
+    flash = spec.attn_implementation != "eager"
+    per_layer = layer_activation_bytes(h, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
+                                       head_dim, prompt + completion, flash=flash)
+    if spec.lora.enabled and spec.lora.dropout > 0:  # nn.Dropout on each wrapped Linear's input: 2 B + 1 B mask
+        per_layer += 3 * sum(i for _, i, _ in lora_targets(counts, spec.lora.target_modules)) // layers
+    activations = stack_activation_bytes(tokens, layers, h, per_layer, checkpointing=spec.gradient_checkpointing)
+    activations += tokens * 2 * 2 * h  # input embeddings and the final norm's input
+    if not spec.zero_stage and not spec.lora.enabled and spec.precision.endswith("-mixed"):
+        trainable = counts.language + (0 if spec.freeze_vision else counts.vision)
+        activations += 2 * trainable  # autocast's bf16 copies of the float32 master weights
+    deepstack = len(getattr(vision, "deepstack_visual_indexes", ()) or ())
+    activations += prompts * vt.visual_tokens * deepstack * h * 2  # DeepStack visual embeddings
+    if shared:
+        repeated = sequences * prompt * _kv_bytes_per_token(text) // layers  # one layer's K-fold keys/values
+        cache = prompts * prompt * _kv_bytes_per_token(text) if spec.gradient_checkpointing else 0
+        activations += cache + repeated * (1 if spec.gradient_checkpointing else layers)
+    transient, trained = 0, vision is not None and not (spec.freeze_vision or spec.lora.enabled)
+    if vision is not None:
+        hv, heads_v, merge2 = vision.hidden_size, vision.num_heads, vision.spatial_merge_size**2
+        patches = prompts * vt.visual_tokens * merge2  # naive GRPO rows repeat each prompt's pixels K times
+        per_patch = layer_activation_bytes(hv, vision.intermediate_size, heads_v, heads_v, hv // heads_v,
+                                           vt.tokens_per_group * merge2, gated_mlp=False, qk_norm=False, flash=flash)
+        if trained:
+            activations += stack_activation_bytes(patches, vision.depth, hv, per_patch,
+                                                  checkpointing=spec.gradient_checkpointing)
+        else:
+            transient = patches * per_patch  # no graph is kept: one block's tensors at a time
+    scored = sequences * (completion + 1)  # logits only from the last prompt position on (both tasks)
+    logit_bytes = GRPO_LOGIT_BYTES if spec.samples_rollouts else SFT_LOGIT_BYTES
+    how["activations"] = (f"{tokens} tokens x {layers} {'checkpointed ' if spec.gradient_checkpointing else ''}"
+                          f"layers{' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")
+    how["logits"] = f"{scored} positions x {text.vocab_size} x {logit_bytes} B"
+    return dict(activations=activations, logits=scored * text.vocab_size * logit_bytes, vision_transient=transient)
+
+
+def _rollout(spec: RunSpec, text, prompt: int, completion: int, sequences: int, how: dict) -> dict[str, int]:
+    """Rollout generation (GRPO): KV cache (and its shared-prefix variant) and the rollout's peak, bytes
+    per GPU; none for a task that samples no rollouts.
+
+    Without ``shares_prompt`` the ``B x K`` rows are prefilled together; with it the ``B`` prompts
+    are prefilled once and ``cache.batch_repeat_interleave(K)`` copies the cache (both copies live
+    for a moment), so the cache itself is as large either way.
+    """
+    if not spec.samples_rollouts:
+        how["rollout"] = f"{spec.task}: no rollout"
+        return dict(kv_cache=0, kv_cache_shared_prefix=0, rollout=0)
+    kv_token, b, k = _kv_bytes_per_token(text), spec.micro_batch_size, spec.num_generations
+    kv_cache = sequences * (prompt + completion) * kv_token
+    shared = b * (prompt + k * completion) * kv_token
+    working = 2 * (2 * text.hidden_size + 3 * text.intermediate_size)  # one layer's no-grad tensors per token
+    if spec.shares_prompt:
+        prefill = max(b * prompt * (kv_token + working), b * (k + 1) * prompt * kv_token)
+    else:
+        prefill = sequences * prompt * (kv_token + working)
+    how["rollout"] = (f"KV cache {sequences} x {prompt + completion} tokens x {kv_token} B = {format_gib(kv_cache)} GiB "
+                      f"(shared prefix {format_gib(shared)}); prefill peak {format_gib(prefill)}")
+    return dict(kv_cache=kv_cache, kv_cache_shared_prefix=shared, rollout=max(kv_cache, prefill))
+
+
+def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
+    """Per-GPU memory of the run ``spec`` describes (see the module docstring for every formula).
+
+    Args:
+        spec: the run.
+        config: the model's ``transformers`` config (default: ``architecture_config(spec.model)``).
+
+    Raises:
+        GraspConfigError: unknown dtype or ZeRO stage.
+    """
+    if spec.zero_stage not in (0, 1, 2):
+        raise GraspConfigError(f"ZeRO stage {spec.zero_stage} is not modelled (0, 1 or 2)")
+    if spec.dtype not in _DTYPE_BYTES:
+        raise GraspConfigError(f"model.policy.dtype {spec.dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
+    config = config if config is not None else architecture_config(spec.model)
+    text, vision = getattr(config, "text_config", config), getattr(config, "vision_config", None)
+    counts = count_parameters(config)
+    n_lora = lora_parameters(counts, spec.lora.r, spec.lora.target_modules) if spec.lora.enabled else 0
+    trainable = n_lora if spec.lora.enabled else counts.language + (0 if spec.freeze_vision else counts.vision)
+    how: dict[str, str] = {}
+    vt, prompt, completion, sequences = _tokens(spec)
+    notes = []
+    if spec.max_prompt_tokens is not None and prompt > spec.max_prompt_tokens:
+        notes.append(f"the prompt ({prompt} tokens) is over data.max_prompt_tokens={spec.max_prompt_tokens}: "
+                     "such items are skipped (TokenBudgetError)")
+    return MemoryPlan(spec=spec, name=getattr(config, "name_or_path", "") or spec.model, params_total=counts.total,
+                      params_vision=counts.vision, params_trainable=trainable, prompt_tokens=prompt,
+                      visual_tokens=vt.visual_tokens, sequence_tokens=prompt + completion, sequences=sequences,
+                      reference_model=_reference(spec, counts, how),
+                      **_model_states(spec, counts, n_lora, trainable, how),
+                      **_activations(spec, text, vision, counts, vt, prompt, completion, sequences, how),
+                      **_rollout(spec, text, prompt, completion, sequences, how), how=how, notes=notes)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Verdict of :func:`fits`, in GiB: ``usable_gib = gpu_gib x (1 - margin) - reserve``; the run fits
+    when ``need_gib <= usable_gib``."""
+
+    fits: bool
+    need_gib: float
+    usable_gib: float
+    gpu_gib: float
+
+    @property
+    def headroom_gib(self) -> float:
+        """Usable GiB left over (negative: short by that much)."""
+        return self.usable_gib - self.need_gib
+
+
+def fits(plan: MemoryPlan, gpu_memory_gib: float, *, margin: float = 0.10, reserve_gib: float = 2.0) -> Fit:
+    """Whether the plan's peak fits a GPU of ``gpu_memory_gib`` GiB, keeping ``margin`` (fraction) for
+    allocator fragmentation and ``reserve_gib`` for the CUDA context, NCCL and kernels' workspaces."""
+    usable = gpu_memory_gib * (1 - margin) - reserve_gib
+    need = plan.peak / GIB
+    return Fit(need <= usable, need, usable, gpu_memory_gib)
+
+
+def format_plan(plan: MemoryPlan, gpu_memory_gib: float | None = None) -> str:
+    """A readable table of the plan: GiB per component per GPU, peak, GPU size and the verdict."""
+    s = plan.spec
+    frozen = " (vision frozen)" if s.freeze_vision else ""
+    mode = f"LoRA r={s.lora.r}" if s.lora.enabled else f"full fine-tune{frozen}"
+    shared = ", prompts shared" if s.shares_prompt else ""
+    task = f"{s.task} (K={s.num_generations}, {s.max_new_tokens} new tokens{shared})" if s.samples_rollouts else s.task
+    lines = [f"Memory plan: {plan.name}, {task}, {mode}, {_strategy_label(s)}, "
+             f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}",
+             f"Parameters: {format_count(plan.params_total)} (vision {format_count(plan.params_vision)}), "
+             f"{format_count(plan.params_trainable)} trainable",
+             f"Tokens: {s.video_seconds:g} s at {s.fps:g} fps -> {plan.visual_tokens} visual tokens; prompt "
+             f"{plan.prompt_tokens}; {plan.sequences} sequence(s) x {plan.sequence_tokens} tokens per micro-batch", "",
+             f"{'component':<18} {'GiB/GPU':>9}  how"]
+    rows = [("weights", plan.weights), ("gradients", plan.gradients), ("optimizer states", plan.optimizer_states),
+            ("reference model", plan.reference_model), ("ZeRO buffers", plan.zero_buffers),
+            ("activations", plan.activations), ("logits", plan.logits), ("rollout", plan.rollout)]
+    lines += [f"{name:<18} {format_gib(value):>9}  {plan.how.get(name, '')}" for name, value in rows]
+    lines.append(f"{'peak':<18} {format_gib(plan.peak):>9}  static {format_gib(plan.static)} + max(training "
+                 f"{format_gib(plan.training)}, rollout {format_gib(plan.rollout)})")
+    ours = f"ours {format_gib(plan.model_states)} GiB"
+    ds = ("n/a (no ZeRO)" if plan.deepspeed_model_states is None
+          else f"{format_gib(plan.deepspeed_model_states)} GiB (all parameters trainable)")
+    lines.append(f"model states: DeepSpeed estimate_zero2_model_states_mem_needs {ds}; {ours}")
+    if plan.vision_transient > plan.activations + plan.logits:
+        lines.append(f"note: the frozen vision tower's one-block transient ({format_gib(plan.vision_transient)} GiB) "
+                     "sets the training peak")
+    lines += [f"note: {note}" for note in plan.notes]
+    if gpu_memory_gib is not None:
+        verdict = fits(plan, gpu_memory_gib)
+        lines.append(f"GPU {gpu_memory_gib:.1f} GiB, usable {verdict.usable_gib:.1f} GiB (10% + 2 GiB reserved): "
+                     f"fits: {'yes' if verdict.fits else 'no'} (headroom {verdict.headroom_gib:+.1f} GiB)")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,185 @@
+"""Tokens of a clip as the Qwen3-VL processor writes them: frames, frame size, groups, timestamps.
+
+:func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
+``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
+32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
+processor's settings read from the model directory (:func:`processor_video_settings`); it matches
+the processor's prompt length exactly (``tests/test_memory.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from grasp_lightning.errors import GraspConfigError
+
+#: Qwen3-VL's published video processor settings (``video_preprocessor_config.json``, or the
+#: ``video_processor`` section of a transformers-5 ``processor_config.json``): ``size`` in pixels over
+#: the whole clip, ``max_video_tokens`` the per-frame ceiling of ``cap_pixels_per_frame``.
+QWEN3VL_VIDEO_PROCESSOR = {"size": {"shortest_edge": 4096, "longest_edge": 25165824}, "max_video_tokens": 768,
+                           "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}
+#: Frame rate of the video files when a plan does not say (frames/s): it only shifts timestamps.
+DEFAULT_SOURCE_FPS = 30.0
+
+
+def timestamp_tokens(seconds: float) -> int:
+    """Tokens of the timestamp ``<{seconds:.1f} seconds>`` the Qwen3-VL processor writes before a group.
+
+    Qwen's byte-level BPE pre-tokenizer splits numbers into single digits and the text sits between
+    two special tokens, so it is ``<``, one token per digit, ``.``, `` seconds`` and ``>``:
+    ``<0.2 seconds>`` is 6 tokens, ``<12.5 seconds>`` 7, ``<123.5 seconds>`` 8 (checked against
+    Qwen3's ``tokenizer.json`` in ``tests/test_memory.py``).
+
+    Args:
+        seconds: the group's timestamp in seconds (>= 0).
+    """
+    digits = sum(ch.isdigit() for ch in f"{seconds:.1f}")
+    return digits + 4
+
+
+@dataclass(frozen=True)
+class VideoTokens:
+    """Tokens of one clip as the Qwen3-VL processor lays them out.
+
+    The template's ``<|vision_start|><|video_pad|><|vision_end|>`` keeps its start and end; its
+    ``<|video_pad|>`` becomes, per temporal group, ``<t seconds><|vision_start|>`` + the group's
+    ``<|video_pad|>`` tokens + ``<|vision_end|>`` (``Qwen3VLProcessor.replace_video_token``).
+
+    Attributes:
+        frames: frames decoded (``data.video.sample_indices``: fps, ``max_frames``).
+        groups: temporal patches (2 frames each, an odd count padded with the last frame).
+        frame_size: ``(height, width)`` in pixels after the decode cap and the processor's resize.
+        tokens_per_group: visual tokens per group, ``H/16 x W/16 / 4``.
+        timestamp_tokens: tokens of all groups' ``<t seconds>`` texts.
+    """
+
+    frames: int
+    groups: int
+    frame_size: tuple[int, int]
+    tokens_per_group: int
+    timestamp_tokens: int
+
+    @property
+    def pixels_per_frame(self) -> int:
+        """Pixels of a frame as the vision tower sees it."""
+        return self.frame_size[0] * self.frame_size[1]
+
+    @property
+    def visual_tokens(self) -> int:
+        """``<|video_pad|>`` tokens (one per merged 2 x 2 patch of a 2-frame group)."""
+        return self.groups * self.tokens_per_group
+
+    @property
+    def text_tokens(self) -> int:
+        """Timestamps and the per-group ``<|vision_start|>``/``<|vision_end|>``, minus the template's
+        one ``<|video_pad|>`` placeholder they replace."""
+        return self.timestamp_tokens + 2 * self.groups - 1
+
+    @property
+    def total(self) -> int:
+        """Tokens the clip adds to a prompt whose template holds one video placeholder."""
+        return self.visual_tokens + self.text_tokens
+
+
+def processor_frame_size(frames: int, height: int, width: int, settings: dict) -> tuple[int, int]:
+    """``(height, width)`` the Qwen3-VL video processor resizes ``frames`` frames of ``height x width`` to.
+
+    As ``Qwen3VLVideoProcessor.resize`` with ``cap_pixels_per_frame=True`` (what ``data/prompts.py``
+    passes): each frame may have ``max(min(max_video_tokens x f^2, longest_edge // frames),
+    int(1.05 x shortest_edge))`` pixels (``f = patch_size x merge_size`` = 32), then transformers'
+    ``smart_resize`` rounds the sides to multiples of ``f`` (down, keeping the aspect ratio, when the
+    clip is over its budget; to the nearest multiple otherwise).
+
+    Args:
+        frames: frames passed to the processor (>= ``temporal_patch_size``).
+        height, width: pixels of the decoded frames.
+        settings: the video processor's settings (:func:`processor_video_settings`).
+    """
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+    factor = settings["patch_size"] * settings["merge_size"]
+    size = settings["size"]
+    per_frame = max(min(settings["max_video_tokens"] * factor**2, size["longest_edge"] // frames),
+                    int(size["shortest_edge"] * 1.05))
+    return smart_resize(frames, height, width, temporal_factor=settings["temporal_patch_size"], factor=factor,
+                        min_pixels=size["shortest_edge"], max_pixels=per_frame * frames)
+
+
+def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *,
+                 frame_size: tuple[int, int] | None = None,
+                 source_fps: float = DEFAULT_SOURCE_FPS, settings: dict | None = None) -> VideoTokens:
+    """Tokens of a clip of ``seconds`` decoded as ``GraspDataModule`` does and encoded by the processor.
+
+    1. Frames: ``data.video.sample_indices`` of a ``round(seconds x source_fps)``-frame clip at
+       ``fps`` (at most ``max_frames``, at least 2); frames are passed with ``do_sample_frames=False``,
+       so the processor's own fps/min/max-frame sampling does not apply.
+    2. Pixels: ``data.video.reduced_size(height, width, max_pixels)`` at decode time, then
+       :func:`processor_frame_size`.
+    3. Groups: ``ceil(frames / temporal_patch_size)``; each gets ``<t seconds>`` with ``t`` the mean
+       of its frames' source indices / ``source_fps`` (the last group padded with the last frame),
+       as ``Qwen3VLProcessor._calculate_timestamps`` computes it from ``video_metadata``.
+
+    Args:
+        seconds: clip length (s). fps: decode rate (frames/s). max_frames: ``data.max_frames``.
+        max_pixels: ``data.max_pixels`` (pixels per decoded frame).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
+            ``max_pixels``, i.e. 448 x 448 for the recipes).
+        source_fps: the video file's frame rate (frames/s); it only moves timestamps by a frame.
+        settings: the video processor's settings (default: Qwen3-VL's published ones).
+
+    Raises:
+        GraspConfigError: ``seconds``, ``fps`` or ``source_fps`` not positive.
+    """
+    if seconds <= 0 or fps <= 0 or source_fps <= 0:
+        raise GraspConfigError(f"video seconds, fps and source fps must be > 0, got {seconds} s at {fps} fps "
+                               f"from a {source_fps} fps file")
+    from grasp_lightning.data.video import reduced_size, sample_indices
+
+    settings = {**QWEN3VL_VIDEO_PROCESSOR, **(settings or {})}
+    total = max(1, round(seconds * source_fps))
+    indices = [int(i) for i in sample_indices(total, source_fps, fps=fps, max_frames=max_frames)]
+    if frame_size is None:
+        side = math.isqrt(max_pixels)
+        frame_size = (side, side)
+    height, width = reduced_size(*frame_size, max_pixels)
+    t_patch = settings["temporal_patch_size"]
+    resized = processor_frame_size(len(indices), height, width, settings)
+    patch, merge = settings["patch_size"], settings["merge_size"]
+    per_group = (resized[0] // patch) * (resized[1] // patch) // merge**2
+    padded = indices + indices[-1:] * (-len(indices) % t_patch)
+    stamps = [(padded[i] + padded[i + t_patch - 1]) / 2 / source_fps for i in range(0, len(padded), t_patch)]
+    return VideoTokens(len(indices), len(stamps), tuple(resized), per_group, sum(map(timestamp_tokens, stamps)))
+
+
+def processor_video_settings(name_or_path: str) -> dict:
+    """The video processor settings the planner needs, read from a local model directory.
+
+    Looks in the transformers-5 layout first (the ``video_processor`` section of
+    ``processor_config.json``, which ``save_pretrained``, our exports and the stand-ins write), then
+    in the older ``video_preprocessor_config.json``; missing keys (or no directory, e.g. a Hub id)
+    take Qwen3-VL's published values (:data:`QWEN3VL_VIDEO_PROCESSOR`).
+
+    Returns:
+        ``{"size": {"shortest_edge", "longest_edge"}, "max_video_tokens", "patch_size",
+        "merge_size", "temporal_patch_size"}`` (pixels per clip, tokens per frame, pixels, patches, frames).
+
+    Raises:
+        GraspConfigError: a settings file that is not valid JSON.
+    """
+    folder = Path(name_or_path)
+    for name, section in (("processor_config.json", "video_processor"), ("video_preprocessor_config.json", None)):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise GraspConfigError(f"{path}: not valid JSON ({err})") from err
+        data = data.get(section) if section else data
+        if isinstance(data, dict):
+            return {key: data.get(key, default) or default for key, default in QWEN3VL_VIDEO_PROCESSOR.items()}
+    return dict(QWEN3VL_VIDEO_PROCESSOR)
+

@@ -17,7 +17,7 @@ dataset indices of every micro-batch):
   ``skipped.jsonl``; ``corrupt_many``: too many, the run stops with a clear ``GraspDataError``.
 
 A resumed fault is *recovered* when the runs together saw exactly the uninterrupted run's dataset items
-(``items_lost`` and ``items_repeated`` count the differences, as multisets of dataset indices).
+(``samples_lost`` and ``samples_repeated`` count the differences, as multisets of dataset indices).
 
 Bad inputs (each *handled* when it is refused or bounded, never followed): hostile tar members
 (absolute path, ``..``, symlink, hard link), a truncated shard, corrupt/empty/missing clips, a
@@ -30,13 +30,14 @@ pickled code (refused).
 30 fps clip); the sum over workers of resident memory at the end minus after the first 20 %.
 
 Prints a summary, then a JSON object as the last line with ``faults_tried``, ``faults_recovered``,
-``items_lost``, ``items_repeated``, ``bad_inputs_tried``, ``bad_inputs_handled``,
+``samples_lost``, ``samples_repeated``, ``bad_inputs_tried``, ``bad_inputs_handled``,
 ``decode_soak_growth_mb`` and per-item details.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -154,8 +155,8 @@ def resumed_faults(work: Path, full: list) -> dict[str, dict]:
 
 def _resumed(merged: list, full: list, ran: bool) -> dict:
     lost, repeated, same = compare(merged, full)
-    return {"recovered": ran and same and lost == 0 and repeated == 0, "items_lost": lost,
-            "items_repeated": repeated}
+    return {"recovered": ran and same and lost == 0 and repeated == 0, "samples_lost": lost,
+            "samples_repeated": repeated}
 
 
 def guard_faults(work: Path) -> dict[str, dict]:
@@ -204,7 +205,7 @@ def skip_faults(work: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------- bad inputs
 def bad_inputs(work: Path) -> dict[str, bool]:
     """Every hostile or broken input, and whether it was handled (refused, listed or bounded)."""
-    from grasp_lightning.commands.check_data import Settings, run_check
+    from grasp_lightning.commands.check_data import main as check_data
     from tests.data_fixtures import make_mp4, make_tar, write_jsonl
 
     root = work / "bad_data"
@@ -228,10 +229,14 @@ def bad_inputs(work: Path) -> dict[str, bool]:
     cut = videos / "cut_part000.tar"
     shutil.copy(videos / "werewolf_part000.tar", cut)
     os.truncate(cut, cut.stat().st_size // 2)
-    settings = Settings(root=root, videos="train/videos", bench=None, fps=2.0, max_frames=8, max_pixels=4096,
-                        max_prompt_tokens=2048, max_target_tokens=512, system_prompt="", processor=str(TINY),
-                        trust_remote_code=False)
-    report = run_check(settings, files=["train/data_sft.jsonl", "train/data_rl.jsonl"], progress=False)
+    # the user's command: configs/demo.yaml's tiny processor and budgets (2 fps, 8 frames, 4096 pixels,
+    # 2048 prompt and 512 target tokens), no bench, the two train files
+    report_path = work / "check_data.json"
+    with contextlib.redirect_stdout(sys.stderr):  # its printed report; the figures stay on stdout
+        check_data(["--config", "configs/sft.yaml", "--config", "configs/demo.yaml", f"--data.root={root}",
+                    "--data.bench=null", "--data.system_prompt=", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
+                    "--progress=false", f"--report={report_path}"])
+    report = json.loads(report_path.read_text())
     listed = {p["where"].split(" (")[0] for p in report["problems"]}
     out = {
         "tar_absolute_path": f"{evil}:/abs.mp4" in listed,
@@ -388,8 +393,8 @@ def main() -> None:
         print(f"bad input {name:<28} {'handled' if ok else 'NOT HANDLED'}")
     print(json.dumps({
         "faults_tried": len(faults), "faults_recovered": sum(r["recovered"] for r in faults.values()),
-        "items_lost": sum(r.get("items_lost", 0) for r in faults.values()),
-        "items_repeated": sum(r.get("items_repeated", 0) for r in faults.values()),
+        "samples_lost": sum(r.get("samples_lost", 0) for r in faults.values()),
+        "samples_repeated": sum(r.get("samples_repeated", 0) for r in faults.values()),
         "bad_inputs_tried": len(inputs), "bad_inputs_handled": sum(inputs.values()),
         "decode_soak_growth_mb": None if soak is None else round(soak, 1),
         "huge_clip_decode_peak_mb": PEAKS,

@@ -21,7 +21,7 @@
    rarely stops early) and scores them against the frozen reference copy.
 3. Prints one JSON line: per phase samples/s, tokens/s, seconds per step, peak allocated and
    reserved GiB (CUDA) or peak RSS (CPU), MFU, and the memory planner's predicted peak for the same
-   configs (``grasp_lightning.planning.memory.plan_from_config``), measured over the steps after ``--warmup``.
+   configs (``grasp_lightning.commands.plan_memory.plan_from_config``), measured over the steps after ``--warmup``.
 
 ``--smoke-cpu`` runs the same code path with tiny sizes: a stand-in with the same widths and
 vocabulary but 1 text layer and 1 vision block, 2 s clips, 1 step per phase (measured), K = 2
@@ -281,8 +281,9 @@ class Throughput(L.Callback):
 
 def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_size: int) -> float | None:
     """The memory planner's peak GiB per GPU for the phase's composed configs (``None`` if it cannot plan)."""
+    from grasp_lightning.commands.plan_memory import plan_from_config
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.planning.memory import GIB, plan_from_config
+    from grasp_lightning.planning.estimate import GIB
 
     try:
         plan = plan_from_config([REPO / "configs" / f"{phase}.yaml", override_file], video_seconds=clip_seconds,

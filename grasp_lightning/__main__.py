@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grasp_lightning",
                                      description="Train video MLLMs on GRASP: SFT and GRPO with the Social "
                                                  "Grounding Reward, and the tools around a run.",
-                                     epilog="python -m grasp_lightning COMMAND --help shows a command's options.")
+                                     epilog="python -m grasp_lightning COMMAND --help shows a command's options.",
+                                     formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=18,
+                                                                                         width=110))
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, command in COMMANDS.items():
         commands.add_parser(name, help=command.help, add_help=False)

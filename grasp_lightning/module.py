@@ -93,7 +93,7 @@ class OptimConfig:
 
 @dataclass
 class EvalConfig:
-    """GRASP-Bench validation and test: the evaluation protocol and the decoding.
+    """Validation and test: the decoding of every evaluation suite and GRASP-Bench's evaluation protocol.
 
     Attributes:
         protocol: ``grasp`` (ours: the data module's prompts, ``data.fps`` frames with real

@@ -1,7 +1,7 @@
 """Text parsing of model completions: answer letters, tag blocks, reasoning and named participants.
 
 Pure functions on strings, shared by the rewards (:mod:`grasp_lightning.rewards`), the GRPO task and
-GRASP-Bench scoring. The formats follow ``shared/grasp-format.md``: a completion looks like
+GRASP-Bench scoring. The formats follow ``docs/data-format.md``: a completion looks like
 ``<think> ... <gaze>...</gaze> ... <gesture>...</gesture> ... </think><answer>B</answer>``, people
 are written ``Person N`` (0-based) or ``PN``.
 
@@ -72,7 +72,7 @@ def answer_block(text: str) -> str | None:
 def extract_answer(text: str, letters: str = "ABCD") -> str | None:
     """Extract the chosen option letter from a completion, or ``None`` when nothing parses.
 
-    Stages, in the order of ``shared/grasp-format.md`` (Metrics); the first that matches wins:
+    Stages, in the order of ``docs/data-format.md`` (Metrics); the first that matches wins:
 
     1. the stripped content of the first ``<answer>`` block is a letter, optionally wrapped as
        ``(B)`` or followed by ``)``, ``.`` or ``:`` and more text (``"B) Person 2"``);
@@ -116,7 +116,7 @@ def extract_participants(text: str) -> frozenset[int]:
     ``Person`` is case-sensitive and may be followed by any whitespace (or none) before the number.
     Numbers are read whole, so ``Person 12`` is 12 and never 1. ``PN`` needs a word boundary on both
     sides: ``P3`` and ``P12`` count, ``AP1`` and ``P1a`` do not. Source: the participant matching rule
-    of the GRASP Social Grounding Reward (``shared/grasp-format.md``, Social events).
+    of the GRASP Social Grounding Reward (``docs/data-format.md``, Social events).
 
     Args:
         text: any text (usually the reasoning of a completion).

@@ -38,14 +38,12 @@ def in_repo(monkeypatch):
 
 
 def run_cli(args: list[str], tmp_path: Path):
-    """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI."""
-    from grasp_lightning.commands.train import GraspCLI
-    from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.module import GraspModule
+    """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI
+    (built by :func:`grasp_lightning.commands.train.build_cli`, exactly as the command builds it)."""
+    from grasp_lightning.commands.train import build_cli
 
     extra = [f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.default_root_dir={tmp_path}"]
-    return GraspCLI(GraspModule, GraspDataModule, args=[*args, *extra], save_config_kwargs={"overwrite": True},
-                    auto_configure_optimizers=False)
+    return build_cli([*args, *extra])
 
 
 def scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

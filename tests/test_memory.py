@@ -1,4 +1,5 @@
-"""Tests of grasp_lightning.planning.memory: hand-computed bytes on a tiny Qwen3-VL, the published sizes, configs, CLI."""
+"""Tests of grasp_lightning.planning and the plan-memory command: hand-computed bytes on a tiny Qwen3-VL, the
+published sizes, configs, CLI."""
 
 from __future__ import annotations
 
@@ -10,19 +11,15 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3VLConfig
 
+from grasp_lightning.commands import plan_memory as command
+from grasp_lightning.commands.config import config_args, load_run
+from grasp_lightning.commands.plan_memory import load_spec, plan_from_config
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.planning import memory
-from grasp_lightning.planning.memory import (
-    GIB,
-    RunSpec,
-    architecture_config,
-    count_parameters,
-    fits,
-    lora_parameters,
-    plan_from_config,
-    plan_memory,
-    video_tokens,
-)
+from grasp_lightning.planning import tokens
+from grasp_lightning.planning.architectures import architecture_config, count_parameters, lora_parameters
+from grasp_lightning.planning.estimate import GIB, fits, plan_memory
+from grasp_lightning.planning.spec import RunSpec, strategy_settings
+from grasp_lightning.planning.tokens import video_tokens
 from grasp_lightning.policy import LoraConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,10 +60,18 @@ PROMPT = 148
 
 def spec(**kw) -> RunSpec:
     """The hand-computed run: ZeRO-2 bf16 GRPO with checkpointing, flash attention and K repeated prompt rows."""
-    base = RunSpec(model="tiny", task="grpo", devices=1, zero_stage=2, reduce_bucket_size=1000, num_generations=4,
-                   max_new_tokens=20, video_seconds=4, max_pixels=64 * 64, text_tokens=101, precision="bf16-mixed",
-                   gradient_checkpointing=True, attn_implementation="flash_attention_2", share_prompt=False)
+    base = RunSpec(model="tiny", task="GRPO", needs_reference=True, samples_rollouts=True, shares_prompt=False,
+                   devices=1, num_nodes=1, zero_stage=2, offload_optimizer=False, reduce_bucket_size=1000,
+                   overlap_comm=True, precision="bf16-mixed", dtype="bfloat16", freeze_vision=True, lora=LoraConfig(),
+                   separate_reference=False, gradient_checkpointing=True, attn_implementation="flash_attention_2",
+                   micro_batch_size=1, num_generations=4, max_new_tokens=20, fps=2.0, max_frames=240,
+                   max_pixels=64 * 64, max_target_tokens=2048, max_prompt_tokens=16384, video_seconds=4,
+                   text_tokens=101)
     return replace(base, **kw)
+
+
+#: An SFT task: no reference model, no rollouts.
+SFT = dict(task="SFT", needs_reference=False, samples_rollouts=False)
 
 
 def test_parameter_counts_by_hand(tiny) -> None:
@@ -93,13 +98,13 @@ def test_architecture_errors_and_local_dir() -> None:
 
 def test_model_states_zero2_world_1_and_8(tiny) -> None:
     # vision frozen: 138112 trainable; weights 2 B * 246208 = 492416 on every rank
-    one = plan_memory(spec(task="sft"), tiny)
+    one = plan_memory(spec(**SFT), tiny)
     assert (one.weights, one.gradients, one.optimizer_states) == (492416, 6 * TEXT, 12 * TEXT)  # 828672, 1657344
     assert one.zero_buffers == 2 * 1000 * 2  # two reduce buckets (overlap_comm) of 1000 bf16 elements
-    eight = plan_memory(spec(task="sft", devices=8), tiny)
+    eight = plan_memory(spec(**SFT, devices=8), tiny)
     assert (eight.weights, eight.gradients, eight.optimizer_states) == (492416, 103584, 207168)  # / 8
     # everything trainable: 2 P + 18 P / 8 = 492416 + 553968 = DeepSpeed's own estimate
-    full = plan_memory(spec(task="sft", devices=8, freeze_vision=False), tiny)
+    full = plan_memory(spec(**SFT, devices=8, freeze_vision=False), tiny)
     assert full.model_states == 1046384 == full.deepspeed_model_states
 
 
@@ -114,8 +119,8 @@ def test_model_states_lora_one_gpu(tiny) -> None:
 
 def test_reference_model(tiny) -> None:
     assert plan_memory(spec(), tiny).reference_model == 2 * TOTAL
-    assert plan_memory(spec(beta=0.0), tiny).reference_model == 0
-    assert plan_memory(spec(task="sft"), tiny).reference_model == 0
+    assert plan_memory(spec(needs_reference=False), tiny).reference_model == 0  # GRPO with beta = 0
+    assert plan_memory(spec(**SFT), tiny).reference_model == 0
     lora = LoraConfig(enabled=True, r=4)
     assert plan_memory(spec(lora=lora), tiny).reference_model == 0  # adapters disabled
     assert plan_memory(spec(lora=lora, separate_reference=True), tiny).reference_model == 2 * TOTAL
@@ -142,12 +147,12 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     assert no_ckpt.activations == 672 * 2 * 2112 + 172032 + 8192
     eager = plan_memory(spec(gradient_checkpointing=False, attn_implementation="eager"), tiny)
     assert eager.activations - no_ckpt.activations == 672 * 2 * 5 * 4 * 168  # Korthikanti's 5 a s per token per layer
-    sft = plan_memory(spec(task="sft", response_tokens=50), tiny)
+    sft = plan_memory(spec(**SFT, response_tokens=50), tiny)
     assert sft.logits == (50 + 1) * 1000 * 10 and sft.rollout == 0  # response positions only (logits_to_keep)
 
 
 def test_shared_prompt_grpo(tiny) -> None:
-    plan = plan_memory(spec(share_prompt=True), tiny)
+    plan = plan_memory(spec(shares_prompt=True), tiny)
     # 1 prompt of 148 tokens + 4 completions of 20 = 228 tokens: 228 * 2368 = 539904, embeddings 228 * 256 = 58368,
     #   DeepStack 1 * 16 * 64 * 2 = 2048; the prompt cache 148 * 256 = 37888 stays for backward, and one layer's
     #   K-fold keys/values 4 * 148 * 256 / 2 layers = 75776 -> 713984
@@ -181,7 +186,7 @@ def test_video_tokens_of_the_recipe() -> None:
 def test_timestamp_tokens_match_qwen3_tokenizer(qwen3_processor, seconds: float) -> None:
     text = f"<{seconds:.1f} seconds>"
     ids = qwen3_processor.tokenizer(f"<|vision_end|>{text}<|vision_start|>", add_special_tokens=False)["input_ids"]
-    assert memory.timestamp_tokens(seconds) == len(ids) - 2
+    assert tokens.timestamp_tokens(seconds) == len(ids) - 2
 
 
 @pytest.fixture(scope="module")
@@ -215,11 +220,18 @@ def _processor_prompt_tokens(processor, seconds: float, size: tuple[int, int], s
     return encoded.prompt_length, len(template)
 
 
+@pytest.fixture(scope="module")
+def sft_data() -> dict:
+    """The DataModule settings of configs/sft.yaml, as the run instantiates them."""
+    return dict(load_run(config_args([CONFIGS / "sft.yaml"])).datamodule.hparams)
+
+
 @pytest.mark.parametrize("size", [(448, 448), (360, 640)], ids=["448x448", "640x360"])
 @pytest.mark.parametrize("seconds", [10, 30, 60, 120, 300])
-def test_planned_prompt_tokens_match_the_processor(qwen3_processor, seconds: int, size: tuple[int, int]) -> None:
+def test_planned_prompt_tokens_match_the_processor(qwen3_processor, sft_data, seconds: int,
+                                                   size: tuple[int, int]) -> None:
     """The planner's prompt length (recipe settings of configs/sft.yaml) against the Qwen3-VL processor's."""
-    sft = memory.load_yaml_configs([CONFIGS / "sft.yaml"])["data"]
+    sft = sft_data
     actual, template = _processor_prompt_tokens(qwen3_processor, seconds, size, sft)
     plan = plan_from_config([CONFIGS / "sft.yaml"], {"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"},
                             video_seconds=seconds, text_tokens=template, frame_size=size, source_fps=30.0)
@@ -238,20 +250,20 @@ def test_processor_settings_from_both_layouts(tmp_path, qwen3_processor) -> None
     data["video_processor"]["size"]["longest_edge"] = 4096 * 1024  # 4 Mpx per clip
     data["video_processor"]["max_video_tokens"] = 100
     (tmp_path / "new" / "processor_config.json").write_text(json.dumps(data))
-    got = memory.processor_video_settings(str(tmp_path / "new"))
+    got = tokens.processor_video_settings(str(tmp_path / "new"))
     assert got["size"] == {"shortest_edge": 4096, "longest_edge": 4194304} and got["max_video_tokens"] == 100
     old = tmp_path / "old"
     old.mkdir()
     (old / "video_preprocessor_config.json").write_text(json.dumps(data["video_processor"]))
-    assert memory.processor_video_settings(str(old)) == got
-    assert memory.processor_video_settings(str(tmp_path / "nowhere")) == memory.QWEN3VL_VIDEO_PROCESSOR
+    assert tokens.processor_video_settings(str(old)) == got
+    assert tokens.processor_video_settings(str(tmp_path / "nowhere")) == tokens.QWEN3VL_VIDEO_PROCESSOR
     # 10 s at 2 fps: 20 frames, each capped at min(100 x 1024, 4194304 // 20) = 102400 px -> 320 x 320 -> 100 tokens
     vt = video_tokens(10, 2.0, 512, 200704, settings=got)
     assert vt.frame_size == (320, 320) and vt.visual_tokens == 10 * 100
 
 
-def test_run_spec_defaults_are_the_codes() -> None:
-    """RunSpec (and so a config that leaves a key out) defaults to what the code runs with."""
+def test_run_spec_defaults_are_the_codes(tmp_path) -> None:
+    """A config that leaves a key out is planned with what the code runs with (the objects are asked)."""
     import inspect
 
     import lightning as L
@@ -261,13 +273,16 @@ def test_run_spec_defaults_are_the_codes() -> None:
     from grasp_lightning.policy import PolicyConfig
     from tasks.grpo import GRPOTask
 
-    d, policy, rollout = RunSpec(), PolicyConfig(), RolloutConfig()
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text("model:\n  task:\n    class_path: tasks.grpo.GRPOTask\n")
+    d, _ = load_spec(config_args([minimal]))
+    policy, rollout = PolicyConfig(), RolloutConfig()
     task = inspect.signature(GRPOTask).parameters
     data = inspect.signature(GraspDataModule).parameters
     assert (d.gradient_checkpointing, d.attn_implementation, d.dtype, d.freeze_vision) == (
         policy.gradient_checkpointing, policy.attn_implementation, policy.dtype, policy.freeze_vision)
     assert (d.num_generations, d.max_new_tokens) == (rollout.num_generations, rollout.max_new_tokens)
-    assert (d.share_prompt, d.beta) == (task["share_prompt"].default, task["beta"].default)
+    assert (d.shares_prompt, d.needs_reference) == (task["share_prompt"].default, task["beta"].default != 0.0)
     assert d.precision == L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False).precision
     assert (d.fps, d.max_frames, d.max_pixels, d.max_prompt_tokens, d.max_target_tokens, d.micro_batch_size) == tuple(
         data[k].default for k in ("fps", "max_frames", "max_pixels", "max_prompt_tokens", "max_target_tokens",
@@ -278,10 +293,10 @@ def test_float32_masters_without_deepspeed(tiny) -> None:
     """A single-GPU full fine-tune outside DeepSpeed keeps float32 masters of its trainable weights
     (GraspModule: policy.keep_float32_masters): 4 B weights and 4 B gradients per trainable parameter,
     AdamW states 8 B; the frozen vision tower stays bf16; autocast holds bf16 copies (2 B) in the pass."""
-    plan = plan_memory(spec(task="sft", zero_stage=0, precision="bf16-mixed"), tiny)
+    plan = plan_memory(spec(**SFT, zero_stage=0, precision="bf16-mixed"), tiny)
     assert plan.weights == 2 * VISION + 4 * TEXT
     assert (plan.gradients, plan.optimizer_states) == (4 * TEXT, 8 * TEXT)
-    plain = plan_memory(spec(task="sft", zero_stage=0, precision="32-true"), tiny)
+    plain = plan_memory(spec(**SFT, zero_stage=0, precision="32-true"), tiny)
     assert plan.activations - plain.activations == 2 * TEXT
 
 
@@ -294,7 +309,8 @@ def test_fits_margin(tiny) -> None:
 
 def test_plan_from_configs() -> None:
     sgr = plan_from_config([CONFIGS / "sgr.yaml"], gpu_memory_gib=141)
-    assert sgr.spec.zero_stage == 2 and sgr.spec.world_size == 8 and sgr.spec.task == "grpo"
+    assert sgr.spec.zero_stage == 2 and sgr.spec.world_size == 8 and sgr.spec.task == "GRPO"
+    assert sgr.spec.samples_rollouts and sgr.spec.needs_reference
     assert sgr.name == "Qwen3-VL-8B-Instruct" and any("runs/sft/export" in n for n in sgr.notes)
     lora = plan_from_config([CONFIGS / "sgr.yaml", CONFIGS / "lora.yaml"],
                             {"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"})
@@ -302,29 +318,30 @@ def test_plan_from_configs() -> None:
     assert lora.reference_model == 0 and lora.spec.gradient_checkpointing
     small = plan_from_config([CONFIGS / "sgr.yaml"], {"model.rollout.num_generations": 4,
                                                       "model.task.init_args.share_prompt": True})
-    assert small.spec.num_generations == 4 and small.sequences == 4 and small.spec.share_prompt
-    assert memory._strategy("deepspeed_stage_2_offload") == {"zero_stage": 2, "offload_optimizer": True}
+    assert small.spec.num_generations == 4 and small.sequences == 4 and small.spec.shares_prompt
+    assert strategy_settings("deepspeed_stage_2_offload") == {"zero_stage": 2, "offload_optimizer": True,
+                                                              "reduce_bucket_size": 200_000_000, "overlap_comm": True}
     with pytest.raises(GraspConfigError, match="trainer.strategy"):
-        memory._strategy("fsdp")
+        strategy_settings("fsdp")
 
 
 def test_cli_and_table(capsys) -> None:
-    assert memory.main(["--config", str(CONFIGS / "sgr.yaml"), "--gpu-memory-gib", "141"]) == 0
+    assert command.main(["--config", str(CONFIGS / "sgr.yaml"), "--gpu-memory-gib", "141"]) == 0
     out = capsys.readouterr().out
     assert "DeepSpeed ZeRO-2 on 8 GPU(s)" in out and "fits:" in out and "estimate_zero2_model_states_mem_needs" in out
-    assert memory.main(["--table", "--configs-dir", str(CONFIGS)]) == 0
+    assert command.main(["--table", "--configs-dir", str(CONFIGS)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Qwen3-VL")]
     assert len(rows) == 12
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
 def test_cli_exit_code(monkeypatch, capsys) -> None:
-    # `python -m grasp_lightning.planning.memory ...` in this process (runpy), so transformers is not imported twice
+    # `python -m grasp_lightning plan-memory ...` in this process (runpy), so transformers is not imported twice
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(sys, "argv", ["memory", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml",
-                                      "--gpu-memory-gib", "24"])
+    monkeypatch.setattr(sys, "argv", ["grasp_lightning", "plan-memory", "--config", "configs/sgr.yaml", "--config",
+                                      "configs/lora.yaml", "--gpu-memory-gib", "24"])
     with pytest.raises(SystemExit) as done:
-        runpy.run_module("grasp_lightning.planning.memory", run_name="__main__")
+        runpy.run_module("grasp_lightning", run_name="__main__")
     assert done.value.code == 0
     assert "LoRA r=16" in capsys.readouterr().out
 
@@ -333,9 +350,9 @@ def test_cli_refuses_an_unknown_model(capsys) -> None:
     """An explicit ``--model`` that is neither a local checkpoint nor a published architecture is an error,
     not a plan of another model."""
     with pytest.raises(SystemExit) as done:
-        memory.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-3B-Instruct"])
+        command.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-3B-Instruct"])
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "--model 'Qwen/Qwen3-VL-3B-Instruct': no config.json there" in err and "Qwen3-VL-8B-Instruct" in err
-    assert memory.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-2B-Instruct"]) == 0
+    assert command.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-2B-Instruct"]) == 0
     assert "Qwen3-VL-2B" in capsys.readouterr().out

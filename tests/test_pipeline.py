@@ -12,13 +12,13 @@ import lightning as L
 import pytest
 import yaml
 
+from grasp_lightning.commands.config import override_args
 from grasp_lightning.commands.pipeline import (
     STATE_FILE,
     Pipeline,
     PipelineInterrupted,
     Stage,
     latest_checkpoint,
-    override_args,
     pipeline_from_args,
 )
 

@@ -186,12 +186,12 @@ def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(st
 
 @pytest.mark.parametrize("seconds", [10, 60, 300])
 def test_memory_planner_token_counts_agree_with_the_processor(standin, seconds):
-    """``grasp_lightning.planning.memory.video_tokens`` against the stand-in's processor for the recipe's video
+    """``grasp_lightning.planning.tokens.video_tokens`` against the stand-in's processor for the recipe's video
     settings (2 fps, at most 512 frames of 448 x 448) on 30 fps source clips: within 2 %."""
     import numpy as np
 
     from grasp_lightning.data.video import sample_indices
-    from grasp_lightning.planning import memory
+    from grasp_lightning.planning import tokens
     from grasp_lightning.policy import load_processor
 
     processor = load_processor(str(standin))
@@ -206,8 +206,8 @@ def test_memory_planner_token_counts_agree_with_the_processor(standin, seconds):
                     cap_pixels_per_frame=True, return_tensors="pt")
     added = enc["input_ids"].shape[1] - len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     visual = int((enc["input_ids"] == 151656).sum())
-    planned = memory.video_tokens(seconds, 2.0, 512, 448 * 448, frame_size=(448, 448), source_fps=source_fps,
-                                  settings=memory.processor_video_settings(str(standin)))
+    planned = tokens.video_tokens(seconds, 2.0, 512, 448 * 448, frame_size=(448, 448), source_fps=source_fps,
+                                  settings=tokens.processor_video_settings(str(standin)))
     print(f"planner vs processor, {seconds} s: visual {planned.visual_tokens} / {visual}, "
           f"clip total {planned.total} / {added}")
     assert abs(planned.visual_tokens - visual) <= 0.02 * visual, (planned, visual)
@@ -383,7 +383,7 @@ def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(standin, data_r
     report = tmp_path / "report.json"
     start = time.perf_counter()
     code = check_data_main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", f"--data.root={data_root}",
-                            f"--data.processor={standin}", "--data.system_prompt=", "--data.max_frames=4",
+                            f"--model.policy.name_or_path={standin}", "--data.system_prompt=", "--data.max_frames=4",
                             "--data.max_pixels=8192", f"--data.max_prompt_tokens={max(lengths) - 1}",
                             "--files=[train/data_rl.jsonl]", "--workers=0", "--progress=false", f"--report={report}"])
     TIMES["check-data, 2 RL rows"] = time.perf_counter() - start

@@ -15,17 +15,18 @@ only those named with ``--files``:
   and options never name;
 - every referenced clip exists and decodes at the configured fps within ``max_frames`` and
   ``max_pixels``, and the prompt (video tokens included) and SFT target fit ``max_prompt_tokens``
-  and ``max_target_tokens`` -- exactly the decoding and encoding training does
-  (``GraspDataset.encode``).
+  and ``max_target_tokens`` -- exactly the decoding and encoding training does: the DataModule's
+  own dataset (``GraspDataModule._dataset``) encodes each item (``GraspDataset.encode``).
 
 It prints counts per file by source, category, difficulty and format, then every bad item as
 ``file:line: reason``, and exits with status 1 when anything is bad (0 otherwise). Decoding runs
 in a process pool over all CPU cores (``--workers``), with a progress bar on stderr; workers are
 replaced every 256 clips so native decoder memory cannot accumulate.
 
-Settings come from the same YAML files as training (``--config configs/sft.yaml --config
-configs/demo.yaml``: the ``data:`` section and ``model.policy.name_or_path`` for the processor)
-and ``--data.*`` flags, e.g. ``python -m grasp_lightning check-data --data.root /data/GRASP``.
+The run's configuration is read as ``fit`` reads it (:func:`grasp_lightning.commands.config.load_run`):
+the same ``--config`` files and overrides (``--config configs/sft.yaml --config configs/demo.yaml
+--data.root /data/GRASP``); the DataModule it instantiates does the checking, with the processor of
+``model.policy.name_or_path`` and the task's batch kind (an SFT task encodes the train file's targets).
 """
 
 from __future__ import annotations
@@ -39,11 +40,15 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grasp_lightning.data.formats import READERS, bench_store, event_warnings, read_bench
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.shards import ClipStore, clean_member_path, scan_shard
-from grasp_lightning.errors import ClipNotFoundError, GraspDataError
+from grasp_lightning.errors import ClipNotFoundError, GraspConfigError, GraspDataError
+
+if TYPE_CHECKING:
+    from grasp_lightning.datamodule import GraspDataModule
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +73,6 @@ class Problem:
     reason: str
     uid: str = ""
     check: str = ""
-
-
-@dataclass
-class Settings:
-    """What the check needs from the data config (``GraspDataModule`` arguments of the same names)."""
-
-    root: Path
-    videos: str
-    bench: str | None
-    fps: float
-    max_frames: int
-    max_pixels: int
-    max_prompt_tokens: int | None
-    max_target_tokens: int | None
-    system_prompt: str
-    processor: str | None
-    trust_remote_code: bool
-    instruction: str | None = None  #: ``None``: the GRASP instruction (``grasp_lightning.data.prompts.INSTRUCTION``)
-    train_file: str | None = None  #: ``data.train_file``: always checked (reported when missing or misnamed)
-    mode: str = "sft"  #: ``data.mode``: ``"sft"`` encodes the train file's targets, as ``fit`` does
 
 
 # ---------------------------------------------------------------------- clip stores
@@ -167,22 +152,16 @@ def window_problem(item: GraspItem, duration: float | None) -> str | None:
 
 
 def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | None]:
-    """Decode one item's clip and encode its prompt (and target) with the dataset training uses
-    (``GraspDataset.encode``), then check its time window against the clip's duration."""
-    from grasp_lightning.data.prompts import INSTRUCTION
-    from grasp_lightning.datamodule import GraspDataset
-
+    """Decode one item's clip and encode its prompt (and target) with the dataset the DataModule builds
+    for training (``GraspDataModule._dataset``, ``GraspDataset.encode``), then check its time window
+    against the clip's duration."""
     index, store_name, with_target, item = job
-    s: Settings = _STATE["settings"]
+    data: GraspDataModule = _STATE["data"]
     store = _STATE["stores"].get(store_name)
     try:
         if store is None or item.clip.path not in store:
-            return index, _missing(item, s.root)
-        dataset = GraspDataset([item], store, _STATE["processor"], with_target=with_target, fps=s.fps,
-                               max_frames=s.max_frames, max_pixels=s.max_pixels, max_prompt_tokens=s.max_prompt_tokens,
-                               max_target_tokens=s.max_target_tokens, system_prompt=s.system_prompt, skip_bad=False,
-                               instruction=INSTRUCTION if s.instruction is None else s.instruction)
-        dataset.encode(item)
+            return index, _missing(item, data.root)
+        data._dataset([item], store, with_target).encode(item)
         reason = window_problem(item, clip_duration(store.open(item.clip.path)))
         if reason:
             return index, Problem(item.origin, reason, item.uid, "window")
@@ -236,13 +215,15 @@ def _counts(items: list[GraspItem]) -> dict[str, dict[str, int]]:
     return out
 
 
-def run_check(s: Settings, files: list[str] | None = None, workers: int | None = None, decode: bool = True,
+def run_check(data: GraspDataModule, files: list[str] | None = None, workers: int | None = None, decode: bool = True,
               progress: bool = True) -> dict:
     """Run every check and return the report ``{"root", "files": {name: {"rows", "bad", counts}},
     "problems": [Problem as dict], "ok"}`` (see the module docstring for the checks).
 
     Args:
-        s: data settings.
+        data: the run's DataModule (``load_run``): its ``hparams`` (root, train_file, videos, bench,
+            fps, budgets, prompts), its batch kind (``mode``: ``"sft"`` encodes the train file's
+            targets) and its processor.
         files: files relative to the root to check (default: every known file present, and the bench).
         workers: processes for decoding and archive scans (default: all CPU cores; 0: this process).
         decode: decode every clip and check the token budgets (False: formats, archives and
@@ -250,16 +231,17 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
         progress: show a progress bar on stderr.
     """
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    h, root = data.hparams, data.root
     problems: list[Problem] = []
     warnings: list[Problem] = []
-    wanted = [f for f in files if f != s.bench] if files is not None else \
-        [f for f in KNOWN_FILES if (s.root / f).is_file()]
-    if files is None and s.train_file is not None:  # the file the run reads, as GraspDataModule resolves it
-        wanted = [f for f in wanted if s.root / f != s.root / s.train_file] + [s.train_file]
-    check_bench = s.bench is not None and (files is None or s.bench in files)
-    shards = sorted(p for p in (s.root / s.videos).rglob("*.tar") if p.is_file()) if (s.root / s.videos).is_dir() \
+    wanted = [f for f in files if f != h.bench] if files is not None else \
+        [f for f in KNOWN_FILES if (root / f).is_file()]
+    if files is None and h.train_file is not None:  # the file the run reads, as GraspDataModule resolves it
+        wanted = [f for f in wanted if root / f != root / h.train_file] + [h.train_file]
+    check_bench = h.bench is not None and (files is None or h.bench in files)
+    shards = sorted(p for p in (root / h.videos).rglob("*.tar") if p.is_file()) if (root / h.videos).is_dir() \
         else []
-    bench_path = s.root / s.bench if s.bench else None
+    bench_path = root / h.bench if h.bench else None
     bench_tars = [bench_path] if bench_path is not None and bench_path.is_file() else []
     bad_shards = set()
     for shard, found in zip(shards + bench_tars, _map(_scan, shards + bench_tars, workers)):
@@ -267,28 +249,28 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
         if any(not p.reason.startswith("unsafe") for p in found):
             bad_shards.add(shard)
     with tempfile.TemporaryDirectory(prefix="grasp_check_") as cache_dir:
-        stores = {"videos": _videos_store(s.root / s.videos, [x for x in shards if x not in bad_shards],
+        stores = {"videos": _videos_store(root / h.videos, [x for x in shards if x not in bad_shards],
                                           cache_dir, problems)}
         report_files: dict[str, dict] = {}
         jobs: list[tuple[int, str, bool, GraspItem]] = []
         for rel in wanted:
-            is_train = s.train_file is not None and s.root / rel == s.root / s.train_file
+            is_train = h.train_file is not None and root / rel == root / h.train_file
             kind, store_name = KNOWN_FILES.get(rel, (_KINDS.get(Path(rel).name.split(".")[0]), "videos"))
             if is_train:
                 kind, store_name = _KINDS.get(Path(rel).name.split(".")[0]), "videos"  # as GraspDataModule reads it
             if kind is None:
                 what = "data.train_file " if is_train else ""
-                problems.append(Problem(str(s.root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, "
+                problems.append(Problem(str(root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, "
                                                            "data_rl.jsonl, annotations.jsonl or the bench)",
                                         check="file"))
                 continue
-            if not (s.root / rel).is_file():
-                problems.append(Problem(str(s.root / rel), "data.train_file: no such file" if is_train
+            if not (root / rel).is_file():
+                problems.append(Problem(str(root / rel), "data.train_file: no such file" if is_train
                                         else "no such file", check="file"))
                 continue
             if store_name == "bench" and "bench" not in stores:
                 stores["bench"] = _bench_store(bench_path, bad_shards, problems)
-            result = _READERS[kind](s.root / rel, on_error="skip")
+            result = _READERS[kind](root / rel, on_error="skip")
             problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
             for item in result.items:
                 if kind == "rl" and not item.participants:
@@ -297,8 +279,8 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
                                             item.uid, "participants"))
                 if kind == "rl":
                     warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
-                with_target = (s.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
-                                                                                     and bool(item.response)))
+                with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
+                                                                                        and bool(item.response)))
                 jobs.append((len(jobs), store_name, with_target, item))
             report_files[rel] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
         if check_bench:
@@ -310,19 +292,19 @@ def run_check(s: Settings, files: list[str] | None = None, workers: int | None =
                 result = read_bench(bench_path, on_error="skip")
                 problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
                 jobs += [(len(jobs) + i, "bench", False, item) for i, item in enumerate(result.items)]
-                report_files[s.bench] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+                report_files[h.bench] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
         if decode and jobs:
-            problems.extend(_decode_all(s, stores, jobs, workers, progress))
+            problems.extend(_decode_all(data, stores, jobs, workers, progress))
         else:
-            problems.extend(_missing(it, s.root) for _, name, _, it in jobs
+            problems.extend(_missing(it, root) for _, name, _, it in jobs
                             if stores.get(name) is None or it.clip.path not in stores[name])
     for name, info in report_files.items():
-        prefix = str(s.root / name)
+        prefix = str(root / name)
         info["bad"] = sum(1 for p in problems if p.where.startswith(prefix))
         info["warnings"] = sum(1 for p in warnings if p.where.startswith(prefix))
     problems.sort(key=lambda p: _sort_key(p.where.split(" (")[0]))
     warnings.sort(key=lambda p: _sort_key(p.where))
-    return {"root": str(s.root), "files": report_files, "problems": [asdict(p) for p in problems],
+    return {"root": str(root), "files": report_files, "problems": [asdict(p) for p in problems],
             "warnings": [asdict(p) for p in warnings], "ok": not problems}
 
 
@@ -336,14 +318,12 @@ def _bench_store(path: Path | None, bad_shards: set, problems: list[Problem]):
         return None
 
 
-def _decode_all(s: Settings, stores: dict, jobs: list, workers: int, progress: bool) -> list[Problem]:
-    from grasp_lightning.policy import load_processor
-
-    if s.processor is None:
+def _decode_all(data: GraspDataModule, stores: dict, jobs: list, workers: int, progress: bool) -> list[Problem]:
+    if data.hparams.processor is None:
         raise GraspDataError("data.processor", "check-data needs a processor to count prompt tokens: pass "
-                                               "--config with model.policy.name_or_path, or --data.processor")
-    _STATE.update(settings=s, stores=stores,
-                  processor=load_processor(s.processor, trust_remote_code=s.trust_remote_code))
+                                               "--config with model.policy.name_or_path")
+    data.processor  # loaded once here (the property loads it); the forked workers inherit it
+    _STATE.update(data=data, stores=stores)
     try:
         results = _map(_check_item, jobs, workers, "check-data" if progress else None, ordered=False)
         found = [p for _, p in results if p is not None]
@@ -358,54 +338,15 @@ def _sort_key(where: str) -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------- command line
-def _merged_yaml(paths: list[str]) -> dict:
-    """The ``--config`` files merged in order (nested mappings merged, other values replaced)."""
-    import yaml
-
-    def merge(a: dict, b: dict) -> dict:
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-        return out
-
-    merged: dict = {}
-    for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            merged = merge(merged, yaml.safe_load(fh) or {})
-    return merged
-
-
-def build_parser(defaults: dict):
-    """The jsonargparse parser: ``--data.*`` (the :class:`GraspDataModule` arguments), ``--files``,
-    ``--workers``, ``--decode``, ``--progress``, ``--report``; ``defaults`` from the YAML files."""
-    from jsonargparse import ArgumentParser
-
-    from grasp_lightning.datamodule import GraspDataModule
-
-    parser = ArgumentParser(prog="python -m grasp_lightning check-data", description=__doc__.split("\n\n")[0],
-                            default_env=False)
-    parser.add_argument("--config", type=list[str], default=[], help="recipe YAML files (training configs), in order")
-    parser.add_class_arguments(GraspDataModule, "data")
+def add_arguments(parser) -> None:
+    """The command's own arguments, beside the run's configuration (``--config``, ``--data.*``, ...):
+    ``--files``, ``--workers``, ``--decode``, ``--progress``, ``--report``."""
     parser.add_argument("--files", type=list[str] | None, default=None,
                         help="files relative to data.root to check (default: every GRASP file present and the bench)")
     parser.add_argument("--workers", type=int | None, default=None, help="processes (default: all CPU cores)")
     parser.add_argument("--decode", type=bool, default=True, help="decode clips and check token budgets")
     parser.add_argument("--progress", type=bool, default=True, help="progress bar on stderr")
     parser.add_argument("--report", type=str | None, default=None, help="also write the report as JSON here")
-    parser.set_defaults({f"data.{k}": v for k, v in defaults.items()})
-    return parser
-
-
-def _split_configs(argv: list[str]) -> tuple[list[str], list[str]]:
-    configs, rest, it = [], [], iter(argv)
-    for arg in it:
-        if arg == "--config":
-            configs.append(next(it))
-        elif arg.startswith("--config="):
-            configs.append(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-    return configs, rest
 
 
 def format_report(report: dict) -> str:
@@ -427,30 +368,20 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, run :func:`run_check`, print the report; return 1 if anything is bad, else 0."""
-    configs, rest = _split_configs(sys.argv[1:] if argv is None else list(argv))
-    merged = _merged_yaml(configs)
-    defaults = dict(merged.get("data") or {})
-    policy = (merged.get("model") or {}).get("policy") or {}
-    defaults.setdefault("processor", policy.get("name_or_path"))
-    defaults.setdefault("trust_remote_code", bool(policy.get("trust_remote_code", False)))
-    cfg = build_parser(defaults).parse_args(rest)
-    d = cfg.data
-    from grasp_lightning.datamodule import validate_numbers
-    from grasp_lightning.errors import GraspConfigError
+    """Load the run's configuration (``argv``: ``--config`` files, overrides and :func:`add_arguments`),
+    run :func:`run_check` with its DataModule, print the report; return 1 if anything is bad, 2 if the
+    configuration is refused, else 0."""
+    from grasp_lightning.commands.config import load_run
 
     try:
-        validate_numbers(fps=d.fps, max_frames=d.max_frames, max_pixels=d.max_pixels,
-                         max_prompt_tokens=d.max_prompt_tokens, max_target_tokens=d.max_target_tokens)
+        run = load_run(sys.argv[1:] if argv is None else list(argv), arguments=add_arguments,
+                       prog="python -m grasp_lightning check-data")
+        run.datamodule.connect(mode=run.task.data_mode)  # the task's batch kind, as GraspModule.setup passes it
     except GraspConfigError as err:
         print(f"check-data: error: {err}", file=sys.stderr)  # noqa: T201 - the command's output
         return 2
-    settings = Settings(root=Path(d.root), videos=d.videos, bench=d.bench, fps=d.fps, max_frames=d.max_frames,
-                        max_pixels=d.max_pixels, max_prompt_tokens=d.max_prompt_tokens,
-                        max_target_tokens=d.max_target_tokens, system_prompt=d.system_prompt, processor=d.processor,
-                        trust_remote_code=d.trust_remote_code, instruction=d.instruction, train_file=d.train_file,
-                        mode=d.mode)
-    report = run_check(settings, files=cfg.files, workers=cfg.workers, decode=cfg.decode, progress=cfg.progress)
+    cfg = run.config
+    report = run_check(run.datamodule, files=cfg.files, workers=cfg.workers, decode=cfg.decode, progress=cfg.progress)
     print(format_report(report))  # noqa: T201 - the command's output
     if cfg.report:
         Path(cfg.report).write_text(json.dumps(report, indent=1), encoding="utf-8")

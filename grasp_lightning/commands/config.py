@@ -75,7 +75,7 @@ def config_args(configs: Sequence[str | Path], overrides: Mapping[str, Any] | No
     return args + override_args(overrides or {})
 
 
-def load_run(args: Sequence[str], *, arguments: Callable | None = None) -> Run:
+def load_run(args: Sequence[str], *, arguments: Callable | None = None, prog: str | None = None) -> Run:
     """Instantiate a run's configuration from ``fit``-style arguments (no subcommand).
 
     Args:
@@ -83,10 +83,13 @@ def load_run(args: Sequence[str], *, arguments: Callable | None = None) -> Run:
             (:func:`config_args` builds them from paths and a mapping).
         arguments: adds the calling command's own arguments to the parser (read back from
             :attr:`Run.config`).
+        prog: the calling command's name in the usage line (``python -m grasp_lightning export``).
 
     Raises:
         SystemExit: the arguments do not parse (jsonargparse prints what is wrong, status 2).
         GraspConfigError: a value the module, the task or the DataModule refuses.
     """
-    cli = build_cli(args, run=False, build_trainer=False, arguments=arguments)
+    # nothing runs, so the global RNGs are not seeded (seed_everything is the fit's)
+    cli = build_cli([*args, "--seed_everything=false"], run=False, prog=prog, build_trainer=False,
+                    arguments=arguments)
     return Run(module=cli.model, datamodule=cli.datamodule, trainer=cli.config_init.trainer, config=cli.config)

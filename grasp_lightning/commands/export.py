@@ -4,8 +4,9 @@
 [--merge_lora true] [--dtype bfloat16] [--overwrite false]``
 
 * ``--config``: the run's resolved ``config.yaml`` (in its log directory) or the same ``--config``
-  files the run was started with; only ``model.policy`` and ``model.lora`` are used. Put the
-  ``--config`` options first (a saved config holds ``ckpt_path: null``).
+  files the run was started with, read by the one config loader
+  (:func:`grasp_lightning.commands.config.load_run`); the module's ``policy_cfg`` and ``lora_cfg``
+  are used. Put the ``--config`` options first (a saved config holds ``ckpt_path: null``).
 * ``--ckpt_path``: a Lightning ``.ckpt`` file or a DeepSpeed checkpoint directory (ZeRO-2/3; its
   shards are consolidated to float32 with Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``).
   A directory without the completion marker of ``callbacks.checkpoint.AtomicModelCheckpoint`` is
@@ -146,43 +147,25 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
     return out
 
 
-def _as_dataclass(cls, value):
-    if isinstance(value, cls):
-        return value
-    data = value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+def add_arguments(parser) -> None:
+    """The command's own arguments, beside the run's configuration (``--ckpt_path`` is ``fit``'s)."""
+    parser.add_argument("--out", type=str | None, default=None, help="Hugging Face directory to write")
+    parser.add_argument("--merge_lora", type=bool, default=True, help="merge LoRA adapters (merge_and_unload)")
+    parser.add_argument("--dtype", type=str | None, default=None, help="dtype of the saved weights")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
 
 
 def main(argv: list[str]) -> Path:
     """``python -m grasp_lightning export ...`` (arguments after ``export``; see the module docstring).
 
-    The run's configuration is parsed with the training CLI's own parser (so several ``--config``
-    files compose exactly as for ``fit``), without building the trainer, model or data.
+    The run's configuration is instantiated by the one config loader (so several ``--config`` files
+    compose exactly as for ``fit``); the policy's weights are not loaded until the export.
     """
-    from grasp_lightning.commands.train import GraspCLI
-    from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.module import GraspModule
+    from grasp_lightning.commands.config import load_run
 
-    class ExportCLI(GraspCLI):
-        def add_arguments_to_parser(self, parser) -> None:
-            super().add_arguments_to_parser(parser)
-            parser.add_argument("--ckpt_path", type=str | None, default=None,
-                                help="Lightning .ckpt file or DeepSpeed checkpoint directory")
-            parser.add_argument("--weights_only", type=bool | None, default=None, help="ignored (from a fit config)")
-            parser.add_argument("--out", type=str | None, default=None, help="Hugging Face directory to write")
-            parser.add_argument("--merge_lora", type=bool, default=True, help="merge LoRA adapters (merge_and_unload)")
-            parser.add_argument("--dtype", type=str | None, default=None, help="dtype of the saved weights")
-            parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
-
-        def instantiate_classes(self) -> None:  # configuration only
-            pass
-
-    cli = ExportCLI(GraspModule, GraspDataModule, args=argv, run=False, auto_configure_optimizers=False,
-                    save_config_callback=None, parser_kwargs={"default_env": False})
-    cfg = cli.config
+    run = load_run(argv, arguments=add_arguments, prog="python -m grasp_lightning export")
+    cfg = run.config
     if not cfg.get("ckpt_path") or not cfg.get("out"):
         raise GraspConfigError("export needs --ckpt_path <checkpoint> and --out <directory> (after --config)")
-    return export_checkpoint(cfg["ckpt_path"], cfg["out"], _as_dataclass(PolicyConfig, cfg["model"]["policy"]),
-                             _as_dataclass(LoraConfig, cfg["model"]["lora"]), merge_lora=cfg["merge_lora"],
-                             dtype=cfg["dtype"], overwrite=cfg["overwrite"])
+    return export_checkpoint(cfg.ckpt_path, cfg.out, run.module.policy_cfg, run.module.lora_cfg,
+                             merge_lora=cfg.merge_lora, dtype=cfg.dtype, overwrite=cfg.overwrite)

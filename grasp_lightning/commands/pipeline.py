@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grasp_lightning.commands.config import override_args
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.evaluation.reports import write_json_atomic
 
@@ -81,23 +82,6 @@ class DemoSettings:
     final_validate: list[str] | None = None
 
 
-def cli_value(value: Any) -> str:
-    """A config value as jsonargparse reads it on the command line (``true``, ``null``, JSON lists)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
-def override_args(overrides: dict[str, Any]) -> list[str]:
-    """``{"a.b": 1}`` -> ``["--a.b=1"]``."""
-    return [f"--{key}={cli_value(value)}" for key, value in overrides.items()]
-
-
-
 def read_json(path: Path) -> dict:
     """The JSON object at ``path``, ``{}`` when the file does not exist."""
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -122,34 +106,12 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 # ---------------------------------------------------------------------------------- one stage
 def _stage_cli(args: list[str], root: Path):
-    """The training CLI (``GraspCLI``) parsed and instantiated for ``args``, with every output under ``root``."""
-    from grasp_lightning.commands.train import GraspCLI
-    from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.module import GraspModule
+    """The training CLI (:func:`~grasp_lightning.commands.train.build_cli`) parsed and instantiated for
+    ``args``, with every output under ``root``; the config's ``ckpt_path`` is ignored (the pipeline
+    resumes from the stage's own ``last.ckpt``) and its ``weights_only`` applies to that resume."""
+    from grasp_lightning.commands.train import build_cli
 
-    class StageCLI(GraspCLI):
-        def add_arguments_to_parser(self, parser) -> None:
-            super().add_arguments_to_parser(parser)
-            parser.add_argument("--ckpt_path", type=str | None, default=None, help="ignored (the pipeline resumes)")
-            parser.add_argument("--weights_only", type=bool | None, default=None,
-                                help="how a resume checkpoint is loaded (torch.load weights_only), as for fit")
-
-        def before_instantiate_classes(self) -> None:
-            trainer = self.config.trainer
-            trainer.default_root_dir = str(root)
-            logger = trainer.get("logger")
-            init = getattr(logger, "init_args", None) if logger not in (None, True, False) else None
-            if init is not None and "save_dir" in init:
-                init.save_dir = str(root)
-                if "name" in init:
-                    init.name = "logs"
-
-    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both `args` and sys.argv
-    try:
-        return StageCLI(GraspModule, GraspDataModule, args=args, run=False, save_config_kwargs={"overwrite": True},
-                        auto_configure_optimizers=False, parser_kwargs={"default_env": False})
-    finally:
-        sys.argv = argv  # multi-process launchers re-run sys.argv
+    return build_cli(args, run=False, run_dir=root)
 
 
 def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:

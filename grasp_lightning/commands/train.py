@@ -77,7 +77,7 @@ class GraspCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs) if self._build_trainer else None
 
 
-def build_cli(args: Sequence[str], run: bool = True, **options) -> GraspCLI:
+def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None, **options) -> GraspCLI:
     """The training CLI as ``python -m grasp_lightning fit|validate|test|predict`` builds it.
 
     Args:
@@ -85,13 +85,17 @@ def build_cli(args: Sequence[str], run: bool = True, **options) -> GraspCLI:
             ``run`` is false).
         run: parse a subcommand and run it; ``False``: parse and instantiate only (the caller runs
             ``cli.trainer.fit(cli.model, datamodule=cli.datamodule)`` or reads the objects).
+        prog: the program name in the usage line (e.g. ``python -m grasp_lightning check-data``).
         options: :class:`GraspCLI`'s own (``build_trainer``, ``run_dir``, ``arguments``).
 
     Returns:
         The CLI (``cli.model``, ``cli.datamodule``, ``cli.trainer``, ``cli.config``, ``cli.config_init``).
     """
-    kwargs = dict(args=list(args), run=run, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
-                  parser_kwargs={"default_env": False}, **options)
+    args = list(args)
+    if run and args == sys.argv[1:]:
+        args = None  # the command line itself: LightningCLI reads sys.argv (and does not warn that it sees both)
+    kwargs = dict(args=args, run=run, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+                  parser_kwargs={"default_env": False, **({"prog": prog} if prog else {})}, **options)
     argv = sys.argv
     if not run:  # LightningCLI warns when it sees both `args` and sys.argv (nothing is launched before fit)
         sys.argv = sys.argv[:1]

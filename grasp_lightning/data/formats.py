@@ -1,6 +1,6 @@
 """Readers of the GRASP files into :class:`~grasp_lightning.data.records.GraspItem` records.
 
-Schemas: ``shared/grasp-format.md``. Every reader returns a :class:`ReadResult`: the items, plus a
+Schemas: ``docs/data-format.md``. Every reader returns a :class:`ReadResult`: the items, plus a
 :class:`SkipRecord` for every line or member left out with ``on_error="skip"`` (each also logged
 with ``logging.warning``). With ``on_error="raise"`` (default) the first bad line raises. Errors
 about a whole file (missing file, corrupt tar) always raise. Blank lines are not items.
@@ -195,7 +195,7 @@ def user_text(question: str, options: Sequence[str]) -> str:
 
 
 #: Event sources the format names: ``gaze`` and gesture (the generic word and the four deictic types).
-#: Any other source is still a gesture event (``shared/grasp-format.md``); check-data warns about it.
+#: Any other source is still a gesture event (``docs/data-format.md``); check-data warns about it.
 KNOWN_EVENT_SOURCES = frozenset({"gaze", "gesture", "pointing", "showing", "giving", "reaching"})
 _PERSON_RE = re.compile(r"\bPerson\s+(\d+)\b|\bP(\d+)\b")
 

@@ -8,7 +8,7 @@ and GRPO see identical prompt tokens. Labels cover only the target tokens. A Thi
 generation prompt ends with an opened ``<think>``; the target then continues inside that block and
 does not repeat the tag (:func:`render_texts`).
 
-Source: GRASP prompt format (``shared/grasp-format.md``, "Prompt and response"); transformers'
+Source: GRASP prompt format (``docs/data-format.md``, "Prompt and response"); transformers'
 Qwen3-VL processor (``video_metadata`` with ``do_sample_frames=False``).
 """
 

@@ -1,7 +1,7 @@
 """Typed records of the GRASP data: QA items, clip references and ground-truth social events.
 
 Every reader in :mod:`grasp_lightning.data.formats` returns :class:`GraspItem` objects; everything
-downstream (prompts, rewards, bench scoring) reads only these. Schemas: ``shared/grasp-format.md``
+downstream (prompts, rewards, bench scoring) reads only these. Schemas: ``docs/data-format.md``
 and the GRASP dataset card (arXiv 2605.15764, Sec. 3).
 """
 
@@ -63,7 +63,7 @@ class SocialEvent:
 
     Attributes:
         source: ``"gaze"`` or ``"gesture"``; any source other than gaze is a gesture event
-            (``shared/grasp-format.md``, data_rl.jsonl).
+            (``docs/data-format.md``, data_rl.jsonl).
         persons: 0-based person ids taking part, in the order given by the data.
         kind: the source string as written in the data (e.g. ``"pointing"``), for reports.
     """

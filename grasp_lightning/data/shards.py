@@ -1,7 +1,7 @@
 """Clips read straight out of uncompressed tar shards, without extracting anything to disk.
 
 GRASP ships its training clips as ``train/videos/<source>_partNNN.tar`` shards that extract to
-``<source>/video/<clip>.mp4`` and the bench as ``test/grasp_bench.tar`` (``shared/grasp-format.md``).
+``<source>/video/<clip>.mp4`` and the bench as ``test/grasp_bench.tar`` (``docs/data-format.md``).
 :class:`ClipStore` scans the tar headers once (Python's ``tarfile``, ``TarInfo.offset_data``),
 keeps ``{member path -> (shard, data offset, size)}``, caches that index as JSON and then serves
 each clip with one positioned read (``os.pread``, i.e. seek + read) from a per-process handle.

@@ -35,7 +35,7 @@ import numpy as np
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError
 
 #: Pixel cap per decoded frame: about 256 visual tokens per 2 frames for Qwen3-VL (32x32 pixels
-#: per token after the 2x2 merge), the released GRASP setting (``shared/grasp-format.md``).
+#: per token after the 2x2 merge), the released GRASP setting (``docs/data-format.md``).
 DEFAULT_MAX_PIXELS = 256 * 32 * 32
 _DECODE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, AssertionError, ValueError, OSError, IndexError)
 

@@ -285,7 +285,7 @@ class GraspProtocol:
         return bench.score_completion(completion, item)
 
     def report(self, metrics: dict[str, float]) -> str | None:  # noqa: ARG002
-        """No extra report (the Table-1 report of ``callbacks.bench`` is ours)."""
+        """No extra report (our Table-1 report is ``GraspBench.report``, :mod:`grasp_lightning.evaluation.grasp_bench`)."""
         return None
 
     def decoding_deviations(self, max_new_tokens: int, do_sample: bool, stop_at_answer: bool) -> list[str]:  # noqa: ARG002

@@ -17,6 +17,7 @@ evaluation-suite fixtures (:mod:`~grasp_lightning.generators.suite_fixtures`), t
 from __future__ import annotations
 
 import io
+import itertools
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -146,18 +147,12 @@ def encode_mp4(frames: Iterable[np.ndarray], fps: float, settings: Mp4Settings =
         if first is None:
             container.start_encoding()
         else:
-            for frame in _chain(first, it):
+            for frame in itertools.chain([first], it):
                 container.mux(video.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
         container.mux(video.encode(None))
         if sound is not None:
             _mux_audio(container, sound, audio, sample_rate)
     return Path(out) if out is not None else target.getvalue()
-
-
-def _chain(first: np.ndarray, rest: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
-    """``first``, then the frames of ``rest``."""
-    yield first
-    yield from rest
 
 
 def _mux_audio(container, sound, audio: np.ndarray, sample_rate: int, chunk: int = 1024) -> None:

@@ -17,6 +17,7 @@ from grasp_lightning.data.prompts import INSTRUCTION
 from grasp_lightning.generators.sample.drawing import Action
 from grasp_lightning.generators.sample.questions import Question, make_options, person_name
 
+#: Instruction ending the open-ended user turns (MCQ turns end with :data:`grasp_lightning.data.prompts.INSTRUCTION`).
 OPEN_INSTRUCTION = ("Think step by step about the gaze and gesture interactions, describe them in <gaze> and "
                     "<gesture> tags, and give your answer in two to four sentences in <answer> tags.")
 

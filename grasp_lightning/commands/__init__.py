@@ -32,7 +32,7 @@ _TRAIN = "grasp_lightning.commands.train"
 #: Command name -> :class:`Command`, in the order ``--help`` lists them.
 COMMANDS: dict[str, Command] = {
     "fit": Command(_TRAIN, "train with the configured task (SFT or GRPO)", lightning=True),
-    "validate": Command(_TRAIN, "decode GRASP-Bench (and data.benchmarks), print the per-category table, "
+    "validate": Command(_TRAIN, "decode GRASP-Bench (and data.eval_suites), print the per-category table, "
                                 "write results.json, table.md and a bar chart", lightning=True),
     "test": Command(_TRAIN, "the same as validate, with Lightning's test loop", lightning=True),
     "predict": Command(_TRAIN, "Lightning's predict loop", lightning=True),

@@ -18,6 +18,7 @@ import sys
 
 import lightning as L
 import torch.distributed as dist
+from typing_extensions import override
 
 from grasp_lightning.evaluation.suite_report import write_results
 
@@ -69,33 +70,48 @@ class GraspBenchReport(L.Callback):
         images: dict = {}
         for sub in (f"step_{trainer.global_step}", "latest"):
             out = os.path.join(root, sub)
-            write_results(os.path.join(out, "results.json"), meta, reports)
-            for report in reports:
-                for name, text in report.files.items():
-                    with open(os.path.join(out, name), "w", encoding="utf-8") as fh:
-                        fh.write(text)
+            _write_reports(out, meta, reports)
             for suite in suites:
                 images[suite.name] = suite.figures(results[suite.name], out)
         self.last_dir = os.path.join(root, "latest")
-        for logger in trainer.loggers:
-            exp = getattr(logger, "experiment", None)
-            if exp is not None and hasattr(exp, "add_image"):
-                for report in reports:
-                    for tag, image in images[report.name].items():
-                        exp.add_image(tag, image, global_step=trainer.global_step, dataformats="HWC")
-                    for tag, text in report.texts.items():
-                        exp.add_text(tag, text, global_step=trainer.global_step)
+        _log_to_tensorboard(trainer, reports, images)
         if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
             sys.stdout.write("".join(report.printout for report in reports))
         log.info("evaluation reports written to %s", self.last_dir)
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True
 
+    @override
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
             self._report(trainer, pl_module)
 
+    @override
     def on_test_end(self, trainer, pl_module) -> None:
         self._report(trainer, pl_module)
+
+
+def _write_reports(out: str, meta: dict, reports: list) -> None:
+    """``results.json`` (every suite's section) and each suite's own files (tables) under ``out``."""
+    write_results(os.path.join(out, "results.json"), meta, reports)
+    for report in reports:
+        for name, text in report.files.items():
+            with open(os.path.join(out, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+
+
+def _log_to_tensorboard(trainer, reports: list, images: dict) -> None:
+    """Each suite's figures (``images[suite name]``: tag -> HWC uint8) and texts to every logger with
+    a TensorBoard-style ``experiment`` (``add_image``/``add_text``)."""
+    for logger in trainer.loggers:
+        exp = getattr(logger, "experiment", None)
+        if exp is None or not hasattr(exp, "add_image"):
+            continue
+        for report in reports:
+            for tag, image in images[report.name].items():
+                exp.add_image(tag, image, global_step=trainer.global_step, dataformats="HWC")
+            for tag, text in report.texts.items():
+                exp.add_text(tag, text, global_step=trainer.global_step)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+from typing_extensions import override
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class KLLogging(L.Callback):
         self.histogram = histogram
         self.warnings = 0
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = getattr(pl_module, "last_task_output", None)
         if out is None or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:

@@ -10,6 +10,7 @@ import json
 import os
 
 import lightning as L
+from typing_extensions import override
 
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.task import RolloutRecord
@@ -68,6 +69,7 @@ class RolloutSamples(L.Callback):
         self.num_prompts = num_prompts
         self.filename = filename
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = getattr(pl_module, "last_task_output", None)
         step = trainer.global_step

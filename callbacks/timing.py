@@ -42,6 +42,7 @@ import time
 
 import lightning as L
 import torch
+from typing_extensions import override
 
 
 class StepTiming(L.Callback):
@@ -98,9 +99,11 @@ class StepTiming(L.Callback):
                 self._handles.append(model.register_forward_hook(self._post_forward))
 
     # ------------------------------------------------------------------ hooks
+    @override
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._last_end = self._now()
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = self._now()
         self._step_no = trainer.global_step
@@ -109,15 +112,19 @@ class StepTiming(L.Callback):
         if self.model_calls:
             self._hook(pl_module)
 
+    @override
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self._mark = self._now()
 
+    @override
     def on_after_backward(self, trainer, pl_module) -> None:
         self._backward += self._now() - self._mark
 
+    @override
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._optimizer_start = self._now()
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         end = self._now()
         self._last_end = end
@@ -178,6 +185,7 @@ class StepTiming(L.Callback):
                 "throughput/generation_tokens_per_s": acc.get("tokens", 0.0) / gen if gen > 0 else 0.0,
                 "throughput/sequences_per_generation_call": acc.get("sequences", 0.0) / calls if calls else 0.0}
 
+    @override
     def on_fit_end(self, trainer, pl_module) -> None:
         for handle in self._handles:
             handle.remove()

@@ -29,7 +29,7 @@ from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.errors import GraspConfigError, GraspDataError
+from grasp_lightning.errors import GraspConfigError, GraspDataError, is_number
 from grasp_lightning.evaluation.base import EvalSuite
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,6 @@ class GraspDataset(Dataset):
             return Sample(index=index, item=item, skip=SkipRecord(item.origin, reason, item.uid), valid=valid)
 
 
-def _is_number(value) -> bool:
-    import math
-
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def validate_numbers(**values) -> None:
     """Check the numeric ``data.*`` settings (``GraspDataModule`` arguments of the same names), so a
     bad value stops the run at start-up naming its key instead of failing on every row.
@@ -144,10 +138,10 @@ def validate_numbers(**values) -> None:
         v = values.get(key)
         if v is None and optional:
             return
-        if not (_is_number(v) and float(v).is_integer() and v >= 1):
+        if not (is_number(v) and float(v).is_integer() and v >= 1):
             fail(key, "an integer >= 1" + (" or null" if optional else ""))
 
-    if "fps" in values and not (_is_number(values["fps"]) and values["fps"] > 0):
+    if "fps" in values and not (is_number(values["fps"]) and values["fps"] > 0):
         fail("fps", "a number > 0 (frames per second sampled from each clip)")
     for key in ("max_frames", "max_pixels", "batch_size", "val_batch_size"):
         if key in values:
@@ -155,10 +149,10 @@ def validate_numbers(**values) -> None:
     for key in ("max_prompt_tokens", "max_target_tokens", "train_limit", "val_limit"):
         if key in values:
             positive_int(key, optional=True)
-    if "num_workers" in values and not (_is_number(values["num_workers"]) and values["num_workers"] >= 0
+    if "num_workers" in values and not (is_number(values["num_workers"]) and values["num_workers"] >= 0
                                         and float(values["num_workers"]).is_integer()):
         fail("num_workers", "an integer >= 0")
-    if "max_skip_fraction" in values and not (_is_number(values["max_skip_fraction"])
+    if "max_skip_fraction" in values and not (is_number(values["max_skip_fraction"])
                                               and 0 <= values["max_skip_fraction"] <= 1):
         fail("max_skip_fraction", "a number in [0, 1]")
 
@@ -522,7 +516,7 @@ def ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 (DataLoader's w
     """DataLoader ``worker_init_fn``: workers ignore SIGTERM and SIGUSR1.
 
     SLURM and ``kill -- -PGID`` signal every process of a job; a worker killed by it would make the
-    main process fail before ``callbacks.preemption.Preemption`` saves its checkpoint. Workers
+    main process fail before ``callbacks.control.preemption.Preemption`` saves its checkpoint. Workers
     still exit when the main process shuts them down or dies (PyTorch's worker watchdog).
     """
     for sig in (signal.SIGTERM, signal.SIGUSR1):

@@ -6,6 +6,8 @@ Every error about data names *where* (a file and line, an archive member, or an 
 
 from __future__ import annotations
 
+import math
+
 
 class GraspError(Exception):
     """Base class of every error raised on purpose by grasp_lightning."""
@@ -48,3 +50,23 @@ class TokenBudgetError(GraspDataError):
 
 class GraspConfigError(GraspError, ValueError):
     """A configuration value is invalid or two values contradict each other."""
+
+
+def is_number(value: object) -> bool:
+    """True for a finite ``int`` or ``float`` (``bool`` is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_count(value: object, optional: bool = False) -> bool:
+    """True for an integer-valued number >= 1 (``None`` too when ``optional``)."""
+    return (optional and value is None) or (is_number(value) and float(value).is_integer() and value >= 1)
+
+
+def require(ok: bool, key: str, want: str, value: object) -> None:
+    """The settings check of every config dataclass and the DataModule.
+
+    Raises:
+        GraspConfigError: ``"<key> must be <want>, got <value>"`` unless ``ok``.
+    """
+    if not ok:
+        raise GraspConfigError(f"{key} must be {want}, got {value!r}")

@@ -6,13 +6,12 @@ which Qwen3-VL's generation config writes with an end-of-turn id) and decoded on
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from grasp_lightning.data.prompts import VISION_TOKENS
-from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.errors import is_count, is_number, require
 from grasp_lightning.parsing import opens_think
 
 # Vision tokens must never be sampled: a sampled placeholder would make the next forward fail with
@@ -40,20 +39,6 @@ class Completions:
     texts: list[str]
     truncated: torch.Tensor
     prompt_opened_think: list[bool] = field(default_factory=list)
-
-
-def _check(ok: bool, key: str, want: str, value) -> None:
-    """GraspConfigError naming ``key`` unless ``ok`` (the wording of ``grasp_lightning.module``'s checks)."""
-    if not ok:
-        raise GraspConfigError(f"{key} must be {want}, got {value!r}")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _count(value, optional: bool = False) -> bool:
-    return (optional and value is None) or (_number(value) and float(value).is_integer() and value >= 1)
 
 
 @dataclass
@@ -85,11 +70,11 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         k = "model.rollout."
-        _check(_count(self.num_generations), k + "num_generations", "an integer >= 1", self.num_generations)
-        _check(_count(self.max_new_tokens), k + "max_new_tokens", "an integer >= 1", self.max_new_tokens)
-        _check(_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
-        _check(_number(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
-        _check(_count(self.top_k, optional=True), k + "top_k", "an integer >= 1 or null", self.top_k)
+        require(is_count(self.num_generations), k + "num_generations", "an integer >= 1", self.num_generations)
+        require(is_count(self.max_new_tokens), k + "max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
+        require(is_number(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
+        require(is_count(self.top_k, optional=True), k + "top_k", "an integer >= 1 or null", self.top_k)
 
 
 def vision_token_ids(tokenizer) -> list[int]:

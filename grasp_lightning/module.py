@@ -13,15 +13,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 
 import lightning as L
 import torch
+from typing_extensions import override
 
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
 from grasp_lightning.evaluation.suite import SuiteRunner
 from grasp_lightning.generation import (  # noqa: F401 (RolloutConfig: also importable from here)
@@ -42,20 +42,6 @@ log = logging.getLogger(__name__)
 
 #: Checkpoint key of every rank's task state (``Task.state_dict``; GRPO: the rollout cache of the window).
 TASK_STATE_KEY = "task_state_all_ranks"
-
-
-def _num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require(ok: bool, key: str, want: str, value) -> None:
-    """GraspConfigError naming ``key`` unless ``ok``."""
-    if not ok:
-        raise GraspConfigError(f"{key} must be {want}, got {value!r}")
-
-
-def _pos_int(value, optional: bool = False) -> bool:
-    return (optional and value is None) or (_num(value) and float(value).is_integer() and value >= 1)
 
 
 @dataclass
@@ -80,14 +66,14 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         k = "model.optim."
-        _require(_num(self.lr) and self.lr > 0, k + "lr", "a number > 0", self.lr)
-        _require(_num(self.weight_decay) and self.weight_decay >= 0, k + "weight_decay", "a number >= 0",
+        require(is_number(self.lr) and self.lr > 0, k + "lr", "a number > 0", self.lr)
+        require(is_number(self.weight_decay) and self.weight_decay >= 0, k + "weight_decay", "a number >= 0",
                  self.weight_decay)
-        _require(_num(self.eps) and self.eps > 0, k + "eps", "a number > 0", self.eps)
+        require(is_number(self.eps) and self.eps > 0, k + "eps", "a number > 0", self.eps)
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
-        _require(len(betas) == 2 and all(_num(b) and 0 <= b < 1 for b in betas), k + "betas",
+        require(len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas), k + "betas",
                  "two numbers in [0, 1)", self.betas)
-        _require(_num(self.warmup_steps) and float(self.warmup_steps).is_integer() and self.warmup_steps >= 0,
+        require(is_number(self.warmup_steps) and float(self.warmup_steps).is_integer() and self.warmup_steps >= 0,
                  k + "warmup_steps", "an integer >= 0", self.warmup_steps)
 
 
@@ -134,13 +120,13 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         k = "model.evaluation."
-        _require(_pos_int(self.max_new_tokens, optional=True), k + "max_new_tokens", "an integer >= 1 or null",
+        require(is_count(self.max_new_tokens, optional=True), k + "max_new_tokens", "an integer >= 1 or null",
                  self.max_new_tokens)
-        _require(_num(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
-        _require(_num(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
-        _require(_pos_int(self.max_frames), k + "max_frames", "an integer >= 1", self.max_frames)
-        _require(_pos_int(self.frame_max_tokens), k + "frame_max_tokens", "an integer >= 1", self.frame_max_tokens)
-        _require(_pos_int(self.frame_spatial_patch, optional=True), k + "frame_spatial_patch",
+        require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
+        require(is_number(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
+        require(is_count(self.max_frames), k + "max_frames", "an integer >= 1", self.max_frames)
+        require(is_count(self.frame_max_tokens), k + "frame_max_tokens", "an integer >= 1", self.frame_max_tokens)
+        require(is_count(self.frame_spatial_patch, optional=True), k + "frame_spatial_patch",
                  "an integer >= 1 or null", self.frame_spatial_patch)
 
     def make_protocol(self) -> GraspProtocol:
@@ -324,7 +310,7 @@ class GraspModule(L.LightningModule):
 
         On one process Lightning skips backward and step for ``None``; with several processes (DDP,
         DeepSpeed) every rank must still run the backward collective, so the micro-batch returns a
-        zero loss over the trainable weights instead (zero gradient). ``callbacks.guards.NonFiniteGuard``
+        zero loss over the trainable weights instead (zero gradient). ``callbacks.control.guards.NonFiniteGuard``
         stops the run after too many in a row.
         """
         self.nonfinite_losses += 1
@@ -411,9 +397,11 @@ class GraspModule(L.LightningModule):
         """Same as :meth:`validation_step`."""
         self.validation_step(batch, batch_idx, dataloader_idx)
 
+    @override
     def on_test_epoch_start(self) -> None:
         self.on_validation_epoch_start()
 
+    @override
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()
 
@@ -454,6 +442,7 @@ class GraspModule(L.LightningModule):
         elif states:
             log.warning("checkpoint holds the task state of %d ranks, this is rank %d: not restored", len(states), rank)
 
+    @override
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         states = getattr(self, "_pending_rng_states", None)
         if states:

@@ -22,16 +22,17 @@ new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). It
 - returns a finite float (the term's value before its ``reward_weights`` weight). A completion
   holding a vision placeholder gets 0 without the function being called, as registered terms do. The paper's recipe uses
 ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with weights 1.0, 0.1,
-0.05, 0.2 (GRASP, arXiv 2605.15764; ``shared/grasp-format.md``, Rewards).
+0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards).
 
 Rewards are never NaN: every ratio with an empty denominator is defined as 0. A row without
 ground-truth participants therefore gets 0 from both grounding terms; the GRPO task layer counts
 such rows so a data problem shows in the logs instead of silently flattening the reward.
 
-A completion that contains a vision placeholder token (``<|video_pad|>``, ``<|image_pad|>``,
+A completion that contains a vision special token (``VISION_TOKENS`` of
+``grasp_lightning/data/prompts.py``: ``<|video_pad|>``, ``<|image_pad|>``, ``<|vision_pad|>``,
 ``<|vision_start|>``, ``<|vision_end|>``) gets 0 on every term: a sampled placeholder means a broken
-rollout (its next forward fails with a token/feature count mismatch, ``shared/stack-notes.md``), and
-it must not be rewarded for a letter it happens to contain.
+rollout (its next forward fails with a token/feature count mismatch), and it must not be rewarded
+for a letter it happens to contain.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from grasp_lightning.data.prompts import VISION_TOKENS
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.parsing import (
@@ -69,7 +71,7 @@ __all__ = [
 RewardFn = Callable[..., float]
 
 #: Vision special tokens of Qwen3-VL that must never appear in sampled text.
-VISION_PLACEHOLDERS: tuple[str, ...] = ("<|video_pad|>", "<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
+VISION_PLACEHOLDERS: tuple[str, ...] = VISION_TOKENS  # data/prompts.py: the one list
 
 #: Registry of reward terms by config name; filled by :func:`_register`.
 REWARDS: dict[str, RewardFn] = {}

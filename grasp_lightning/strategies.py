@@ -25,7 +25,7 @@ Inputs: Lightning's ``DeepSpeedPrecision.convert_input`` walks the whole batch w
 :class:`BatchDeepSpeedPrecision`, which converts the floating tensors of ``batch.inputs`` only.
 
 Resume: a sharded checkpoint directory is loaded only if it carries the completion marker that
-``callbacks.checkpoint.AtomicModelCheckpoint`` writes last
+``callbacks.control.checkpoint.AtomicModelCheckpoint`` writes last
 (:func:`grasp_lightning.checkpointing.require_complete`). DeepSpeed restores a checkpoint after
 the strategy's setup, by which time Lightning has built the train loader (to count the stepping
 batches for the LR schedule) and started it at the epoch's first batch; the loader is rebuilt after
@@ -39,6 +39,7 @@ from typing import Any
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
 
 from grasp_lightning.checkpointing import require_complete
 from grasp_lightning.errors import GraspConfigError
@@ -49,6 +50,7 @@ class BatchDeepSpeedPrecision(DeepSpeedPrecision):
     (e.g. ``pixel_values_videos`` to bfloat16 under ``bf16-mixed``) and leaves its records alone.
     Any other input goes to ``DeepSpeedPrecision.convert_input``."""
 
+    @override
     def convert_input(self, data: Any) -> Any:
         inputs = getattr(data, "inputs", None)
         if isinstance(inputs, dict) and hasattr(data, "items"):

@@ -1,6 +1,6 @@
 """Builders of tiny GRASP data for the data tests: mp4 clips (PyAV), tar shards, JSONL rows, bench items.
 
-Rows follow ``shared/grasp-format.md`` exactly. Each synthetic frame ``i`` is a flat grey of level
+Rows follow ``docs/data-format.md`` exactly. Each synthetic frame ``i`` is a flat grey of level
 :func:`frame_level` so a test can tell which source frame was decoded.
 """
 

@@ -5,7 +5,7 @@ two GPU-only checks of Lightning's ``DeepSpeedStrategy`` (``setup_environment`` 
 non-CUDA accelerator; ``setup_distributed`` requires device indices equal to local ranks), with a
 root device that has an index (DeepSpeed reads ``root_device.index``). Everything else — the
 ZeRO-2 optimizer, gradient partitioning and reduction, sharded checkpoints — is DeepSpeed's own
-code (``shared/stack-notes.md``). The first run compiles DeepSpeed's CPU communication op
+code. The first run compiles DeepSpeed's CPU communication op
 (about 30 s; cached under ``~/.cache/torch_extensions`` afterwards).
 
 ``StepRecorder`` writes, per rank and micro-batch, what the resume and accumulation tests compare.

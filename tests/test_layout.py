@@ -8,6 +8,8 @@ room or a room of lower rank, never a higher one.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,3 +142,11 @@ def test_the_core_imports_no_task_callback_command_or_generator() -> None:
                  if dst.split(".")[0] in ("tasks", "callbacks")
                  or dst.startswith(("grasp_lightning.commands", "grasp_lightning.generators", "grasp_lightning.planning")))
     assert not bad, bad
+
+
+def test_lint_holds_what_the_conventions_promise() -> None:
+    """``ruff check`` with pyproject.toml's rules: imports sorted, no unused names, a docstring on every
+    public module, class, method and function (D1), no function above complexity 12 (C901)."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "grasp_lightning", "tasks", "callbacks", "tests",
+                           "benchmarks"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -27,7 +27,7 @@ from .conftest import scalars
 
 class SigtermAt(L.Callback):
     """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
-    ``callbacks.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
+    ``callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
     step boundary and stops the run."""
 
     def __init__(self, step: int) -> None:

@@ -48,7 +48,7 @@ TIMES: dict[str, float] = {}  # seconds per run, printed by the session summary 
 
 
 def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
-    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``shared/grasp-format.md``) over the first 2 s of ``clip``."""
+    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``docs/data-format.md``) over the first 2 s of ``clip``."""
     row = [{"type": "video", "path": clip, "fps": 2.0, "start_seconds": 0.0, "end_seconds": 2.0, "src_resolution": [72, 128]},
            {"type": "text", "content": QUESTION.format(p=person), "output": False},
            {"type": "text", "content": output, "output": True}]

@@ -1,4 +1,4 @@
-"""Tests of the sample data generator (:mod:`grasp_lightning.generators.sample`): every generated file against ``shared/grasp-format.md``,
+"""Tests of the sample data generator (:mod:`grasp_lightning.generators.sample`): every generated file against ``docs/data-format.md``,
 answers against the drawn actions, byte-determinism, and the shipped copy in ``assets/sample``."""
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from weakref import proxy
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from typing_extensions import override
 
 from grasp_lightning.checkpointing import remove_partials, save_checkpoint_atomic
 
@@ -30,6 +31,7 @@ from grasp_lightning.checkpointing import remove_partials, save_checkpoint_atomi
 class AtomicModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` with atomic, marker-completed saves (see the module docstring)."""
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if trainer.is_global_zero and self.dirpath:

@@ -26,6 +26,7 @@ import logging
 
 import lightning as L
 import torch
+from typing_extensions import override
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class NonFiniteGuard(L.Callback):
         self._step_at_batch_start = -1
         self._grad_bad = False
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._window_batches == 0:
             self._losses_at_window_start = getattr(pl_module, "nonfinite_losses", 0)

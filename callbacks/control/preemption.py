@@ -44,6 +44,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
 
 from grasp_lightning.checkpointing import save_checkpoint_atomic
 
@@ -93,6 +94,7 @@ class Preemption(L.Callback):
         self._step_at_batch_start = -1
 
     # ------------------------------------------------------------------ handlers
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.received, self.saved_path, self.stopped_at_step = None, None, None
 
@@ -120,16 +122,20 @@ class Preemption(L.Callback):
                 signal.signal(sig, previous)
         self._previous = {}
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
 
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore()
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()
 
     # ------------------------------------------------------------------ step boundary
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_at_batch_start = trainer.global_step
 

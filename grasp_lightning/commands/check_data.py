@@ -89,6 +89,11 @@ class ShardSet:
         return key is not None and ((self.folder / key).is_file() or any(path in s for s in self.stores))
 
     def open(self, path: str) -> bytes:
+        """The clip's bytes: the extracted file if present, else the last clean shard that holds it.
+
+        Raises:
+            ClipNotFoundError: in neither (as :meth:`ClipStore.open`).
+        """
         key = clean_member_path(path)
         if key is not None and (self.folder / key).is_file():
             return (self.folder / key).read_bytes()
@@ -243,11 +248,7 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
         else []
     bench_path = root / h.bench if h.bench else None
     bench_tars = [bench_path] if bench_path is not None and bench_path.is_file() else []
-    bad_shards = set()
-    for shard, found in zip(shards + bench_tars, _map(_scan, shards + bench_tars, workers)):
-        problems.extend(found)
-        if any(not p.reason.startswith("unsafe") for p in found):
-            bad_shards.add(shard)
+    bad_shards = _scan_archives(shards + bench_tars, workers, problems)
     with tempfile.TemporaryDirectory(prefix="grasp_check_") as cache_dir:
         stores = {"videos": _videos_store(root / h.videos, [x for x in shards if x not in bad_shards],
                                           cache_dir, problems)}
@@ -255,44 +256,20 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
         jobs: list[tuple[int, str, bool, GraspItem]] = []
         for rel in wanted:
             is_train = h.train_file is not None and root / rel == root / h.train_file
-            kind, store_name = KNOWN_FILES.get(rel, (_KINDS.get(Path(rel).name.split(".")[0]), "videos"))
-            if is_train:
-                kind, store_name = _KINDS.get(Path(rel).name.split(".")[0]), "videos"  # as GraspDataModule reads it
-            if kind is None:
-                what = "data.train_file " if is_train else ""
-                problems.append(Problem(str(root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, "
-                                                           "data_rl.jsonl, annotations.jsonl or the bench)",
-                                        check="file"))
-                continue
-            if not (root / rel).is_file():
-                problems.append(Problem(str(root / rel), "data.train_file: no such file" if is_train
-                                        else "no such file", check="file"))
+            kind, store_name = _file_kind(rel, is_train)
+            problem = _file_problem(root, rel, kind, is_train)
+            if problem is not None:
+                problems.append(problem)
                 continue
             if store_name == "bench" and "bench" not in stores:
                 stores["bench"] = _bench_store(bench_path, bad_shards, problems)
-            result = _READERS[kind](root / rel, on_error="skip")
-            problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
-            for item in result.items:
-                if kind == "rl" and not item.participants:
-                    problems.append(Problem(item.origin, "RL row has no ground-truth participants "
-                                                         "(meta.gt_events is missing or names nobody)",
-                                            item.uid, "participants"))
-                if kind == "rl":
-                    warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
-                with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
-                                                                                        and bool(item.response)))
-                jobs.append((len(jobs), store_name, with_target, item))
-            report_files[rel] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+            report_files[rel] = _read_rows(data, rel, kind, store_name, is_train, jobs, problems, warnings)
         if check_bench:
             if "bench" not in stores:
                 stores["bench"] = _bench_store(bench_path, bad_shards, problems)
-            if bench_path is None or not bench_path.exists():
-                problems.append(Problem(str(bench_path), "bench not found", check="file"))
-            elif bench_path not in bad_shards:
-                result = read_bench(bench_path, on_error="skip")
-                problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
-                jobs += [(len(jobs) + i, "bench", False, item) for i, item in enumerate(result.items)]
-                report_files[h.bench] = {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+            counts = _read_bench_items(bench_path, bad_shards, jobs, problems)
+            if counts is not None:
+                report_files[h.bench] = counts
         if decode and jobs:
             problems.extend(_decode_all(data, stores, jobs, workers, progress))
         else:
@@ -306,6 +283,69 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
     warnings.sort(key=lambda p: _sort_key(p.where))
     return {"root": str(root), "files": report_files, "problems": [asdict(p) for p in problems],
             "warnings": [asdict(p) for p in warnings], "ok": not problems}
+
+
+def _scan_archives(tars: list[Path], workers: int, problems: list[Problem]) -> set:
+    """Scan every tar (in ``workers`` processes) into ``problems``; the tars that are not whole (a
+    problem other than an unsafe member), so no clip is read from them."""
+    bad = set()
+    for tar, found in zip(tars, _map(_scan, tars, workers)):
+        problems.extend(found)
+        if any(not p.reason.startswith("unsafe") for p in found):
+            bad.add(tar)
+    return bad
+
+
+def _file_kind(rel: str, is_train: bool) -> tuple[str | None, str]:
+    """``(kind, store)`` of a file: the run's train file by its name, as GraspDataModule reads it;
+    another by its place in the GRASP layout (:data:`KNOWN_FILES`), else by its name."""
+    by_name = _KINDS.get(Path(rel).name.split(".")[0])
+    if is_train:
+        return by_name, "videos"
+    return KNOWN_FILES.get(rel, (by_name, "videos"))
+
+
+def _file_problem(root: Path, rel: str, kind: str | None, is_train: bool) -> Problem | None:
+    """Why the file cannot be read at all (not a GRASP file, or missing), else ``None``."""
+    what = "data.train_file " if is_train else ""
+    if kind is None:
+        return Problem(str(root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
+                                        "annotations.jsonl or the bench)", check="file")
+    if not (root / rel).is_file():
+        return Problem(str(root / rel), "data.train_file: no such file" if is_train else "no such file", check="file")
+    return None
+
+
+def _read_rows(data: GraspDataModule, rel: str, kind: str, store_name: str, is_train: bool, jobs: list,
+               problems: list[Problem], warnings: list[Problem]) -> dict:
+    """Read one GRASP file with the reader fit uses, record its format, participant and event problems,
+    queue its items for decoding (``jobs``) and return its counts for the report."""
+    result = _READERS[kind](data.root / rel, on_error="skip")
+    problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
+    for item in result.items:
+        if kind == "rl" and not item.participants:
+            problems.append(Problem(item.origin, "RL row has no ground-truth participants "
+                                                 "(meta.gt_events is missing or names nobody)", item.uid,
+                                    "participants"))
+        if kind == "rl":
+            warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
+        with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
+                                                                                and bool(item.response)))
+        jobs.append((len(jobs), store_name, with_target, item))
+    return {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+
+
+def _read_bench_items(bench_path: Path | None, bad_shards: set, jobs: list, problems: list[Problem]) -> dict | None:
+    """Read GRASP-Bench, queue its items for decoding and return its counts (``None``: not read)."""
+    if bench_path is None or not bench_path.exists():
+        problems.append(Problem(str(bench_path), "bench not found", check="file"))
+        return None
+    if bench_path in bad_shards:
+        return None
+    result = read_bench(bench_path, on_error="skip")
+    problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
+    jobs += [(len(jobs) + i, "bench", False, item) for i, item in enumerate(result.items)]
+    return {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
 
 
 def _bench_store(path: Path | None, bad_shards: set, problems: list[Problem]):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
+from typing_extensions import override
 
 from grasp_lightning.datamodule import GraspDataModule
 from grasp_lightning.module import GraspModule
@@ -40,6 +41,7 @@ class GraspCLI(LightningCLI):
         self._build_trainer, self._run_dir, self._arguments = build_trainer, run_dir, arguments
         super().__init__(*args, **kwargs)
 
+    @override
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.policy.name_or_path", "data.processor")
         parser.link_arguments("model.policy.trust_remote_code", "data.trust_remote_code")

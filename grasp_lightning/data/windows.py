@@ -96,6 +96,8 @@ class WindowSource:
     on_draw: Callable[[list[Batch]], None] | None = None
 
     def draw(self) -> list[Batch] | None:
+        """The next window of the stream (its ``A`` micro-batches), consumed so the loader never yields
+        it; ``None`` at the end of the epoch. Counted in :attr:`draws` and reported to ``on_draw``."""
         if self.iterator is None:
             return None
         try:
@@ -109,6 +111,8 @@ class WindowSource:
         return batches
 
     def fetch(self, indices: list[int]) -> Batch | None:
+        """The micro-batch of these dataset indices, collated again (a rollout cache restored from a
+        checkpoint re-attaches its prompts this way); ``None`` without a dataset."""
         if self.dataset is None or self.collate is None:
             return None
         return self.collate([self.dataset[i] for i in indices])
@@ -149,6 +153,7 @@ class WindowCollate:
     batch_size: int
 
     def __call__(self, samples: list[Sample]) -> list[Batch]:
+        """``ceil(len(samples) / batch_size)`` micro-batches, in order."""
         return [self.collate(samples[i: i + self.batch_size]) for i in range(0, len(samples), self.batch_size)]
 
 

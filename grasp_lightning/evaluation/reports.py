@@ -3,7 +3,7 @@
 All functions read the metric dict of :meth:`grasp_lightning.evaluation.grasp_score.BenchAccuracy.compute`
 (accuracies in [0, 1], ``NaN`` where undefined) and the per-item records of
 :func:`grasp_lightning.evaluation.grasp_score.score_completion`. Source of the layout and reference numbers:
-GRASP paper (arXiv 2605.15764), Table 1; ``shared/grasp-format.md``.
+GRASP paper (arXiv 2605.15764), Table 1; ``docs/data-format.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from grasp_lightning.data.records import CATEGORIES, GROUPS
 
 log = logging.getLogger(__name__)
 
-#: Category names as in the GRASP paper (``shared/grasp-format.md``, "The 16 categories").
+#: Category names as in the GRASP paper (``docs/data-format.md``, "The 16 categories").
 CATEGORY_NAMES: dict[str, str] = {
     "T1": "Gaze target identification",
     "T2": "Gaze event classification",
@@ -53,7 +53,7 @@ def _reference(gaze: float, gesture: float, joint: float, overall: float) -> dic
 
 
 #: Paper reference accuracies in % (Table 1), keyed by model then by row (category code, group
-#: name or ``"overall"``). Per-category values are not in ``shared/grasp-format.md``: ``None``
+#: name or ``"overall"``). Per-category values are not in ``docs/data-format.md``: ``None``
 #: (printed "–") until filled in from the paper.
 PAPER_REFERENCE: dict[str, dict[str, float | None]] = {
     "Qwen3-VL-8B-Instruct": _reference(28.3, 52.7, 38.0, 38.3),

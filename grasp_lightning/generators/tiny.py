@@ -5,7 +5,7 @@ built here from a ``Qwen3VLConfig``, with a byte-level BPE tokenizer trained on 
 a ``Qwen3VLVideoProcessor`` with a small patch size and a Qwen-style chat template. It is written
 with ``save_pretrained`` and loaded back by :func:`grasp_lightning.policy.load_policy` through
 ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` — the same
-path as a real checkpoint. Facts used: ``shared/stack-notes.md`` (Qwen3-VL in transformers 5.x).
+path as a real checkpoint (Qwen3-VL as transformers 5.x implements it).
 
 Command line: ``python -m grasp_lightning.generators.tiny OUT_DIR [--seed N]``; with ``--like
 Qwen3-VL-2B-Instruct`` (or another checkpoint name) it writes a stand-in of that real checkpoint

@@ -1,6 +1,6 @@
 """Writing the sample data: rows, annotations, bench json, tar shards, README; :func:`generate_sample`.
 
-The output follows ``shared/grasp-format.md`` file by file (train annotations, SFT and RL rows, tar
+The output follows ``docs/data-format.md`` file by file (train annotations, SFT and RL rows, tar
 shards, GRASP-Bench tar with 2 items per category). Synthetic clips are drawn by :mod:`.drawing`
 from the questions of :mod:`.questions`; one real clip (``kitchen_two_person.mp4``, attribution in
 :data:`REAL_CLIP_ATTRIBUTION`) is copied byte for byte into the train shards and the bench.
@@ -278,7 +278,7 @@ def _readme(seed: int, sft: Sequence[Entry], rl: Sequence[Entry], bench: Sequenc
     return f"""# GRASP-format sample data (seed {seed})
 
 A small dataset in the exact file layout of GRASP (`interlive/GRASP`; schemas in
-`shared/grasp-format.md`), made by `python -m grasp_lightning.generators.sample_data OUT_DIR --seed {seed}`
+`docs/data-format.md`), made by `python -m grasp_lightning.generators.sample_data OUT_DIR --seed {seed}`
 (module `grasp_lightning/generators/sample_data.py`). It exists so that readers, training and GRASP-Bench
 evaluation can run offline; it is not GRASP data.
 

@@ -39,188 +39,40 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from grasp_lightning import grpo
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.generation import Completions, sample_completions
+from grasp_lightning.generation import sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import compute_rewards, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
-    concat_prompts,
     prompt_tokens_forwarded,
-    repeat_prompts,
     score_completions,
-    select_prompts,
     sharing_unsupported_reason,
 )
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
+from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
+    ROW_TENSORS,
+    TOKEN_TENSORS,
+    Rollout,
+    cat_rollouts,
+    even_split,
+    merge_batches,
+    repeat_video_inputs,
+    rollout_from_state,
+    rollout_state,
+    take_groups,
+)
 
 log = logging.getLogger(__name__)
 
 ADVANTAGES = ("group", "batch", "released", "none")
 OVERLONG_MODES = ("reward", "released")
 DYNAMIC_SAMPLING = ("off", "drop", "refill")
-
-
-@dataclass
-class Rollout:
-    """The K completions of each prompt in a batch, scored, and the tensors the loss needs.
-
-    Shapes: ``N = B * K`` rows, ``Lp`` prompt and ``Lc`` completion tokens.
-
-    Attributes:
-        prompt: model inputs of the ``B`` prompts (left-padded ``(B, Lp)``, vision inputs once).
-        shared: the group's prompt work is shared (see :mod:`grasp_lightning.shared_prompt`), else naive rows.
-        completions: the sampled completions (``ids`` ``(N, Lc)``, ``mask`` ``(N, Lc)``).
-        terms: ``(N, T)`` reward terms; ``rewards``: ``(N,)`` weighted sum.
-        advantages: ``(N,)``; ``old_logp``/``ref_logp``: ``(N, Lc)`` or ``None``.
-        zero_variance: ``(B,)`` bool, groups whose rewards are all equal.
-        indices: dataset indices of the B prompts (to recognise a repeated batch).
-        penalty: ``(N,)`` overlong penalty (≤ 0; zeros without ``overlong_buffer``).
-        loss_mask: ``(N, Lc)`` the completion tokens the loss counts (zero-variance groups dropped
-            when asked).
-        rollout_seconds: wall time of sampling, rewards and the old/reference log-probs.
-        prompt_tokens: prompt tokens run through the language model by the rollout (generation and
-            old/reference scoring, padding included).
-        items: the records of the B prompts (empty where a caller did not give them).
-        generation_seconds, reward_seconds, logp_seconds: the parts of ``rollout_seconds``.
-        generation_calls: ``generate`` calls that produced these rows.
-    """
-
-    prompt: dict[str, torch.Tensor]
-    shared: bool
-    completions: Completions
-    terms: torch.Tensor
-    rewards: torch.Tensor
-    advantages: torch.Tensor
-    old_logp: torch.Tensor | None
-    ref_logp: torch.Tensor | None
-    zero_variance: torch.Tensor
-    indices: list[int]
-    rollout_seconds: float
-    prompt_tokens: int = 0
-    penalty: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None
-    items: list = field(default_factory=list)
-    generation_seconds: float = 0.0
-    reward_seconds: float = 0.0
-    logp_seconds: float = 0.0
-    generation_calls: int = 1
-
-    @property
-    def num_groups(self) -> int:
-        """Prompts (groups) in the rollout."""
-        return int(self.zero_variance.numel())
-
-    @property
-    def num_generations(self) -> int:
-        """Completions per prompt ``K`` (``N / B``)."""
-        return self.completions.ids.shape[0] // max(1, self.num_groups)
-
-
-_ROW_TENSORS = ("terms", "rewards", "advantages", "penalty")
-_TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask")
-
-
-def merge_batches(batches: list[Batch], pad_token_id: int) -> Batch:
-    """One left-padded prompt batch from several micro-batches (prompts, clips, items and indices in
-    order; see :func:`grasp_lightning.shared_prompt.concat_prompts`)."""
-    if len(batches) == 1:
-        return batches[0]
-    prompts = [{k: v for k, v in b.inputs.items() if k != "labels"} for b in batches]
-    return Batch(inputs=concat_prompts(prompts, pad_token_id), items=[it for b in batches for it in b.items],
-                 indices=[i for b in batches for i in b.indices], valid=torch.cat([b.valid for b in batches]),
-                 prompt_lengths=torch.cat([b.prompt_lengths for b in batches]), padding_side="left")
-
-
-def _pad_cols(x: torch.Tensor, width: int, value) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value) if x.shape[1] < width else x
-
-
-def cat_rollouts(ros: list[Rollout], pad_token_id: int) -> Rollout:
-    """Rollouts of several generation calls as one (groups in order, completions right-padded to the widest).
-
-    Raises:
-        ValueError: no rollouts, or some shared the prompt work and some did not.
-    """
-    if not ros:
-        raise ValueError("cat_rollouts: no rollouts")
-    if len(ros) == 1:
-        return ros[0]
-    if len({ro.shared for ro in ros}) != 1:
-        raise ValueError("cat_rollouts: shared and naive rollouts cannot be mixed")
-    width = max(ro.completions.ids.shape[1] for ro in ros)
-
-    def cat(name, value, cols):
-        parts = [getattr(ro, name) for ro in ros]
-        if any(p is None for p in parts):
-            return None
-        return torch.cat([_pad_cols(p, width, value) if cols else p for p in parts])
-
-    c = [ro.completions for ro in ros]
-    completions = Completions(
-        ids=torch.cat([_pad_cols(x.ids, width, pad_token_id) for x in c]),
-        mask=torch.cat([_pad_cols(x.mask, width, False) for x in c]), texts=[t for x in c for t in x.texts],
-        truncated=torch.cat([x.truncated for x in c]), prompt_opened_think=[f for x in c for f in x.prompt_opened_think])
-    out = Rollout(prompt=concat_prompts([ro.prompt for ro in ros], pad_token_id), shared=ros[0].shared,
-                  completions=completions, terms=cat("terms", 0, False), rewards=cat("rewards", 0, False),
-                  advantages=cat("advantages", 0, False), old_logp=cat("old_logp", 0.0, True),
-                  ref_logp=cat("ref_logp", 0.0, True), zero_variance=torch.cat([ro.zero_variance for ro in ros]),
-                  indices=[i for ro in ros for i in ro.indices],
-                  rollout_seconds=sum(ro.rollout_seconds for ro in ros),
-                  prompt_tokens=sum(ro.prompt_tokens for ro in ros), penalty=cat("penalty", 0.0, False),
-                  loss_mask=cat("loss_mask", False, True), items=[it for ro in ros for it in ro.items],
-                  generation_seconds=sum(ro.generation_seconds for ro in ros),
-                  reward_seconds=sum(ro.reward_seconds for ro in ros), logp_seconds=sum(ro.logp_seconds for ro in ros),
-                  generation_calls=sum(ro.generation_calls for ro in ros))
-    return out
-
-
-def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
-    """The rollout of groups ``groups`` (prompt indices of ``ro``): their prompts (common left padding
-    removed), their ``K`` rows each, completion columns cut to the longest kept completion."""
-    rows = [g * k + j for g in groups for j in range(k)]
-    index = torch.tensor(rows, dtype=torch.long, device=ro.completions.ids.device)
-    mask = ro.completions.mask.index_select(0, index)
-    width = max(1, int(mask.sum(1).max())) if rows else 1
-    c = ro.completions
-
-    def rows_of(x, cols):
-        if x is None:
-            return None
-        x = x.index_select(0, index.to(x.device))
-        return x[:, :width] if cols else x
-
-    completions = Completions(ids=rows_of(c.ids, True), mask=mask[:, :width], texts=[c.texts[r] for r in rows],
-                              truncated=rows_of(c.truncated, False),
-                              prompt_opened_think=[c.prompt_opened_think[r] for r in rows] if c.prompt_opened_think else [])
-    gidx = torch.tensor(groups, dtype=torch.long, device=ro.zero_variance.device)
-    return Rollout(prompt=select_prompts(ro.prompt, groups), shared=ro.shared, completions=completions,
-                   terms=rows_of(ro.terms, False), rewards=rows_of(ro.rewards, False),
-                   advantages=rows_of(ro.advantages, False), old_logp=rows_of(ro.old_logp, True),
-                   ref_logp=rows_of(ro.ref_logp, True), zero_variance=ro.zero_variance.index_select(0, gidx),
-                   indices=[ro.indices[g] for g in groups], rollout_seconds=0.0, penalty=rows_of(ro.penalty, False),
-                   loss_mask=rows_of(ro.loss_mask, True), items=[ro.items[g] for g in groups] if ro.items else [],
-                   generation_calls=0)
-
-
-def _even_split(n: int, parts: int) -> list[int]:
-    """Sizes of ``parts`` contiguous chunks of ``n`` items, as even as possible (larger first)."""
-    base, extra = divmod(n, parts)
-    return [base + (i < extra) for i in range(parts)]
-
-
-def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
-    """Repeat each prompt's rows and vision patches K times (naive rows).
-
-    Kept for callers of the old name; see :func:`grasp_lightning.shared_prompt.repeat_prompts`.
-    """
-    return repeat_prompts(inputs, k)
 
 
 class GRPOTask(Task):
@@ -544,7 +396,7 @@ class GRPOTask(Task):
             if self.dynamic_sampling == "refill":
                 kept = [g for g, z in enumerate(zero) if not z]
                 filler = [g for g, z in enumerate(zero) if z][:max(0, target - len(kept))]
-                selected, sizes = kept + filler, _even_split(len(kept) + len(filler), len(live))
+                selected, sizes = kept + filler, even_split(len(kept) + len(filler), len(live))
             else:
                 selected, sizes = list(range(ro.num_groups)), [len(batches[i]) for i in live]
             start = 0
@@ -573,7 +425,7 @@ class GRPOTask(Task):
         index, indices = self._window_key
         return {"window_index": int(index), "window_indices": [list(x) for x in indices],
                 "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
-                "rollouts": [None if ro is None else _rollout_state(ro) for ro in self._window_rollouts]}
+                "rollouts": [None if ro is None else rollout_state(ro) for ro in self._window_rollouts]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
@@ -582,7 +434,7 @@ class GRPOTask(Task):
         self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
         self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
         self._window_stats = dict(state.get("stats", {}))
-        self._window_rollouts = [None if r is None else _rollout_from_state(r) for r in state["rollouts"]]
+        self._window_rollouts = [None if r is None else rollout_from_state(r) for r in state["rollouts"]]
         self._restored, self._window_reported = True, True
 
     def _attach(self, ctx: TaskContext, window, batches: list[Batch]) -> bool:
@@ -601,7 +453,7 @@ class GRPOTask(Task):
             source = source.to(device)
             ro.prompt = {k: v for k, v in source.inputs.items() if k != "labels"}
             ro.items = list(source.items)
-            for name in (*_ROW_TENSORS, *_TOKEN_TENSORS, "zero_variance"):
+            for name in (*ROW_TENSORS, *TOKEN_TENSORS, "zero_variance"):
                 if getattr(ro, name) is not None:
                     setattr(ro, name, getattr(ro, name).to(device))
             c = ro.completions
@@ -711,26 +563,3 @@ class GRPOTask(Task):
 def _pad_id(ctx: TaskContext) -> int:
     """The tokenizer's pad id (0 where the context has no tokenizer, e.g. scripted rollouts)."""
     return ctx.tokenizer.pad_token_id if ctx.tokenizer is not None else 0
-
-
-def _rollout_state(ro: Rollout) -> dict:
-    """A rollout as plain CPU tensors and lists (prompt and items left out)."""
-    c = ro.completions
-    out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
-           "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
-           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens)}
-    for name in (*_ROW_TENSORS, *_TOKEN_TENSORS):
-        value = getattr(ro, name)
-        out[name] = None if value is None else value.detach().cpu()
-    return out
-
-
-def _rollout_from_state(state: dict) -> Rollout:
-    """The inverse of :func:`_rollout_state` (``prompt`` still ``None``)."""
-    completions = Completions(ids=state["ids"], mask=state["mask"], texts=list(state["texts"]),
-                              truncated=state["truncated"], prompt_opened_think=list(state["opened"]))
-    return Rollout(prompt=None, shared=bool(state["shared"]), completions=completions, terms=state["terms"],
-                   rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
-                   ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
-                   rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
-                   loss_mask=state["loss_mask"], generation_calls=0)

@@ -114,7 +114,7 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
     each pointing at an extracted ``size x size`` clip of ``seconds`` seconds at 2 fps."""
     import numpy as np
 
-    from grasp_lightning.generators.sample_data import encode_mp4
+    from grasp_lightning.generators.mp4 import encode_mp4
 
     sample = REPO / "grasp_lightning" / "assets" / "sample" / "train"
     (root / "train" / "videos").mkdir(parents=True, exist_ok=True)

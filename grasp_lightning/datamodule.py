@@ -325,8 +325,17 @@ class GraspDataModule(L.LightningDataModule):
             suite.use_protocol(protocol)
         return loaded
 
-    def _dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool,
+    def dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool,
                  system_prompt: str | None = None) -> GraspDataset:
+        """The dataset over ``items`` with this DataModule's decoding, prompt and budget settings: the one
+        encoder of training, evaluation and ``check-data`` (``grasp_lightning/commands/check_data.py``).
+
+        Args:
+            items: the records to encode.
+            store: where their clips are read from.
+            with_target: encode the SFT target (labels) too.
+            system_prompt: ``None``: ``data.system_prompt``; an evaluation suite passes its own.
+        """
         h = self.hparams
         return GraspDataset(items, store, self.processor, with_target=with_target, fps=h.fps,
                             max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
@@ -405,7 +414,7 @@ class GraspDataModule(L.LightningDataModule):
             batches.set_start(epoch, first, exclude)
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
-        dataset = self._dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.mode == "sft")
+        dataset = self.dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.mode == "sft")
         loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
         if not windowed:
             return loader
@@ -420,7 +429,7 @@ class GraspDataModule(L.LightningDataModule):
     def _suite_loader(self, suite: EvalSuite) -> DataLoader:
         rank, world = self._rank()
         sampler = ResumableSampler(len(suite.items), shuffle=False, rank=rank, world_size=world, pad="mark")
-        dataset = self._dataset(suite.items, suite.store(), False, system_prompt=suite.system_prompt)
+        dataset = self.dataset(suite.items, suite.store(), False, system_prompt=suite.system_prompt)
         dataset.encoder = suite.encoder(self.processor)  # GRASP-Bench: its protocol's encoder, or None (ours)
         return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 

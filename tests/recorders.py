@@ -1,6 +1,6 @@
 """Test-only callbacks, passed to the CLI with ``--trainer.callbacks+=tests.recorders.<Name>``.
 
-- :class:`SampleRecorder` appends JSON lines per training micro-batch (at its start: step, epoch,
+- :class:`BatchIndexRecorder` appends JSON lines per training micro-batch (at its start: step, epoch,
   batch index, dataset indices; after its backward: the loss) to a file, so a test can compare the
   samples an interrupted-and-resumed run saw with those of an uninterrupted run. It can pause at a
   given micro-batch until the test has signalled the process, which makes the signal tests
@@ -17,7 +17,7 @@ import time
 import lightning as L
 
 
-class SampleRecorder(L.Callback):
+class BatchIndexRecorder(L.Callback):
     """Record the dataset indices of every training micro-batch.
 
     Args:

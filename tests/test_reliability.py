@@ -2,7 +2,7 @@
 
 The signal and kill tests run the real CLI in a subprocess (its own session, so a signal reaches the
 DataLoader workers too, as SLURM's does) on the tiny model and the sample data, with
-``tests.recorders.SampleRecorder`` writing the dataset indices of every micro-batch. A resumed run
+``tests.recorders.BatchIndexRecorder`` writing the dataset indices of every micro-batch. A resumed run
 must see exactly the samples an uninterrupted run sees: the union over the runs, each keeping the
 steps before the checkpoint the next run resumed from, equals the uninterrupted list, and the
 losses agree.
@@ -31,7 +31,7 @@ BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", 
 
 
 def _args(tmp: Path, seen: Path, extra: list[str], pause_at: int | None = None) -> list[str]:
-    recorder = ["--trainer.callbacks+=tests.recorders.SampleRecorder", f"--trainer.callbacks.init_args.path={seen}"]
+    recorder = ["--trainer.callbacks+=tests.recorders.BatchIndexRecorder", f"--trainer.callbacks.init_args.path={seen}"]
     if pause_at is not None:
         recorder.append(f"--trainer.callbacks.init_args.pause_at={pause_at}")
     periodic = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",

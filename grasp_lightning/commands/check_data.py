@@ -166,7 +166,7 @@ def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | N
     try:
         if store is None or item.clip.path not in store:
             return index, _missing(item, data.root)
-        data._dataset([item], store, with_target).encode(item)
+        data.dataset([item], store, with_target).encode(item)
         reason = window_problem(item, clip_duration(store.open(item.clip.path)))
         if reason:
             return index, Problem(item.origin, reason, item.uid, "window")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Callable
 
@@ -96,8 +97,8 @@ def _guard(fn: RewardFn) -> RewardFn:
         if has_vision_placeholder(completion):
             return 0.0
         if takes_flag:
-            return float(fn(completion, item, opened_think=opened_think))
-        return float(fn(completion, item))
+            return fn(completion, item, opened_think=opened_think)
+        return fn(completion, item)
 
     return guarded
 
@@ -313,5 +314,22 @@ def compute_rewards(completions: list[str], items: list[GraspItem], names: list[
     flags = [bool(opened_think)] * len(completions) if isinstance(opened_think, bool) else list(opened_think)
     if len(flags) != len(completions):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(flags)} opened_think flags")
-    values = [[fn(text, item, opened_think=flag) for fn in fns] for text, item, flag in zip(completions, items, flags)]
+    values = [[_finite(fn(text, item, opened_think=flag), name, item) for fn, name in zip(fns, names)]
+              for text, item, flag in zip(completions, items, flags)]
     return torch.tensor(values, dtype=torch.float32).reshape(len(completions), len(names))
+
+
+def _finite(value: object, name: str, item: GraspItem) -> float:
+    """``value`` as a float, or a GraspConfigError naming the reward and the item.
+
+    Raises:
+        GraspConfigError: the reward returned something that is not a finite number (NaN, inf, a string).
+    """
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or not math.isfinite(out):
+        raise GraspConfigError(f"reward {name!r} returned {value!r} for item {item.uid} ({item.origin}); a reward "
+                               f"must return a finite number")
+    return out

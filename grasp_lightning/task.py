@@ -173,8 +173,16 @@ class Task:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` of this rank (called from ``GraspModule.on_load_checkpoint``)."""
 
+    def check_settings(self, rollout_cfg: RolloutConfig) -> None:
+        """Refuse settings this task cannot run with, when the module is built (before any weight is
+        loaded, so ``check-data`` and ``plan-memory`` refuse them as ``fit`` does). Default: none.
+
+        Raises:
+            GraspConfigError: a setting the task cannot run with, naming its key.
+        """
+
     def setup(self, ctx: TaskContext) -> None:
-        """Called once the policy is loaded (e.g. to check the sampling settings or read token ids)."""
+        """Called once the policy is loaded (e.g. to read token ids from the tokenizer)."""
 
     def prepare(self, ctx: TaskContext, batch: Batch) -> None:
         """Called on every micro-batch of every rank before :meth:`training_step`, also for an empty

@@ -41,11 +41,12 @@ import logging
 import time
 
 import torch
+from typing_extensions import override
 
 from grasp_lightning import grpo
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.generation import sample_completions
+from grasp_lightning.generation import RolloutConfig, sample_completions
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import compute_rewards, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
@@ -204,14 +205,20 @@ class GRPOTask(Task):
         """A reference model is only needed when the KL term is on."""
         return self.beta != 0.0
 
-    def setup(self, ctx: TaskContext) -> None:
-        """Check the rollout settings of the context (read again wherever they are used, never copied).
+    @override
+    def check_settings(self, rollout_cfg: RolloutConfig) -> None:
+        """The rollout settings are read from the context wherever they are used, never copied.
 
         Raises:
             GraspConfigError: ``model.rollout.num_generations`` < 2.
         """
-        if ctx.rollout_cfg.num_generations < 2:
+        if rollout_cfg.num_generations < 2:
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
+
+    @override
+    def setup(self, ctx: TaskContext) -> None:
+        """Check the context's rollout settings again (a context may differ from the module's)."""
+        self.check_settings(ctx.rollout_cfg)
 
     # ------------------------------------------------------------------ rollouts
     def advantages(self, terms: torch.Tensor, penalty: torch.Tensor | None = None,

@@ -124,3 +124,26 @@ def test_the_planner_asks_the_task_not_its_name(name, in_repo, tmp_path) -> None
     else:
         assert plan.rollout == 0 and plan.kv_cache == 0 and plan.sequences == batch and plan.reference_model == 0
         assert plan.how["rollout"] == "TargetObjective: no rollout"
+
+
+def test_usage_lines_name_the_command_users_type(in_repo, capsys) -> None:
+    """The usage line of every command starts with ``python -m grasp_lightning`` (not ``__main__.py``)."""
+    for name in EXPECTED:
+        with pytest.raises(SystemExit):
+            dispatch([name, "--help"])
+        out = capsys.readouterr().out
+        assert "__main__.py" not in out, name
+        assert re.search(r"usage: python -m grasp_lightning( \[options\] " + re.escape(name) + r"| " + re.escape(name)
+                         + r")\b", out), (name, out[:200])
+
+
+def test_settings_the_task_refuses_stop_the_loader_as_they_stop_fit(in_repo) -> None:
+    """K = 1 has no group advantage: GRPOTask refuses it when the module is built, so check-data and
+    plan-memory (through load_run) refuse it too, before any weight is loaded."""
+    from grasp_lightning.errors import GraspConfigError
+
+    with pytest.raises(GraspConfigError, match="model.rollout.num_generations must be >= 2"):
+        load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"], {"model.rollout.num_generations": 1}))
+    with pytest.raises(SystemExit) as done:
+        dispatch(["plan-memory", "--config", "configs/sgr.yaml", "--gpu-memory-gib", "0"])
+    assert done.value.code == 2

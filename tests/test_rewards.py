@@ -280,6 +280,11 @@ def opened(completion: str, item: GraspItem, opened_think: bool = False) -> floa
     return 2.0 if opened_think else -1.0
 
 
+def not_a_number(completion: str, item: GraspItem) -> float:
+    """A broken plugin (``tests.test_rewards.not_a_number``): NaN for B, a string otherwise."""
+    return float("nan") if "<answer>B</answer>" in completion else "high"
+
+
 NOT_A_FUNCTION = 42
 PLUGIN, OPENED = "tests.test_rewards.answer_is_b", "tests.test_rewards.opened"
 
@@ -291,6 +296,14 @@ def test_compute_rewards_with_plugins_by_import_path() -> None:
     # the vision placeholder gives 0 on every term, the plugins included, as for registered terms
     assert out.tolist() == [[1.0, 3.0, 2.0], [0.0, 0.5, -1.0], [0.0, 0.0, 0.0]]
     assert PLUGIN not in REWARDS  # resolving does not register
+
+
+@pytest.mark.parametrize("text, shown", [("<answer>B</answer>", "nan"), ("<answer>A</answer>", "'high'")])
+def test_a_reward_that_returns_no_finite_number_is_an_error_naming_it(text, shown) -> None:
+    item = make_item()
+    with pytest.raises(GraspConfigError, match=rf"reward 'tests.test_rewards.not_a_number' returned {shown} for item "
+                                               rf"{item.uid}.*finite number"):
+        compute_rewards([text], [item], ["accuracy", "tests.test_rewards.not_a_number"])
 
 
 @pytest.mark.parametrize("entry, says", [

@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m grasp_lightning plan-memory``: print a plan (``--config ...``) or the README table (``--table``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:
+        parser.error(f"--gpu-memory-gib must be > 0, got {args.gpu_memory_gib}")
+    if not args.video_seconds > 0:
+        parser.error(f"--video-seconds must be > 0, got {args.video_seconds}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.table:
         sys.stdout.write(table(args.configs_dir, video_seconds=args.video_seconds, text_tokens=args.text_tokens)

@@ -109,5 +109,5 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
 
 def main(argv: Sequence[str]) -> int:
     """``python -m grasp_lightning fit|validate|test|predict ...`` (``argv`` starts with the subcommand)."""
-    build_cli(argv)
+    build_cli(argv, prog="python -m grasp_lightning")
     return 0

@@ -24,7 +24,7 @@ __all__ = ["SampleSummary", "encode_mp4", "generate_sample", "main"]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m grasp_lightning.generators.sample_data OUT_DIR [--seed 0] [--real-clip PATH] [--clips-per-shard 8]``."""
-    parser = argparse.ArgumentParser(description="Generate a small GRASP-format sample dataset.")
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning make-sample", description="Generate a small GRASP-format sample dataset.")
     parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     parser.add_argument("--real-clip", type=Path, default=None,

@@ -239,7 +239,7 @@ def build_tiny_qwen3vl(
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry: ``python -m grasp_lightning.generators.tiny OUT_DIR [--like NAME --text-layers N --vision-layers N]``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning build-model", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--like", default=None,

@@ -4,7 +4,7 @@
     python benchmarks/faults.py --quick    # the training faults only
 
 Training faults (the real CLI in a subprocess, ``configs/sft.yaml`` + ``configs/demo.yaml``, two
-micro-batches per step, 9 steps over two epochs, ``tests.recorders.SampleRecorder`` writing the
+micro-batches per step, 9 steps over two epochs, ``tests.recorders.BatchIndexRecorder`` writing the
 dataset indices of every micro-batch):
 
 - ``sigterm``: SIGTERM to the process group in the middle of an accumulation window; resume.
@@ -76,7 +76,7 @@ def run(tmp: Path, name: str, extra=(), pause_at: int | None = None, send: int |
             f"--trainer.callbacks.init_args.dirpath={tmp / 'periodic'}",
             "--trainer.callbacks.init_args.every_n_train_steps=2",
             "--trainer.callbacks.init_args.save_last=true",
-            "--trainer.callbacks+=tests.recorders.SampleRecorder", f"--trainer.callbacks.init_args.path={seen}",
+            "--trainer.callbacks+=tests.recorders.BatchIndexRecorder", f"--trainer.callbacks.init_args.path={seen}",
             *([f"--trainer.callbacks.init_args.pause_at={pause_at}"] if pause_at is not None else []), *extra]
     with open(out, "w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=environ or env(),

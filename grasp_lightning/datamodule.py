@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
 
-
 class GraspDataset(Dataset):
     """Map-style dataset: index → decoded clip → encoded :class:`Sample`.
 

@@ -14,9 +14,6 @@ from grasp_lightning.data.prompts import VISION_TOKENS
 from grasp_lightning.errors import is_count, is_number, require
 from grasp_lightning.parsing import opens_think
 
-# Vision tokens must never be sampled: a sampled placeholder would make the next forward fail with
-# a token/feature count mismatch between the text and the vision features.
-
 
 @dataclass
 class Completions:
@@ -78,7 +75,8 @@ class RolloutConfig:
 
 
 def vision_token_ids(tokenizer) -> list[int]:
-    """Ids of the vision special tokens that exist in ``tokenizer``'s vocabulary."""
+    """Ids of the vision special tokens that exist in ``tokenizer``'s vocabulary: never sampled, since a
+    sampled placeholder makes the next forward fail with a token/feature count mismatch."""
     vocab = tokenizer.get_vocab()
     return [vocab[t] for t in VISION_TOKENS if t in vocab]
 

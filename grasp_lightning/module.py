@@ -161,8 +161,7 @@ class GraspModule(L.LightningModule):
                  evaluation: EvalConfig = EvalConfig()) -> None:  # noqa: B008
         super().__init__()
         self.task = task
-        if hasattr(task, "check_settings"):  # refused at build time: fit, check-data and plan-memory alike
-            task.check_settings(rollout)
+        task.check_settings(rollout)  # refused at build time: fit, check-data and plan-memory alike
         self.policy_cfg = dataclasses.replace(policy)
         self.reference_cfg = dataclasses.replace(reference)
         self.lora_cfg = dataclasses.replace(lora)

@@ -62,7 +62,15 @@ def test_scaling_prints_the_slopes_in_k_and_clip_length(tmp_path: Path) -> None:
                       "--hidden", "64", "--layers", "1", "--image-side", "64", "--frame-side", "32", "--max-new-tokens",
                       "4", "--prompts", "1", "--k", "2", "--no-trl", "--out-dir", str(tmp_path)])
     assert (tmp_path / "scaling.json").is_file() and (tmp_path / "scaling.png").is_file()
-    assert json.loads((tmp_path / "scaling.json").read_text()) == out
+    assert [float(k) for k in out["ks"]] == [2.0, 4.0] and [float(s) for s in out["seconds"]] == [2.0, 4.0]
+    for sweep, slopes in (("step_s_vs_k", "slope_s_per_completion"), ("step_s_vs_seconds", "slope_s_per_video_second")):
+        for name in ("shared", "naive"):
+            y = out[sweep][name]
+            assert len(y) == 2 and min(y) > 0, (sweep, name)
+            assert out[slopes][name] == pytest.approx((y[1] - y[0]) / 2.0), (sweep, name)  # 2 points: the chord
+    # the shared prompt is forwarded once per group, the naive rows K times: fewer tokens at every K
+    for shared, naive in zip(out["detail"]["k"]["shared"], out["detail"]["k"]["naive"]):
+        assert shared["k"] == naive["k"] and shared["prompt_tokens"] < naive["prompt_tokens"]
 
 
 def test_grpo_learning_prints_the_reward_before_and_after(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -240,8 +241,10 @@ def test_the_module_is_a_task_context_and_the_task_reads_k_from_it():
     assert isinstance(module, TaskContext) and module.tokenizer is None  # before configure_model
     module.task.setup(module)  # checks, copies nothing
     assert not hasattr(module.task, "num_generations") and module.rollout_cfg.num_generations == 3
-    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):
-        GRPOTask().setup(GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=1)))
+    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):  # when the module is built
+        GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=1))
+    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):  # and from any context
+        GRPOTask().setup(types.SimpleNamespace(rollout_cfg=RolloutConfig(num_generations=1)))
 
 
 def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():

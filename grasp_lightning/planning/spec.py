@@ -200,7 +200,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
     notes: list[str] = []
     task, policy, data = module.task, module.policy_cfg, datamodule.hparams
     name = str(policy.name_or_path)
-    if not (Path(name) / "config.json").is_file() and bundled_name(name) is None:
+    if not bundled_or_local(name):
         notes.append(f"model {name!r} is not on this machine and not a bundled architecture: planned as "
                      f"{DEFAULT_ARCHITECTURE} (the GRASP paper's model; override model.policy.name_or_path)")
         name = DEFAULT_ARCHITECTURE

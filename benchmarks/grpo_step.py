@@ -1,11 +1,21 @@
 """Seconds per GRPO step: TRL 1.16 ``GRPOTrainer`` against ours (group-shared and naive), same work.
 
-Equal work: the same tiny Qwen3-VL (built with :func:`grasp_lightning.generators.tiny.build_tiny_qwen3vl` into
-a temp dir, vision tower frozen in both), the same prompts (system prompt + one image + a GRASP RL
-question from the bundled sample), the same number of prompts per step, K, completion budget,
-sampling settings (temperature 1, top-p 1, no top-k, EOS stop only), KL beta, loss type and AdamW.
-Both frameworks run the image processor inside the step (TRL in ``_generate_and_score_completions``,
-ours in the in-process DataLoader), and run back to back in one process with the same thread count.
+Equal work: the same tiny model, the same prompts (system prompt + one image + a GRASP RL question
+from the bundled sample), the same number of prompts per step, K, completion budget, sampling
+settings (temperature 1, top-p 1, no top-k, EOS stop only), KL beta, loss type and AdamW; the vision
+tower is frozen in both frameworks. Both frameworks run the image processor inside the step (TRL in
+``_generate_and_score_completions``, ours in the in-process DataLoader), and run back to back in one
+process with the same thread count.
+
+Models (``--models``, comma-separated; default ``qwen3_vl,qwen3_5``): each entry is either a model
+family of :data:`grasp_lightning.generators.tiny.TINY_BUILDERS`, built into a temp dir at
+``--hidden``/``--layers`` (4 query heads, a 64-wide 2-block vision tower, patch 8) — ``qwen3_vl`` a
+Qwen3-VL (all layers full attention), ``qwen3_5`` a width-reduced Qwen3.5 stand-in (hybrid: every
+4th layer gated full attention, the others Gated DeltaNet linear attention with the tiny builder's
+2 key heads and 4 value heads of 8 dims whatever ``--hidden``) — or the path of a checkpoint
+directory (e.g. a stand-in from ``python -m grasp_lightning build-model OUT --like ...``), whose
+files are linked into the temp dir. Every model runs the same variants with the same settings, and
+the JSON holds one entry per model under ``models``, with its parameter count and layer types.
 
 Variants: (a) ``trl_image``; (b) ``ours_image`` (``share_prompt=True``); (c) ``ours_naive_image``
 (``share_prompt=False``: K rows per prompt, like TRL); (d) ``ours_video`` (2 fps clips, shared).
@@ -14,11 +24,15 @@ Per step: wall seconds from one step's end to the next (data wait included), the
 seconds over the same span (steadier than wall time on a shared machine), time inside the
 models' forward calls, and *prompt tokens forwarded*, counted by the same forward hook for every
 variant: in each call that carries the prompts' vision tokens, rows × the columns up to the end
-of the assistant header. Reported: median and spread (min, quartiles, max) over the steps after
-warm-up, ``ratio_vs_trl`` = median (b) / median (a) in wall time (``ratio_vs_trl_cpu`` in CPU time).
+of the assistant header. Reported per model: median and spread (min, quartiles, max) over the steps
+after warm-up, ``ratio_vs_trl`` = median (b) / median (a) in wall time (``ratio_vs_trl_cpu`` in CPU
+time), ``speedup_vs_naive`` = median (c) / median (b) (``speedup_vs_naive_cpu``) and
+``prompt_tokens_naive_over_shared``. With one rollout per optimizer step a prompt is forwarded three
+times (generation prefill, reference and policy scoring): naive rows forward ``3 K Lp`` prompt tokens
+per group, the shared prompt ``3 Lp - 1`` (the prefill leaves the last prompt token to ``generate``).
 
     python benchmarks/grpo_step.py                       # K=8, 2 prompts, 32 new tokens, 256x256 images
-    python benchmarks/grpo_step.py --k 4 --steps 3 --warmup 1
+    python benchmarks/grpo_step.py --k 4 --steps 3 --warmup 1 --models qwen3_5
 
 Optimizer-step comparison (``--accumulate A``, GRPO rollout batches, issue 17): ``A`` micro-batches of
 ``--prompts`` prompts per optimizer step, image prompts. (e) ``ours_per_micro``: a generation call per
@@ -26,7 +40,7 @@ micro-batch (``rollout_batch_prompts = B``, the old behaviour); (f) ``ours_rollo
 the whole window; (g) ``trl_rollout_batch``: TRL with ``gradient_accumulation_steps = A`` and
 ``steps_per_generation = A`` (``generation_batch_size = A·B·K``: one generation per optimizer step, its
 best equivalent). Seconds per *optimizer step* (sum of its micro-batches for ours, TRL's step);
-``optimizer_step_speedup`` = (e) / (f), ``ratio_vs_trl`` = (f) / (g) in this mode.
+``optimizer_step_speedup`` = (e) / (f), ``ratio_vs_trl`` = (f) / (g) in this mode, per model.
 
     python benchmarks/grpo_step.py --accumulate 4 --prompts 1 --k 8
 
@@ -38,7 +52,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -58,19 +74,80 @@ SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 
 
 # ---------------------------------------------------------------------------------------- model and prompts
-def build_model(out: Path, *, hidden: int, layers: int, image_side: int, frame_side: int, max_frames: int) -> Path:
-    """A tiny Qwen3-VL whose image processor keeps ``image_side``² pixels and video processor
-    ``max_frames`` frames of ``frame_side``² pixels (so the prompt dominates)."""
+def build_model(spec: str, out: Path, *, hidden: int, layers: int, image_side: int, frame_side: int,
+                max_frames: int) -> Path:
+    """The model directory of one ``--models`` entry, written to ``out``.
+
+    Args:
+        spec: a family of :data:`~grasp_lightning.generators.tiny.TINY_BUILDERS` (built at ``hidden``
+            width, ``layers`` decoder layers, 4 query heads, a 64-wide 2-block vision tower), or a
+            checkpoint directory (weights linked, the other files copied).
+        out: directory to write; must not exist.
+        hidden, layers: text model width and depth of a built family.
+        image_side: the image processor keeps at most ``image_side``² pixels (a visual token per
+            16×16 px at patch 8, merge 2), so the prompt dominates the step.
+        frame_side, max_frames: the video processor keeps ``frame_side``² pixels for each of up to
+            ``max_frames`` frames.
+
+    Raises:
+        SystemExit: ``spec`` is neither a family nor a directory holding ``config.json``, or the family's
+            builder refuses the sizes.
+    """
     from transformers import AutoProcessor
 
-    from grasp_lightning.generators.tiny import build_tiny_qwen3vl
+    from grasp_lightning.generators.tiny import TINY_BUILDERS
 
-    build_tiny_qwen3vl(out, text_hidden_size=hidden, text_layers=layers, text_heads=4, vision_hidden_size=64,
-                       vision_depth=2, max_video_pixels=frame_side * frame_side * max_frames)
+    if spec in TINY_BUILDERS:
+        try:
+            TINY_BUILDERS[spec](out, text_hidden_size=hidden, text_layers=layers, text_heads=4, vision_hidden_size=64,
+                                vision_depth=2)
+        except ValueError as err:  # sizes the family cannot take (e.g. qwen3_5 with fewer than 4 layers)
+            raise SystemExit(f"--models {spec}: {err}") from err
+    elif (Path(spec) / "config.json").is_file():
+        out.mkdir(parents=True)
+        for f in Path(spec).iterdir():
+            if f.suffix in (".safetensors", ".bin"):
+                (out / f.name).symlink_to(f.resolve())
+            elif f.is_file():
+                shutil.copy(f, out / f.name)
+    else:
+        raise SystemExit(f"--models: {spec!r} is neither a model family ({', '.join(TINY_BUILDERS)}) nor a "
+                         "checkpoint directory with a config.json")
     processor = AutoProcessor.from_pretrained(out)
-    processor.image_processor.size = {"shortest_edge": 16 * 16, "longest_edge": image_side * image_side}
+    processor.image_processor.size = {"shortest_edge": processor.image_processor.size["shortest_edge"],
+                                      "longest_edge": image_side * image_side}
+    processor.video_processor.size = {"shortest_edge": processor.video_processor.size["shortest_edge"],
+                                      "longest_edge": frame_side * frame_side * max_frames}
     processor.save_pretrained(out)
     return out
+
+
+def build_models(specs: str, tmp: Path, **sizes) -> dict[str, Path]:
+    """Name → model directory for each comma-separated ``--models`` entry (:func:`build_model`; ``sizes``
+    are its keyword arguments). A family is named as given, a checkpoint by its directory name."""
+    models = {}
+    for spec in specs.split(","):
+        name = Path(spec).name
+        if name in models:
+            raise SystemExit(f"--models: {name!r} given twice")
+        models[name] = build_model(spec, tmp / f"model-{len(models)}", **sizes)
+    return models
+
+
+def describe_model(model_dir: Path) -> dict:
+    """What a report says of a model: ``model_type``, text ``hidden``/``layers``, ``layer_types`` and the
+    stored parameter count (tied embeddings once)."""
+    from safetensors import safe_open
+
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    parameters = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            parameters += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())
+    return {"model_type": config["model_type"], "hidden": text["hidden_size"], "layers": text["num_hidden_layers"],
+            "layer_types": text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"],
+            "parameters": parameters}
 
 
 def read_items(n: int):
@@ -347,6 +424,9 @@ def quiet() -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="qwen3_vl,qwen3_5",
+                   help="comma-separated model families (qwen3_vl, qwen3_5: built at --hidden/--layers) or checkpoint "
+                   "directories; each runs every variant with the same settings")
     p.add_argument("--k", type=int, default=8, help="completions per prompt (group size)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -356,8 +436,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-side", type=int, default=256, help="image side in pixels (16 px per visual token)")
     p.add_argument("--video-seconds", type=float, default=8.0, help="clip length for (d), sampled at 2 fps")
     p.add_argument("--frame-side", type=int, default=64, help="video frame side in pixels")
-    p.add_argument("--hidden", type=int, default=256, help="text model width")
-    p.add_argument("--layers", type=int, default=4, help="text model layers")
+    p.add_argument("--hidden", type=int, default=256, help="text model width of a built family")
+    p.add_argument("--layers", type=int, default=4, help="text model layers of a built family (qwen3_5: 3 linear + "
+                   "1 full attention per 4)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared machine)")
     p.add_argument("--variants", default=None, help="default: trl_image,ours_image,ours_naive_image,ours_video; "
                    "with --accumulate > 1: ours_per_micro,ours_rollout_batch,trl_rollout_batch")
@@ -374,104 +455,99 @@ def per_optimizer_step(records: list[dict], accumulate: int) -> list[dict]:
     return steps
 
 
-def main_steps(args) -> dict:
-    """The optimizer-step comparison (``--accumulate`` > 1): see the module docstring, (e)–(g)."""
-    total, a, b = args.steps + args.warmup, args.accumulate, args.prompts
-    n = b * a * total
-    items = read_items(n)
-    images = [make_image(i, args.image_side) for i in range(n)]
-    results: dict = {}
-    variants = args.variants or "ours_per_micro,ours_rollout_batch,trl_rollout_batch"
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_model(Path(tmp) / "model", hidden=args.hidden, layers=args.layers,
-                                image_side=args.image_side, frame_side=args.frame_side, max_frames=4)
-        from transformers import AutoProcessor
+def optimizer_steps(name: str, model_dir: Path, args, items, images) -> dict:
+    """One model's optimizer-step comparison (``--accumulate`` > 1): see the module docstring, (e)–(g)."""
+    from transformers import AutoProcessor
 
-        processor = AutoProcessor.from_pretrained(model_dir)
-        common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=total, accumulate=a)
-        for variant in variants.split(","):
-            t0 = time.perf_counter()
-            if variant == "trl_rollout_batch":
-                recs = run_trl(model_dir, items, images, batch=b, **common)
-            elif variant in ("ours_per_micro", "ours_rollout_batch"):
-                micro = run_ours(model_dir, ImagePrompts(processor, items, images, b), share=True,
-                                 rollout_batch_prompts=b if variant == "ours_per_micro" else None, **common)
-                recs = per_optimizer_step(micro, a)
-            else:
-                raise SystemExit(f"unknown variant {variant!r}")
-            results[variant] = summarise(recs, args.warmup)
-            r = results[variant]
-            if "rollout_s" in r:
-                r["rollout_share"] = r["rollout_s"] / r["step_s"]
-                r["update_share"] = r["update_s"] / r["step_s"]
-            print(f"{variant}: median {r['step_s']:.3f} s/optimizer step ({time.perf_counter() - t0:.0f} s total)",
-                  flush=True)
-    report = {"benchmark": "grpo_step", "mode": "optimizer_step", "accumulate": a, "prompts_per_micro_batch": b,
-              "k": args.k, "max_new_tokens": args.max_new_tokens, "beta": args.beta, "threads": args.threads,
-              "model": {"hidden": args.hidden, "layers": args.layers}, **results}
+    processor = AutoProcessor.from_pretrained(model_dir)
+    a, b = args.accumulate, args.prompts
+    common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=args.steps + args.warmup,
+                  accumulate=a)
+    results: dict = {"model": describe_model(model_dir)}
+    for variant in (args.variants or "ours_per_micro,ours_rollout_batch,trl_rollout_batch").split(","):
+        t0 = time.perf_counter()
+        if variant == "trl_rollout_batch":
+            recs = run_trl(model_dir, items, images, batch=b, **common)
+        elif variant in ("ours_per_micro", "ours_rollout_batch"):
+            micro = run_ours(model_dir, ImagePrompts(processor, items, images, b), share=True,
+                             rollout_batch_prompts=b if variant == "ours_per_micro" else None, **common)
+            recs = per_optimizer_step(micro, a)
+        else:
+            raise SystemExit(f"unknown variant {variant!r}")
+        results[variant] = r = summarise(recs, args.warmup)
+        if "rollout_s" in r:
+            r["rollout_share"] = r["rollout_s"] / r["step_s"]
+            r["update_share"] = r["update_s"] / r["step_s"]
+        print(f"{name} {variant}: median {r['step_s']:.3f} s/optimizer step ({time.perf_counter() - t0:.0f} s total)",
+              flush=True)
     if "ours_per_micro" in results and "ours_rollout_batch" in results:
-        report["optimizer_step_speedup"] = results["ours_per_micro"]["step_s"] / results["ours_rollout_batch"]["step_s"]
-        report["optimizer_step_speedup_cpu"] = (results["ours_per_micro"]["cpu_s"]
-                                                / results["ours_rollout_batch"]["cpu_s"])
+        results["optimizer_step_speedup"] = results["ours_per_micro"]["step_s"] / results["ours_rollout_batch"]["step_s"]
+        results["optimizer_step_speedup_cpu"] = (results["ours_per_micro"]["cpu_s"]
+                                                 / results["ours_rollout_batch"]["cpu_s"])
     if "trl_rollout_batch" in results and "ours_rollout_batch" in results:
-        report["ratio_vs_trl"] = results["ours_rollout_batch"]["step_s"] / results["trl_rollout_batch"]["step_s"]
-        report["ratio_vs_trl_cpu"] = results["ours_rollout_batch"]["cpu_s"] / results["trl_rollout_batch"]["cpu_s"]
-    print(json.dumps(report))
-    return report
+        results["ratio_vs_trl"] = results["ours_rollout_batch"]["step_s"] / results["trl_rollout_batch"]["step_s"]
+        results["ratio_vs_trl_cpu"] = results["ours_rollout_batch"]["cpu_s"] / results["trl_rollout_batch"]["cpu_s"]
+    return results
+
+
+def grpo_steps(name: str, model_dir: Path, args, items, images) -> dict:
+    """One model's per-step comparison: variants (a)–(d), their ratios and prompt-token counts."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=args.steps + args.warmup)
+    probe = ImagePrompts(processor, items, images, args.prompts)[0]
+    results: dict = {"model": describe_model(model_dir), "image_prompt_tokens": int(probe.inputs["input_ids"].shape[1]),
+                     "image_visual_tokens": int((probe.inputs["mm_token_type_ids"][0] != 0).sum())}
+    for variant in (args.variants or "trl_image,ours_image,ours_naive_image,ours_video").split(","):
+        t0 = time.perf_counter()
+        if variant == "trl_image":
+            recs = run_trl(model_dir, items, images, batch=args.prompts, **common)
+        elif variant in ("ours_image", "ours_naive_image"):
+            recs = run_ours(model_dir, ImagePrompts(processor, items, images, args.prompts),
+                            share=variant == "ours_image", **common)
+        elif variant == "ours_video":
+            recs = run_ours(model_dir, VideoPrompts(processor, items, args.prompts, args.video_seconds,
+                                                    args.frame_side), share=True, **common)
+        else:
+            raise SystemExit(f"unknown variant {variant!r}")
+        results[variant] = r = summarise(recs, args.warmup)
+        r["prompt_tokens_per_group"] = r["prompt_tokens"] / args.prompts
+        print(f"{name} {variant}: median {r['step_s']:.3f} s/step ({time.perf_counter() - t0:.0f} s total)", flush=True)
+    shared, naive, trl = (results.get(v) for v in ("ours_image", "ours_naive_image", "trl_image"))
+    if trl and shared:
+        results["ratio_vs_trl"] = shared["step_s"] / trl["step_s"]
+        results["ratio_vs_trl_cpu"] = shared["cpu_s"] / trl["cpu_s"]
+    if trl and naive:
+        results["ratio_naive_vs_trl"] = naive["step_s"] / trl["step_s"]
+    if shared and naive:
+        results["speedup_vs_naive"] = naive["step_s"] / shared["step_s"]
+        results["speedup_vs_naive_cpu"] = naive["cpu_s"] / shared["cpu_s"]
+        results["prompt_tokens_naive_over_shared"] = naive["prompt_tokens_per_group"] / shared["prompt_tokens_per_group"]
+    return results
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.accumulate > 1:
-        quiet()
-        torch.set_num_threads(args.threads)
-        return main_steps(args)
-    args.variants = args.variants or "trl_image,ours_image,ours_naive_image,ours_video"
     quiet()
     torch.set_num_threads(args.threads)
     total = args.steps + args.warmup
-    n = args.prompts * total
+    n = args.prompts * total * args.accumulate
     items = read_items(n)
     images = [make_image(i, args.image_side) for i in range(n)]
-    results: dict = {}
+    report = {"benchmark": "grpo_step", "k": args.k, "max_new_tokens": args.max_new_tokens, "beta": args.beta,
+              "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
+              "sizes": {"hidden": args.hidden, "layers": args.layers, "image_side": args.image_side}}
+    if args.accumulate > 1:
+        report.update(mode="optimizer_step", accumulate=args.accumulate, prompts_per_micro_batch=args.prompts)
+        compare, max_frames = optimizer_steps, 4
+    else:
+        report.update(prompts_per_step=args.prompts, video_seconds=args.video_seconds)
+        compare, max_frames = grpo_steps, int(args.video_seconds * 2)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_model(Path(tmp) / "model", hidden=args.hidden, layers=args.layers,
-                                image_side=args.image_side, frame_side=args.frame_side,
-                                max_frames=int(args.video_seconds * 2))
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(model_dir)
-        common = dict(k=args.k, max_new_tokens=args.max_new_tokens, beta=args.beta, steps=total)
-        for variant in args.variants.split(","):
-            t0 = time.perf_counter()
-            if variant == "trl_image":
-                recs = run_trl(model_dir, items, images, batch=args.prompts, **common)
-            elif variant in ("ours_image", "ours_naive_image"):
-                recs = run_ours(model_dir, ImagePrompts(processor, items, images, args.prompts),
-                                share=variant == "ours_image", **common)
-            elif variant == "ours_video":
-                recs = run_ours(model_dir, VideoPrompts(processor, items, args.prompts, args.video_seconds,
-                                                        args.frame_side), share=True, **common)
-            else:
-                raise SystemExit(f"unknown variant {variant!r}")
-            results[variant] = summarise(recs, args.warmup)
-            results[variant]["prompt_tokens_per_group"] = results[variant]["prompt_tokens"] / args.prompts
-            print(f"{variant}: median {results[variant]['step_s']:.3f} s/step "
-                  f"({time.perf_counter() - t0:.0f} s total)", flush=True)
-        probe = ImagePrompts(processor, items, images, args.prompts)[0]
-        prompt_len = int(probe.inputs["input_ids"].shape[1])
-        visual = int((probe.inputs["mm_token_type_ids"][0] != 0).sum())
-    report = {"benchmark": "grpo_step", "k": args.k, "prompts_per_step": args.prompts,
-              "max_new_tokens": args.max_new_tokens, "beta": args.beta, "threads": args.threads,
-              "model": {"hidden": args.hidden, "layers": args.layers}, "image_prompt_tokens": prompt_len,
-              "image_visual_tokens": visual, "video_seconds": args.video_seconds, **results}
-    if "trl_image" in results and "ours_image" in results:
-        report["ratio_vs_trl"] = results["ours_image"]["step_s"] / results["trl_image"]["step_s"]
-        report["ratio_vs_trl_cpu"] = results["ours_image"]["cpu_s"] / results["trl_image"]["cpu_s"]
-    if "trl_image" in results and "ours_naive_image" in results:
-        report["ratio_naive_vs_trl"] = results["ours_naive_image"]["step_s"] / results["trl_image"]["step_s"]
-    if "ours_image" in results and "ours_naive_image" in results:
-        report["ratio_shared_vs_naive"] = results["ours_image"]["step_s"] / results["ours_naive_image"]["step_s"]
+        models = build_models(args.models, Path(tmp), hidden=args.hidden, layers=args.layers,
+                              image_side=args.image_side, frame_side=args.frame_side, max_frames=max_frames)
+        report["models"] = {name: compare(name, model_dir, args, items, images) for name, model_dir in models.items()}
     print(json.dumps(report))
     return report
 

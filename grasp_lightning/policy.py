@@ -65,8 +65,10 @@ class ReferenceConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA through peft. Defaults follow common Qwen practice (all attention and MLP projections
-    of the language model; the vision tower stays frozen).
+    """LoRA through peft. Defaults follow common Qwen practice: every attention and MLP projection of
+    the language model, in both of Qwen3.5's attention kinds (full attention ``q/k/v/o_proj``; Gated
+    DeltaNet linear attention ``in_proj_qkv``, ``in_proj_z`` and ``out_proj``, leaving the
+    per-head gate projections ``in_proj_a``/``in_proj_b`` dense); the vision tower stays frozen.
 
     Attributes:
         enabled: turn the run into a LoRA run.
@@ -81,7 +83,7 @@ class LoraConfig:
     alpha: int = 32
     dropout: float = 0.05
     target_modules: list[str] | str = field(
-        default_factory=lambda: r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+        default_factory=lambda: r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj|gate_proj|up_proj|down_proj)"
     )
 
 

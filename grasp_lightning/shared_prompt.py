@@ -19,10 +19,25 @@ every log-prob forward K times per group. Here the shared work runs once per pro
   layers are idempotent (a recompute in the backward pass writes/reads the same states), so the
   decoder layers may keep it (transformers' ``_can_checkpoint_with_cache``).
 
-Both equal the naive per-row computation within float tolerance (``tests/test_rollout_sharing.py``).
-Sharing needs a Qwen-VL-style model (``get_rope_index`` and ``rope_deltas``), full-attention layers
-only, and vision inputs; :func:`sharing_unsupported_reason` says why not otherwise, and callers fall
-back to the naive path (:func:`repeat_prompts` + :func:`completion_logps`).
+**Hybrid models** (Qwen3.5: three of every four decoder layers are Gated DeltaNet linear attention,
+``layer_types`` ``linear_attention``) share the prompt the same way. A linear-attention layer has no
+keys/values but two per-row states after the prompt: the last ``linear_conv_kernel_dim`` inputs of
+its causal convolution ``(B, C, kernel)`` and the recurrent state ``(B, H_v, d_k, d_v)`` (float32).
+Sampling repeats both K times (transformers' ``LinearAttentionLayer`` has no
+``batch_repeat_interleave``, so :func:`expand_cache` does it); scoring keeps them, with gradients, in
+:class:`SharedPrefixCache`, whose read mode hands each completion row its prompt's convolution
+window and recurrent state as the starting point (``initial_state`` of the chunked gated delta
+rule). Left padding is neutral here too: transformers zeroes padded positions before the
+convolution, so a zero input leaves the zero initial state at zero (no key, no value, only decay).
+Continuing the recurrence from the prompt's state is the same recurrence as running prompt and
+completion in one pass, regrouped into different 64-token chunks, so the results agree to float
+rounding (float32: ~1e-6), not bit for bit.
+
+Both equal the naive per-row computation within float tolerance (``tests/test_rollout_sharing.py``,
+for Qwen3-VL and Qwen3.5). Sharing needs a Qwen-VL-style model (``get_rope_index`` and
+``rope_deltas``), decoder layers that are full or linear attention (not sliding-window), and vision
+inputs; :func:`sharing_unsupported_reason` says why not otherwise, and callers fall back to the naive
+path (:func:`repeat_prompts` + :func:`completion_logps`).
 
 Layout everywhere: ``N = B * K`` rows, rows ``b*K .. b*K+K-1`` belong to prompt ``b``; prompts are
 left-padded ``(B, Lp)``, completions right-padded ``(N, Lc)``.
@@ -33,7 +48,13 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DynamicCache,
+    DynamicLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from grasp_lightning import grpo
 from grasp_lightning.errors import GraspConfigError
@@ -42,6 +63,8 @@ from grasp_lightning.errors import GraspConfigError
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 #: Vision inputs: (patch rows, grid) pairs; one image or one clip per prompt.
 VISION_KEYS = (("pixel_values_videos", "video_grid_thw"), ("pixel_values", "image_grid_thw"))
+#: Decoder layer kinds whose prompt state can be shared: attention keys/values, linear-attention states.
+SHARED_LAYER_TYPES = ("full_attention", "linear_attention")
 
 
 # ---------------------------------------------------------------------------------------- model plumbing
@@ -60,20 +83,31 @@ def vl_core(model) -> torch.nn.Module | None:
 def sharing_unsupported_reason(model, prompt: dict[str, torch.Tensor]) -> str | None:
     """Why group sharing cannot be exact for this model and these prompts, or ``None`` when it can.
 
-    Sharing needs M-RoPE state (``get_rope_index``/``rope_deltas``, Qwen2/2.5/3-VL), only
-    full-attention decoder layers (sliding-window or linear-attention caches are not covered by
-    :class:`SharedPrefixCache`), and vision inputs (text-only left-padded prompts get positions from
-    ``arange`` in transformers, not from the attention mask).
+    Sharing needs M-RoPE state (``get_rope_index``/``rope_deltas``: Qwen2/2.5/3-VL, Qwen3.5),
+    decoder layers of the kinds in :data:`SHARED_LAYER_TYPES` (full attention, and the linear
+    attention of hybrid models; a sliding-window cache is not covered by :class:`SharedPrefixCache`),
+    and vision inputs (text-only left-padded prompts get positions from ``arange`` in transformers,
+    not from the attention mask).
     """
     if vl_core(model) is None:
         return f"{type(model).__name__} has no M-RoPE core (get_rope_index / rope_deltas)"
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        return f"decoder layer types {sorted(kinds)} are not all full attention"
+    other = sorted(set(layer_types(model)) - set(SHARED_LAYER_TYPES))
+    if other:
+        return f"decoder layer types {other} are neither full nor linear attention"
     if not any(grid in prompt for _, grid in VISION_KEYS):
         return "the prompts carry no image or video"
     return None
+
+
+def layer_types(model) -> list[str]:
+    """The decoder's layer kinds in order (``config.layer_types``; all ``full_attention`` when unset).
+
+    Qwen3.5's text config writes ``linear_attention`` for three of every four layers
+    (``full_attention_interval`` 4); Qwen3-VL's are all ``full_attention``.
+    """
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * config.num_hidden_layers
 
 
 def _rope_deltas(model, batch: int) -> torch.Tensor:
@@ -118,31 +152,122 @@ class _PrefixLayer(DynamicLayer):
         return key_states, value_states
 
 
-class SharedPrefixCache(Cache):
-    """A KV cache for scoring K completions against one prompt prefix, with gradients.
+class _PrefixLinearLayer(LinearAttentionCacheLayerMixin):
+    """One linear-attention layer of :class:`SharedPrefixCache` (Gated DeltaNet): the prompt's states.
 
-    A fresh cache is in *write* mode: the prompt forward stores each layer's keys/values
-    ``(B, H, Lp, D)`` (autograd graph kept). :meth:`expanded` returns a *read* cache over the same
-    tensors: each layer returns ``cat(prefix.repeat_interleave(K, 0), new)`` and stores nothing, so
-    the completion forward of ``B*K`` rows attends to the shared prefix and gradients flow back into
-    it. Both modes are idempotent, which makes them safe under gradient checkpointing.
+    Write mode keeps the convolution window ``(B, C, kernel)`` (the last ``kernel`` inputs of the
+    causal convolution, zero-padded on the left for a shorter prompt) and the final recurrent state
+    ``(B, H_v, d_k, d_v)``, both assigned (never copied in place), so the autograd graph is kept and
+    a recompute under gradient checkpointing writes the same values. Read mode returns them repeated
+    K times and stores nothing. ``record_past`` is set so that transformers never takes its in-place
+    single-token convolution update (``causal_conv1d_update``) on these states.
     """
 
-    def __init__(self, layers: list[_PrefixLayer] | None = None) -> None:
-        if layers is None:
-            super().__init__(layer_class_to_replicate=_PrefixLayer)
-        else:
-            super().__init__(layers=layers)
+    def __init__(self, repeats: int = 0, conv: torch.Tensor | None = None, state: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.repeats = repeats
+        self.record_past = True
+        self.conv, self.state = conv, state
+        self.has_previous_state[0] = conv is not None
+
+    def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx: int = 0) -> None:
+        """Nothing to allocate: the states are the tensors the prompt forward produced."""
+
+    def conv_window(self) -> torch.Tensor | None:
+        """The convolution window, repeated to ``(B*K, C, kernel)`` in read mode."""
+        if self.conv is None or not self.repeats:
+            return self.conv
+        return self.conv.repeat_interleave(self.repeats, 0)
+
+    def recurrent(self) -> torch.Tensor | None:
+        """The recurrent state, repeated to ``(B*K, H_v, d_k, d_v)`` in read mode."""
+        if self.state is None or not self.repeats:
+            return self.state
+        return self.state.repeat_interleave(self.repeats, 0)
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
+                          **kwargs) -> torch.Tensor:
+        """Return the convolution input with its left context; write mode keeps the last ``kernel`` columns."""
+        if self.repeats:  # read: the prompt's window, then the completion tokens
+            return torch.cat([self.conv_window(), conv_states], -1)
+        kernel = conv_kernel_size or conv_states.shape[-1]
+        self.conv_kernel_size[state_idx] = kernel
+        pad = max(0, kernel - conv_states.shape[-1])
+        self.conv = torch.nn.functional.pad(conv_states, (pad, 0))[..., -kernel:]
+        self.has_previous_state[state_idx] = False  # the prompt forward itself runs without a previous state
+        return conv_states
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        """Write mode keeps the prompt's final recurrent state; read mode stores nothing."""
+        if not self.repeats:
+            self.state = recurrent_states
+        return recurrent_states
+
+
+class SharedPrefixCache(Cache):
+    """A cache for scoring K completions against one prompt prefix, with gradients.
+
+    A fresh cache (:meth:`for_model`) is in *write* mode: the prompt forward stores each attention
+    layer's keys/values ``(B, H, Lp, D)`` and each linear-attention layer's convolution window and
+    recurrent state (autograd graph kept). :meth:`expanded` returns a *read* cache over the same
+    tensors: an attention layer returns ``cat(prefix.repeat_interleave(K, 0), new)``, a
+    linear-attention layer its states repeated K times as the completions' starting point; nothing
+    is stored, so the completion forward of ``B*K`` rows continues from the shared prefix and
+    gradients flow back into it. Both modes are idempotent, which makes them safe under gradient
+    checkpointing.
+    """
+
+    def __init__(self, layers: list[_PrefixLayer | _PrefixLinearLayer]) -> None:
+        super().__init__(layers=layers)
+
+    @classmethod
+    def for_model(cls, model) -> "SharedPrefixCache":
+        """A write-mode cache with one layer per decoder layer of ``model`` (:func:`layer_types`)."""
+        return cls([_PrefixLinearLayer() if kind == "linear_attention" else _PrefixLayer()
+                    for kind in layer_types(model)])
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        """The layer's convolution window (repeated in read mode), ``None`` before the prompt ran."""
+        layer = self.layers[layer_idx]
+        return layer.conv_window() if layer.repeats else None
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        """The layer's recurrent state (repeated in read mode), ``None`` before the prompt ran."""
+        layer = self.layers[layer_idx]
+        return layer.recurrent() if layer.repeats else None
 
     def expanded(self, k: int) -> "SharedPrefixCache":
         """A read-mode cache repeating this prefix ``k`` times along the batch (no copy held)."""
         layers = []
         for layer in self.layers:
+            if isinstance(layer, _PrefixLinearLayer):
+                layers.append(_PrefixLinearLayer(k, layer.conv, layer.state))
+                continue
             new = _PrefixLayer(repeats=k)
             new.lazy_initialization(layer.keys, layer.values)
             new.keys, new.values = layer.keys, layer.values
             layers.append(new)
         return SharedPrefixCache(layers)
+
+
+def expand_cache(cache: Cache, k: int) -> None:
+    """Repeat every row of a filled ``DynamicCache`` K times in place (rows ``b*K .. b*K+K-1``).
+
+    Attention layers use transformers' ``batch_repeat_interleave``; linear-attention layers
+    (``LinearAttentionLayer``, which has none in transformers 5.24) get their convolution and
+    recurrent states repeated here, re-assigned rather than copied into the old buffers.
+    """
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for idx in range(layer.number_of_states):
+                if layer.is_conv_states_initialized[idx]:
+                    layer.conv_states[idx] = layer.conv_states[idx].repeat_interleave(k, 0)
+                if layer.is_recurrent_states_initialized[idx]:
+                    layer.recurrent_states[idx] = layer.recurrent_states[idx].repeat_interleave(k, 0)
+            if hasattr(layer, "batch_size"):
+                layer.batch_size *= k
+        if isinstance(layer, CacheLayerMixin):  # keys/values (also of a layer holding both kinds)
+            layer.batch_repeat_interleave(k)
 
 
 def _prompt_forward(model, prompt: dict[str, torch.Tensor], cache: Cache, *, drop_last: bool = False):
@@ -176,7 +301,7 @@ def prefill_for_generation(model, prompt: dict[str, torch.Tensor], k: int) -> tu
     cache = DynamicCache(config=model.config)
     _prompt_forward(model, prompt, cache, drop_last=True)
     deltas = _rope_deltas(model, batch)
-    cache.batch_repeat_interleave(k)
+    expand_cache(cache, k)
     vl_core(model).rope_deltas = deltas.repeat_interleave(k, 0)
     return {name: prompt[name].repeat_interleave(k, 0) for name in TEXT_KEYS if name in prompt}, cache
 
@@ -278,7 +403,7 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
     if n != batch * k:
         raise ValueError(f"{n} completion rows for {batch} prompts x K={k}")
     with _cache_through_checkpointing(model):
-        cache = SharedPrefixCache()
+        cache = SharedPrefixCache.for_model(model)
         logits = _prompt_forward(model, prompt, cache).logits[:, -1:].repeat_interleave(k, 0)
         if lc > 1:
             prompt_mask = prompt["attention_mask"]

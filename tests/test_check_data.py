@@ -72,13 +72,15 @@ def _inject(root: Path) -> set[tuple[str, str]]:
     return expected
 
 
-def test_injected_faults_are_listed_exactly(in_repo, tmp_path, capsys):
+def test_injected_faults_are_listed_exactly(tiny_model_path, in_repo, tmp_path, capsys):
+    """Every fault, counted with each tiny family's processor (the token budget check tokenizes)."""
     root = tmp_path / "data"
     shutil.copytree(SAMPLE, root)
     expected = _inject(root)
     report_path = tmp_path / "report.json"
     rc = main([*CONFIGS, f"--data.root={root}", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
-               "--workers=0", "--progress=false", f"--report={report_path}"])
+               f"--model.policy.name_or_path={tiny_model_path}", "--workers=0", "--progress=false",
+               f"--report={report_path}"])
     assert rc == 1
     report = json.loads(report_path.read_text())
     problems = report["problems"]

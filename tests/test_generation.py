@@ -22,7 +22,7 @@ from grasp_lightning.generation import (
     vision_token_ids,
 )
 
-from .conftest import TINY
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 ENDOFTEXT, IM_END = 151643, 151645  # Qwen3: <|endoftext|> (also the pad id), <|im_end|>
 QWEN_EOS = [IM_END, ENDOFTEXT]  # the order of Qwen3-VL's generation_config.json
@@ -94,10 +94,10 @@ def test_vision_tokens_to_suppress(processor):
     assert processor.tokenizer.convert_tokens_to_ids("<|video_pad|>") in ids and len(ids) == 5
 
 
-def _noisy_tiny_model():
+def _noisy_tiny_model(path):
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(str(TINY), dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -105,15 +105,17 @@ def _noisy_tiny_model():
     return model
 
 
-def test_sampled_mask_lengths_equal_the_tokens_generate_sampled(processor):
-    """End to end on the tiny model with Qwen3-VL's convention: pad = <|endoftext|> is an eos id.
+def test_sampled_mask_lengths_equal_the_tokens_generate_sampled(tiny_model_path):
+    """End to end on each tiny model with Qwen3-VL's convention: pad = <|endoftext|> is an eos id.
 
     The ground truth reruns the very same ``generate`` call (same kwargs, same seed) with the pad id
     replaced by ``<|vision_pad|>``, a token that is suppressed and so never sampled: there the
     sampled tokens of each row are exactly its non-pad tokens.
     """
-    tok = processor.tokenizer
-    model = _noisy_tiny_model()
+    from grasp_lightning.policy import load_processor
+
+    tok = load_processor(str(tiny_model_path)).tokenizer
+    model = _noisy_tiny_model(tiny_model_path)
     pad = tok.pad_token_id
     assert tok.convert_ids_to_tokens(pad) == "<|endoftext|>"
     model.generation_config.eos_token_id = [tok.convert_tokens_to_ids("<|im_end|>"), pad]

@@ -1,8 +1,10 @@
 """Tests of grasp_lightning.planning and the plan-memory command: hand-computed bytes on a tiny Qwen3-VL, the
-published sizes, configs, CLI."""
+decoder layers' bytes against autograd and a real cache (Qwen3-VL and the hybrid Qwen3.5), the published sizes,
+configs, CLI, and the README's table."""
 
 from __future__ import annotations
 
+import copy
 import runpy
 import sys
 from dataclasses import replace
@@ -15,8 +17,14 @@ from grasp_lightning.commands import plan_memory as command
 from grasp_lightning.commands.config import config_args, load_run
 from grasp_lightning.commands.plan_memory import load_spec, plan_from_config
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.planning import tokens
-from grasp_lightning.planning.architectures import architecture_config, count_parameters, lora_parameters
+from grasp_lightning.planning import layers, tokens
+from grasp_lightning.planning.architectures import (
+    architecture_config,
+    count_parameters,
+    known_model_names,
+    lora_parameters,
+    lora_targets,
+)
 from grasp_lightning.planning.estimate import GIB, fits, plan_memory
 from grasp_lightning.planning.spec import RunSpec, strategy_settings
 from grasp_lightning.planning.tokens import video_tokens
@@ -24,6 +32,9 @@ from grasp_lightning.policy import LoraConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
+TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
+#: One published model per family: all full attention (Qwen3-VL) and hybrid linear attention (Qwen3.5).
+PUBLISHED = ("Qwen3-VL-8B-Instruct", "Qwen3.5-9B")
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +95,183 @@ def test_parameter_counts_by_hand(tiny) -> None:
 
 @pytest.mark.parametrize(("name", "published"), [("Qwen3-VL-2B-Instruct", 2.128e9),
                                                  ("Qwen/Qwen3-VL-4B-Instruct", 4.438e9),
-                                                 ("Qwen3-VL-8B-Thinking", 8.767e9)])
+                                                 ("Qwen3-VL-8B-Thinking", 8.767e9),
+                                                 ("Qwen/Qwen3.5-9B", 9.41e9)])
 def test_published_sizes(name: str, published: float) -> None:
     assert count_parameters(architecture_config(name)).total == pytest.approx(published, rel=0.005)
 
 
+def test_qwen3_5_9b_counted_exactly() -> None:
+    """Qwen3_5ForConditionalGeneration of the published shapes, as transformers builds it on the meta device (the
+    checkpoint's extra MTP layer is not loaded by transformers, so not counted)."""
+    config = architecture_config("Qwen/Qwen3.5-9B")
+    assert type(config).__name__ == "Qwen3_5Config" and config.name_or_path == "Qwen3.5-9B"
+    assert config.text_config.layer_types.count("linear_attention") == 24
+    counts = count_parameters(config)
+    assert (counts.total, counts.language, counts.vision) == (9_409_813_744, 8_953_803_264, 456_010_480)
+
+
+def _lora_by_hand(text, r: int) -> int:
+    """r (in + out) per default LoRA target, from the config's fields: full attention q/k/v/o (Qwen3.5's q_proj
+    writes query and gate, 2 a d), Gated DeltaNet in_proj_qkv (h -> 2 key_dim + value_dim), in_proj_z
+    (h -> value_dim), out_proj (value_dim -> h), and the MLP's gate/up/down in every layer."""
+    h, i, a, g, d = (text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
+                     text.head_dim)
+    q_out = a * d * (2 if text.model_type == "qwen3_5_text" else 1)
+    mlp = 3 * r * (h + i)
+    full = r * (h + q_out) + 2 * r * (h + g * d) + r * (a * d + h) + mlp
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    if "linear_attention" not in kinds:
+        return len(kinds) * full
+    key_dim = text.linear_num_key_heads * text.linear_key_head_dim
+    value_dim = text.linear_num_value_heads * text.linear_value_head_dim
+    linear = r * (h + 2 * key_dim + value_dim) + r * (h + value_dim) + r * (value_dim + h) + mlp
+    return kinds.count("full_attention") * full + kinds.count("linear_attention") * linear
+
+
+@pytest.mark.parametrize(("name", "expected"), [("Qwen3-VL-8B-Instruct", 43_646_976), ("Qwen3.5-9B", 40_108_032),
+                                                (str(TINY35), None)])
+def test_lora_counts_cover_both_attention_kinds(name: str, expected: int | None) -> None:
+    config = architecture_config(name)
+    counts = count_parameters(config)
+    targets = LoraConfig().target_modules
+    assert lora_parameters(counts, 16, targets) == _lora_by_hand(config.text_config, 16)
+    if expected is not None:
+        assert lora_parameters(counts, 16, targets) == expected
+    wrapped = {n.rsplit(".", 2)[-2] + "." + n.rsplit(".", 1)[-1] for n, _, _ in lora_targets(counts, targets)}
+    if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
+        assert {"linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"} <= wrapped
+        assert not wrapped & {"linear_attn.in_proj_a", "linear_attn.in_proj_b"}  # per-head gates stay dense
+    assert not any(".visual." in n for n, _, _ in lora_targets(counts, targets))  # the vision tower stays frozen
+
+
+@pytest.mark.parametrize(("name", "kv_per_token", "state_per_sequence"),
+                         [("Qwen3-VL-8B-Instruct", 147_456, 0), ("Qwen3.5-9B", 32_768, 51_904_512)])
+def test_rollout_cache_from_config_fields(name: str, kv_per_token: int, state_per_sequence: int) -> None:
+    """KV cache only for the full-attention layers; per sequence a linear-attention layer keeps its convolution
+    window (conv_dim x kernel, bf16) and recurrent state (H_v x d_k x d_v, float32), whatever the length."""
+    config = architecture_config(name)
+    text = config.text_config
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    kv = 2 * kinds.count("full_attention") * text.num_key_value_heads * text.head_dim * 2
+    state = 0
+    if "linear_attention" in kinds:
+        conv_dim = 2 * text.linear_num_key_heads * text.linear_key_head_dim + (
+            text.linear_num_value_heads * text.linear_value_head_dim)
+        recurrent = text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim
+        state = kinds.count("linear_attention") * (conv_dim * text.linear_conv_kernel_dim * 2 + recurrent * 4)
+    assert (kv, state) == (kv_per_token, state_per_sequence)
+    plan = plan_memory(spec(model=name), config)
+    assert plan.kv_cache == plan.sequences * plan.sequence_tokens * kv
+    assert plan.linear_states == plan.sequences * state
+    assert plan.rollout_cache == plan.kv_cache + plan.linear_states
+    assert plan.kv_cache_shared_prefix == (PROMPT + 4 * 20) * kv + 4 * state  # each completion keeps its own state
+
+
+@pytest.mark.parametrize("name", [str(TINY35), "Qwen3.5-9B"])
+def test_hybrid_cache_grows_four_times_slower(name: str) -> None:
+    """Against the same model with every layer full attention (same KV heads and head_dim): 1 layer in 4 caches
+    keys/values, so the rollout cache grows 4x slower with tokens, and the linear-attention state does not grow."""
+    hybrid = architecture_config(name)
+    full = copy.deepcopy(hybrid)
+    full.text_config.layer_types = ["full_attention"] * full.text_config.num_hidden_layers
+
+    def growth(config) -> tuple[int, int]:
+        short, long = (plan_memory(spec(model=name, max_new_tokens=n), config) for n in (100, 1100))
+        return long.rollout_cache - short.rollout_cache, long.linear_states - short.linear_states
+
+    (hybrid_growth, state_growth), (full_growth, _) = growth(hybrid), growth(full)
+    assert full_growth == 4 * hybrid_growth > 0 and state_growth == 0
+    assert plan_memory(spec(model=name), hybrid).linear_states > 0 == plan_memory(spec(model=name), full).linear_states
+
+
+def _cache_bytes(cache) -> int:
+    """Bytes of every tensor a transformers cache holds (keys/values, convolution windows, recurrent states)."""
+    import torch
+
+    total = 0
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            for t in (value.values() if isinstance(value, dict) else [value]):
+                total += t.numel() * t.element_size() if torch.is_tensor(t) else 0
+    return total
+
+
+def test_planned_cache_matches_a_real_cache(tiny_model_path) -> None:
+    """A bf16 prefill of 2 rows through each tiny family: the cache transformers fills is the planner's."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_path, dtype=torch.bfloat16)
+    shapes = layers.text_shapes(model.config.text_config)
+    for length in (10, 100):
+        with torch.no_grad():
+            out = model(input_ids=torch.randint(0, 100, (2, length)), use_cache=True)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        assert _cache_bytes(cache) == 2 * (length * layers.kv_bytes_per_token(shapes) + layers.linear_state_bytes(shapes))
+
+
+def _small_text_config(family: str):
+    """h 256, i 512, 4 heads, 2 KV heads of 64; Qwen3.5: partial rotary 0.25, Gated DeltaNet 2 key heads of 32,
+    4 value heads of 48, 4 convolution taps (every 4th layer full attention)."""
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_interleaved": True}
+    common = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab_size=100)
+    if family == "qwen3_vl":
+        from transformers import Qwen3VLTextConfig
+
+        config = Qwen3VLTextConfig(**common, rope_parameters={**rope, "mrope_section": [16, 8, 8]})
+    else:
+        from transformers import Qwen3_5TextConfig
+
+        config = Qwen3_5TextConfig(**common, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                   linear_value_head_dim=48, linear_conv_kernel_dim=4,
+                                   rope_parameters={**rope, "mrope_section": [4, 2, 2], "partial_rotary_factor": 0.25})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+@pytest.mark.parametrize(("family", "kind"), [("qwen3_vl", "full_attention"), ("qwen3_5", "full_attention"),
+                                              ("qwen3_5", "linear_attention")])
+def test_decoder_layer_bytes_match_autograd(family: str, kind: str) -> None:
+    """What one bf16 decoder layer leaves for backward over 256 tokens (autograd's saved tensors, one count per
+    storage, parameters excluded) against planning.layers; RoPE's cos/sin (shared by the layers, so not counted per
+    layer) are added; the rest differs by per-call constants (the 64 x 64 chunk mask, the (1 + w) of the norms)."""
+    import torch
+
+    if family == "qwen3_vl":
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextDecoderLayer as Layer
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding as Rotary
+    else:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer as Layer
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding as Rotary
+    torch.manual_seed(0)
+    config, length = _small_text_config(family), 256
+    shapes = layers.text_shapes(config)
+    index = shapes.kinds.index(kind)
+    layer = Layer(config, index).to(torch.bfloat16)
+    x = torch.randn(1, length, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = Rotary(config)(x, torch.arange(length).expand(3, 1, length))
+    params, storages = {p.data_ptr() for p in layer.parameters()}, {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, position_embeddings=(cos.detach(), sin.detach()), attention_mask=None)
+    planned = layers.decoder_layer_bytes(shapes, length)[kind]
+    rope = 2 * 2 * cos.shape[-1] if kind == "full_attention" else 0  # cos and sin, 16-bit, per token
+    assert sum(storages.values()) / length == pytest.approx(planned + rope, rel=0.003)
+
+
 def test_architecture_errors_and_local_dir() -> None:
-    with pytest.raises(GraspConfigError, match="bundled"):
+    with pytest.raises(GraspConfigError, match="none of the known models.*Qwen3-VL-8B-Thinking.*Qwen3.5-9B"):
         architecture_config("runs/nowhere")
     local = architecture_config(str(REPO / "grasp_lightning/assets/tiny-qwen3vl"))
     assert local.model_type == "qwen3_vl"
+    assert architecture_config(str(TINY35)).model_type == "qwen3_5"
 
 
 def test_model_states_zero2_world_1_and_8(tiny) -> None:
@@ -130,10 +308,13 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     plan = plan_memory(spec(), tiny)
     # GRPO: K = 4 sequences of 148 + 20 = 168 tokens -> 672 tokens
     assert (plan.prompt_tokens, plan.visual_tokens, plan.sequences, plan.sequence_tokens) == (PROMPT, 16, 4, 168)
-    # layer bytes per token: attention 2h + (a+2g)d + ad + (a+g)d = 128 + 128 + 64 + 96 = 416, MLP 2h + 4i = 640,
-    #   x 2 B = 2112. Checkpointed: 2 layers x 2h x 2 B = 256 + one layer 2112 = 2368 per token -> 672 * 2368 = 1591296;
-    #   embeddings + final norm 672 * 4h = 172032; DeepStack 4 seq x 16 visual x 1 x 64 x 2 B = 8192 -> 1771520.
-    assert plan.activations == 1771520
+    # layer bytes per token (planning.layers.full_attention_layer_bytes, Qwen3-VL's norm): each RMSNorm keeps its
+    #   float32 input 4h, its 16-bit normalised 2h and a float32 rsqrt (4) = 388, + its 16-bit output 2h = 516, x 2
+    #   norms = 1032; q/k-norm over (a+g)d = 96 in 6 rows: 384 + 192 + 24 = 600; q, k, v after RoPE 2(a+2g)d = 256,
+    #   output 2ad = 128, log-sum-exp 4a = 16; MLP 2 x 4i = 1024 -> 3056. Checkpointed: 2 layers x 2h x 2 B = 256 +
+    #   one layer 3056 = 3312 per token -> 672 * 3312 = 2225664; embeddings 2h + final norm 388 + 2h = 644 per token
+    #   -> 432768; DeepStack 4 seq x 16 visual x 1 x 64 x 2 B = 8192 -> 2666624.
+    assert plan.activations == 2666624
     assert plan.logits == 4 * 21 * 1000 * 6  # completion positions + 1, vocab, GRPO_LOGIT_BYTES (entropy row by row)
     # vision (frozen) transient: 256 patches x 2 B x (attention 2*32 + 6*16 + 32 = 192, MLP 2*32 + 2*64 = 192) = 196608
     assert plan.vision_transient == 196608
@@ -141,10 +322,11 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     assert plan.kv_cache == 672 * 256 and plan.kv_cache_shared_prefix == (PROMPT + 4 * 20) * 256
     # prefill: 4 x 148 prompt tokens x (256 B cache + 2 B x (2h + 3i) = 768 B working set) = 757760
     assert plan.rollout == 757760
-    # peak: static 492416 + 828672 + 1657344 + reference 492416 + buffers 4000 = 3474848, + training 3283520
-    assert plan.static == 3474848 and plan.peak == 3474848 + 1771520 + 504000
+    # peak: static 492416 + 828672 + 1657344 + reference 492416 + buffers 4000 = 3474848, + training 3170624
+    assert plan.static == 3474848 and plan.peak == 3474848 + 2666624 + 504000
+    assert plan.linear_states == 0 and plan.rollout_cache == plan.kv_cache  # no linear-attention layers
     no_ckpt = plan_memory(spec(gradient_checkpointing=False), tiny)
-    assert no_ckpt.activations == 672 * 2 * 2112 + 172032 + 8192
+    assert no_ckpt.activations == 672 * 2 * 3056 + 432768 + 8192
     eager = plan_memory(spec(gradient_checkpointing=False, attn_implementation="eager"), tiny)
     assert eager.activations - no_ckpt.activations == 672 * 2 * 5 * 4 * 168  # Korthikanti's 5 a s per token per layer
     sft = plan_memory(spec(**SFT, response_tokens=50), tiny)
@@ -153,10 +335,10 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
 
 def test_shared_prompt_grpo(tiny) -> None:
     plan = plan_memory(spec(shares_prompt=True), tiny)
-    # 1 prompt of 148 tokens + 4 completions of 20 = 228 tokens: 228 * 2368 = 539904, embeddings 228 * 256 = 58368,
-    #   DeepStack 1 * 16 * 64 * 2 = 2048; the prompt cache 148 * 256 = 37888 stays for backward, and one layer's
-    #   K-fold keys/values 4 * 148 * 256 / 2 layers = 75776 -> 713984
-    assert plan.activations == 539904 + 58368 + 2048 + 37888 + 75776
+    # 1 prompt of 148 tokens + 4 completions of 20 = 228 tokens: 228 * 3312 = 755136, embeddings and final norm
+    #   228 * 644 = 146832, DeepStack 1 * 16 * 64 * 2 = 2048; the prompt cache 148 * 256 = 37888 stays for backward,
+    #   and one layer's K-fold keys/values 4 * 148 * 256 / 2 layers = 75776 -> 1017680
+    assert plan.activations == 755136 + 146832 + 2048 + 37888 + 75776
     assert plan.vision_transient == 64 * 768  # the clip is encoded once: 16 tokens x 4 patches
     # generation: the cache is as large as before (672 * 256); repeating it holds 1 + 4 prompt copies: 5 * 148 * 256
     assert plan.kv_cache == 672 * 256 and plan.rollout == 5 * 148 * 256
@@ -330,8 +512,15 @@ def test_cli_and_table(capsys) -> None:
     out = capsys.readouterr().out
     assert "DeepSpeed ZeRO-2 on 8 GPU(s)" in out and "fits:" in out and "estimate_zero2_model_states_mem_needs" in out
     assert command.main(["--table", "--configs-dir", str(CONFIGS)]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Qwen3-VL")]
-    assert len(rows) == 12
+    out = capsys.readouterr().out
+    table = out[out.index("| Model | Setup |"):].rstrip("\n")
+    lines = table.splitlines()
+    assert len([line for line in lines if line.startswith("| Qwen3-VL")]) == 12
+    qwen35 = [line.split(" | ")[1] for line in lines if line.startswith("| Qwen3.5-9B |")]
+    assert qwen35 == ["SFT, full, 8 x H200 ZeRO-2", "SGR, full, 8 x H200 ZeRO-2", "SFT, LoRA r16, 1 x 24 GB",
+                      "SGR, LoRA r16, 1 x 24 GB", "SFT, LoRA r16, 1 x 48 GB", "SGR, LoRA r16, 1 x 48 GB"]
+    # README.md's memory table is this table, exactly (regenerate it with `plan-memory --table`)
+    assert table in (REPO / "README.md").read_text(), "README.md's memory table is stale: paste plan-memory --table"
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
@@ -353,6 +542,18 @@ def test_cli_refuses_an_unknown_model(capsys) -> None:
         command.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-3B-Instruct"])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "--model 'Qwen/Qwen3-VL-3B-Instruct': no config.json there" in err and "Qwen3-VL-8B-Instruct" in err
+    assert "--model 'Qwen/Qwen3-VL-3B-Instruct': no config.json there" in err
+    assert known_model_names() == ["Qwen3-VL-2B-Instruct", "Qwen3-VL-2B-Thinking", "Qwen3-VL-4B-Instruct",
+                                   "Qwen3-VL-4B-Thinking", "Qwen3-VL-8B-Instruct", "Qwen3-VL-8B-Thinking", "Qwen3.5-9B"]
+    assert all(name in err for name in known_model_names())
+    with pytest.raises(GraspConfigError, match="Qwen3.5-9B"):
+        architecture_config("Qwen/Qwen3.5-4B")
     assert command.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-2B-Instruct"]) == 0
     assert "Qwen3-VL-2B" in capsys.readouterr().out
+    # README "Qwen3.5-9B": the SGR recipe on one 8 x H200 node.
+    assert command.main(["--config", str(CONFIGS / "sgr.yaml"), "--model", "Qwen/Qwen3.5-9B",
+                         "--gpu-memory-gib", "140.4"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory plan: Qwen3.5-9B" in out and "24 linear-attention + 8 full-attention" in out
+    assert "linear-attention states 8 x 51,904,512 B" in out
+    assert "peak                   83.23" in out and "fits: yes" in out

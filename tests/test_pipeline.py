@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
+from transformers import AutoConfig
 
 from grasp_lightning.commands.config import override_args
 from grasp_lightning.commands.pipeline import (
@@ -23,6 +24,8 @@ from grasp_lightning.commands.pipeline import (
 )
 
 from .conftest import scalars
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 class SigtermAt(L.Callback):
@@ -38,11 +41,12 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _pipeline(run: Path, interrupt_at: int | None = None) -> Pipeline:
+def _pipeline(run: Path, model: Path, interrupt_at: int | None = None) -> Pipeline:
     sgr_args = [] if interrupt_at is None else ["--trainer.callbacks+=tests.test_pipeline.SigtermAt",
                                                 f"--trainer.callbacks.init_args.step={interrupt_at}"]
     stages = [
-        Stage("sft", ["configs/sft.yaml"], overrides={"trainer.max_steps": 2, "data.bench": None}),
+        Stage("sft", ["configs/sft.yaml"], overrides={"trainer.max_steps": 2, "data.bench": None,
+                                                      "model.policy.name_or_path": str(model)}),
         Stage("sgr", ["configs/sgr.yaml"], args=sgr_args,
               overrides={"trainer.max_steps": 4, "model.rollout.num_generations": 2, "data.val_limit": 2,
                          "data.val_batch_size": 2, "model.evaluation.max_new_tokens": 4}),
@@ -52,10 +56,12 @@ def _pipeline(run: Path, interrupt_at: int | None = None) -> Pipeline:
                                       "model.rollout.max_new_tokens": 8})
 
 
-def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(in_repo, tmp_path):
+def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(tiny_model_path, in_repo, tmp_path):
+    """On both tiny families: each stage starts from the previous stage's export (config, weights,
+    processor), so the next stage loads the family's model class from it."""
     run = tmp_path / "run"
     with pytest.raises(PipelineInterrupted, match="stage sgr stopped at step 2"):
-        _pipeline(run, interrupt_at=1).run()
+        _pipeline(run, tiny_model_path, interrupt_at=1).run()
     state = json.loads((run / STATE_FILE).read_text())["stages"]
     assert state["sft"]["status"] == "done" and state["sft"]["global_step"] == 2
     assert state["sgr"]["status"] == "interrupted" and state["sgr"]["attempts"] == 1
@@ -65,7 +71,7 @@ def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(in_repo, tmp_
     checkpoint = latest_checkpoint(run / "stages" / "sgr")
     assert checkpoint is not None and checkpoint.name == "last.ckpt"
 
-    results = _pipeline(run).run()  # the same command again: skip sft, resume sgr at step 2
+    results = _pipeline(run, tiny_model_path).run()  # the same command again: skip sft, resume sgr at step 2
 
     state = json.loads((run / STATE_FILE).read_text())["stages"]
     assert state["sft"]["attempts"] == 1 and (sft_export / "model.safetensors").stat().st_mtime_ns == exported_at
@@ -85,6 +91,8 @@ def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(in_repo, tmp_
     assert scalars(first)["train/kl"][0][1] == 0.0
     export_info = json.loads((Path(sgr["export"]) / "export_info.json").read_text())
     assert export_info["global_step"] == 4
+    family = AutoConfig.from_pretrained(tiny_model_path).model_type
+    assert [AutoConfig.from_pretrained(d).model_type for d in (sft_export, sgr["export"])] == [family, family]
     # the final report sits in the run folder
     assert results == run / "results.json"
     report = json.loads(results.read_text())

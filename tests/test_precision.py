@@ -16,6 +16,8 @@ import torch
 
 from .conftest import run_cli
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
 FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
 # The SFT recipe on the tiny model with the recipes' bf16 weights and precision, one optimizer step at
 # the paper's SFT learning rate, no warm-up (the first step runs at lr 2e-6 exactly).
@@ -40,8 +42,8 @@ class UpdateRecorder(L.Callback):
         self.after = {n: params[n].detach().clone() for n in self.before}
 
 
-def _one_step(tmp_path, *extra: str) -> UpdateRecorder:
-    cli = run_cli([*BF16_STEP, *extra], tmp_path)
+def _one_step(tmp_path, model, *extra: str) -> UpdateRecorder:
+    cli = run_cli([*BF16_STEP, f"--model.policy.name_or_path={model}", *extra], tmp_path)
     return next(cb for cb in cli.trainer.callbacks if isinstance(cb, UpdateRecorder))
 
 
@@ -56,8 +58,8 @@ def _moved(rec: UpdateRecorder) -> tuple[int, int, int, int]:
     return big, big_moved, nonzero, nonzero_moved
 
 
-def test_bf16_full_finetune_moves_every_weight_with_a_gradient(in_repo, tmp_path):
-    rec = _one_step(tmp_path)
+def test_bf16_full_finetune_moves_every_weight_with_a_gradient(tiny_model_path, in_repo, tmp_path):
+    rec = _one_step(tmp_path, tiny_model_path)
     big, big_moved, nonzero, nonzero_moved = _moved(rec)
     assert nonzero > 100_000  # the language model's weights (the vision tower is frozen)
     # Before the fix (pure-bf16 AdamW): 4,589 of 118,842 elements moved (3.9 %).
@@ -66,12 +68,12 @@ def test_bf16_full_finetune_moves_every_weight_with_a_gradient(in_repo, tmp_path
     assert {p.dtype for p in rec.before.values()} == {torch.float32}  # the masters the optimizer updates
 
 
-def test_frozen_vision_tower_stays_bf16_and_the_first_forward_agrees():
+def test_frozen_vision_tower_stays_bf16_and_the_first_forward_agrees(tiny_model_path):
     """Only trainable weights are upcast, exactly (same values); under bf16 autocast the masters'
     log-probabilities match the bf16 model's to bf16 rounding (norms and residuals run in float32)."""
     from grasp_lightning.policy import PolicyConfig, keep_float32_masters, load_policy, vision_modules
 
-    cfg = PolicyConfig(name_or_path="grasp_lightning/assets/tiny-qwen3vl", dtype="bfloat16")
+    cfg = PolicyConfig(name_or_path=str(tiny_model_path), dtype="bfloat16")
     bf16 = load_policy(cfg)
     masters = load_policy(cfg, float32_masters=True)
     assert keep_float32_masters(masters) == 0  # idempotent: nothing left to cast
@@ -85,8 +87,8 @@ def test_frozen_vision_tower_stays_bf16_and_the_first_forward_agrees():
     assert 0 < (a - b).abs().max() < 0.02  # measured 0.0044: about one bf16 ulp of the logits
 
 
-def test_lora_adapters_are_float32_masters_and_move(in_repo, tmp_path):
-    rec = _one_step(tmp_path, "--model.lora.enabled=true")
+def test_lora_adapters_are_float32_masters_and_move(tiny_model_path, in_repo, tmp_path):
+    rec = _one_step(tmp_path, tiny_model_path, "--model.lora.enabled=true")
     assert rec.before and all("lora_" in n for n in rec.before)
     assert {p.dtype for p in rec.before.values()} == {torch.float32}
     big, big_moved, _, _ = _moved(rec)

@@ -1,4 +1,5 @@
-"""The offline tiny Qwen3-VL: rebuilt from code it equals the shipped copy, and loads like a checkpoint."""
+"""The offline tiny models (Qwen3-VL and the hybrid Qwen3.5): rebuilt from code each equals its shipped
+copy, and loads like a checkpoint."""
 
 import json
 
@@ -6,32 +7,59 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grasp_lightning.generators.tiny import SPECIAL_TOKENS, build_tiny_qwen3vl
+from grasp_lightning.generators.tiny import SPECIAL_TOKENS, TINY_BUILDERS
 from grasp_lightning.policy import PolicyConfig, load_policy, load_processor
 
-from .conftest import TINY
+from .conftest import FAMILIES, TINY_MODELS
+
+#: What each family's tiny model is, as ``from_pretrained`` builds it.
+CLASSES = {"qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen2Tokenizer"),
+           "qwen3_5": ("Qwen3_5ForConditionalGeneration", "Qwen3_5Tokenizer")}
 
 
-def test_rebuild_equals_the_shipped_model(tmp_path):
-    out = build_tiny_qwen3vl(tmp_path / "tiny", seed=0)
-    assert (out / "tokenizer.json").read_text() == (TINY / "tokenizer.json").read_text()
-    assert json.loads((out / "config.json").read_text()) == json.loads((TINY / "config.json").read_text())
-    fresh, shipped = load_file(out / "model.safetensors"), load_file(TINY / "model.safetensors")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rebuild_equals_the_shipped_model(tmp_path, family):
+    shipped_dir = TINY_MODELS[family]
+    out = TINY_BUILDERS[family](tmp_path / "tiny", seed=0)
+    assert (out / "tokenizer.json").read_text() == (shipped_dir / "tokenizer.json").read_text()
+    assert json.loads((out / "config.json").read_text()) == json.loads((shipped_dir / "config.json").read_text())
+    fresh, shipped = load_file(out / "model.safetensors"), load_file(shipped_dir / "model.safetensors")
     assert fresh.keys() == shipped.keys()
     assert all(torch.equal(fresh[k], shipped[k]) for k in fresh)
 
 
-def test_loads_through_from_pretrained_with_frozen_vision_and_special_tokens():
-    model = load_policy(PolicyConfig(name_or_path=str(TINY), dtype="float32", freeze_vision=True))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loads_through_from_pretrained_with_frozen_vision_and_special_tokens(family):
+    model = load_policy(PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32", freeze_vision=True))
     assert model.training  # from_pretrained returns eval mode; the loader switches to train
     visual = model.model.visual
     assert not any(p.requires_grad for p in visual.parameters())
     assert all(p.requires_grad for p in model.model.language_model.parameters())
-    tok = load_processor(str(TINY)).tokenizer
+    tok = load_processor(str(TINY_MODELS[family])).tokenizer
+    assert (type(model).__name__, type(tok).__name__) == CLASSES[family]
     ids = [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
     assert len(set(ids)) == len(SPECIAL_TOKENS) and tok.unk_token_id not in ids
     assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+def test_tiny_qwen3_5_is_hybrid_with_slow_decays_and_refuses_one_kind_of_layer(tmp_path, capsys):
+    """The tiny Qwen3.5 holds both layer kinds in the published 3:1 pattern, its linear-attention decay
+    rates lie in [0.001, 0.05] (so its recurrent state keeps the prompt), and a pattern with only one
+    kind is refused by the builder and the command line alike."""
+    from grasp_lightning.generators.tiny import build_tiny_qwen3_5, main
+
+    config = json.loads((TINY_MODELS["qwen3_5"] / "config.json").read_text())["text_config"]
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    weights = load_file(TINY_MODELS["qwen3_5"] / "model.safetensors")
+    rates = torch.cat([w.exp() for k, w in weights.items() if k.endswith("linear_attn.A_log")])
+    assert rates.numel() == 3 * config["linear_num_value_heads"]
+    assert 1e-3 <= rates.min() and rates.max() <= 5e-2
+    with pytest.raises(ValueError, match="do not hold both a linear-attention and a full-attention layer"):
+        build_tiny_qwen3_5(tmp_path / "x", text_layers=3, full_attention_interval=4)
+    with pytest.raises(SystemExit) as done:
+        main([str(tmp_path / "y"), "--family", "qwen3_5", "--text-layers", "2"])
+    assert done.value.code == 2 and "do not hold both" in capsys.readouterr().err
 
 
 def test_cli_checks_layers_and_refuses_to_overwrite(tmp_path, capsys):

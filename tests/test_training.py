@@ -1,26 +1,155 @@
-"""End-to-end runs of the CLI on the tiny model and the sample data (SFT, GRPO-SGR, validate)."""
+"""End-to-end runs of the CLI on the tiny models and the sample data (SFT, GRPO-SGR, LoRA, export, validate).
+
+The paths that depend on the model run on both tiny families (``conftest.FAMILIES``): Qwen3-VL (full
+attention only) and the hybrid Qwen3.5 (Gated DeltaNet linear-attention layers + a full-attention
+layer). Each family's SFT run is made once (``sft_run``) and read by the SFT and export tests; the
+LoRA GRPO run starts from that export, as a pipeline's next stage does. The resume test is about the
+loader's sample order, not the model, and runs on Qwen3-VL only. Every test runs with one intra-op
+thread (``conftest.one_intra_op_thread``): ten times faster on the tiny models on a busy 2-core machine.
+"""
 
 import json
+import logging
 import re
+import zlib
+from pathlib import Path
 
-from .conftest import event_tags, run_cli, scalars
+import lightning as L
+import pytest
+import torch
+
+from .conftest import FAMILIES, REPO, TINY_MODELS, event_tags, run_cli, scalars
+from .test_rollout_sharing import GRAD_TOLS
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+SFT_STEPS = 24
+FALLBACK = "GRPO share_prompt: falling back to repeated prompt rows"
 
 
 def _log_dir(cli):
     return cli.trainer.log_dir
 
 
-def test_sft_overfits_four_samples(in_repo, tmp_path):
-    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
-                   "--data.train_limit=4", "--data.batch_size=4", "--trainer.max_steps=40", "--trainer.max_epochs=-1",
-                   "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.bench=null"],
-                  tmp_path)
-    loss = [v for _, v in scalars(_log_dir(cli))["train/loss"]]
-    assert len(loss) == 40
+def checksum_reward(completion: str, item) -> float:
+    """A reward term in [0, 1) that differs between any two distinct completions (CRC-32 of the text).
+
+    The tiny models never earn the recipe's terms (every group's rewards are all 0, so every advantage
+    is 0 and the first step's gradient is exactly 0); this term gives each group distinct rewards.
+    """
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+#: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
+SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
+               "tests.test_training.checksum_reward]",
+               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+
+
+class GradRecorder(L.Callback):
+    """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not hasattr(self, "grads"):
+            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
+                          if p.grad is not None}
+
+
+class WeightRecorder(L.Callback):
+    """Records every policy weight when the fit starts (``--trainer.callbacks+=``)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+
+
+def _callback(cli, cls):
+    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
+
+
+def _assert_grads_close(got: dict, expected: dict, family: str) -> None:
+    """Every gradient within ``GRAD_TOLS[family]`` of its tensor's largest entry (test_rollout_sharing's bound)."""
+    assert set(got) == set(expected) and expected
+    for name, grad in expected.items():
+        scale = float(grad.abs().max())
+        assert scale > 0, f"{name}: zero gradient, nothing compared"
+        assert float((got[name] - grad).abs().max()) <= GRAD_TOLS[family] * scale, name
+
+
+# ------------------------------------------------------------------ SFT, on both families
+@pytest.fixture(scope="module")
+def sft_run(tiny_model_path, tmp_path_factory):
+    """The SFT demo overfitting two samples for ``SFT_STEPS`` steps on one family (run once per family)."""
+    tmp = tmp_path_factory.mktemp(f"sft-{tiny_model_path.name}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
+                       f"--model.policy.name_or_path={tiny_model_path}", "--data.train_limit=2",
+                       "--data.batch_size=2", f"--trainer.max_steps={SFT_STEPS}", "--trainer.max_epochs=-1",
+                       "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.bench=null"],
+                      tmp)
+    return cli
+
+
+@pytest.fixture(scope="module")
+def sft_export(sft_run):
+    """``python -m grasp_lightning export`` of the SFT run's last checkpoint, with the run's saved config."""
+    from grasp_lightning.__main__ import main as dispatch
+
+    log_dir = Path(_log_dir(sft_run))
+    (ckpt,) = log_dir.rglob("last.ckpt")
+    out = log_dir / "export"
+    assert dispatch(["export", "--config", str(log_dir / "config.yaml"), "--ckpt_path", str(ckpt),
+                     "--out", str(out)]) == 0
+    return out
+
+
+def test_sft_overfits_two_samples(sft_run):
+    loss = [v for _, v in scalars(_log_dir(sft_run))["train/loss"]]
+    assert len(loss) == SFT_STEPS
     first, last = loss[0], sum(loss[-3:]) / 3
     assert last < 0.5 * first, (first, last)
+
+
+def test_sft_loss_covers_the_response_tokens_only(sft_run):
+    """Labels are the target's tokens (response + end of turn) and -100 elsewhere; the task's loss
+    (logits of the response positions only) is the cross-entropy over exactly those tokens."""
+    from grasp_lightning.data.prompts import IGNORE_INDEX
+
+    module, tok = sft_run.model, sft_run.model.tokenizer
+    batch = next(iter(sft_run.datamodule.train_dataloader()))
+    inputs = batch.inputs
+    labels, ids = inputs["labels"], inputs["input_ids"]
+    for row, item in enumerate(batch.items):
+        learnt = (labels[row] != IGNORE_INDEX).nonzero().flatten()
+        length = int(inputs["attention_mask"][row].sum())
+        assert learnt.tolist() == list(range(int(batch.prompt_lengths[row]), length))  # the response, to the end
+        assert torch.equal(labels[row, learnt], ids[row, learnt])
+        assert tok.decode(ids[row, learnt]) == f"{item.response}<|im_end|>\n"
+    module.policy.eval()
+    with torch.no_grad():
+        loss = module.task.training_step(module, batch).loss
+        logits = module.policy(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False).logits
+    shifted = labels[:, 1:]
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), shifted.flatten(),
+                                                 ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    assert float(loss) < 0.5 * scalars(_log_dir(sft_run))["train/loss"][0][1]  # the trained policy
+
+
+def test_sft_export_reloads_with_the_trained_policy_logits(sft_run, sft_export, tiny_model_path):
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    info = json.loads((sft_export / "export_info.json").read_text())
+    assert info["global_step"] == SFT_STEPS and not info["lora"]
+    assert AutoConfig.from_pretrained(sft_export).model_type == AutoConfig.from_pretrained(tiny_model_path).model_type
+    reloaded = AutoModelForImageTextToText.from_pretrained(sft_export, dtype=torch.float32).eval()
+    batch = next(iter(sft_run.datamodule.train_dataloader()))
+    inputs = {k: v for k, v in batch.inputs.items() if k != "labels"}
+    policy = sft_run.model.policy.eval()
+    with torch.no_grad():
+        expected, got = (m(**inputs, use_cache=False).logits for m in (policy, reloaded))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 class _Seen:
@@ -83,9 +212,10 @@ GRPO_METRICS = [
 ]
 
 
-def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(in_repo, tmp_path):
+def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_model_path, in_repo, tmp_path):
     cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST,
-                   "--trainer.max_steps=3", "--model.rollout.num_generations=4"], tmp_path)
+                   "--trainer.max_steps=3", "--model.rollout.num_generations=4",
+                   f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     log_dir = _log_dir(cli)
     tags = event_tags(log_dir)
     missing = [m for m in GRPO_METRICS if m not in tags["scalars"]]
@@ -101,8 +231,93 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(in_repo, 
     assert len(rows) == 2 * 4 and {"rewards", "answer", "participants_named", "completion"} <= set(rows[0])
 
 
-def test_validate_prints_the_table_and_writes_reports(in_repo, tmp_path, capsys):
-    cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST], tmp_path)
+# ------------------------------------------------------------------ GRPO-SGR and LoRA, on both families
+def _one_sgr_step(*configs: str) -> list[str]:
+    """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
+    return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
+            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
+            "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
+
+
+def _completions(cli) -> list[str]:
+    return [json.loads(line)["completion"] for line in open(f"{_log_dir(cli)}/rollouts.jsonl")]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(family, in_repo, tmp_path, caplog):
+    """``share_prompt: true`` (sgr.yaml) really shares on both families (no fall-back warning) and its
+    first step has the loss and gradients of ``share_prompt: false`` (K repeated rows, like TRL)."""
+    args = [*_one_sgr_step("sgr", "demo"), f"--model.policy.name_or_path={TINY_MODELS[family]}",
+            "--trainer.callbacks+=tests.test_training.GradRecorder"]
+    with caplog.at_level(logging.WARNING, logger="tasks.grpo"):
+        shared = run_cli(args, tmp_path / "shared")
+    assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
+    naive = run_cli([*args, "--model.task.init_args.share_prompt=false"], tmp_path / "naive")
+    s, n = scalars(_log_dir(shared)), scalars(_log_dir(naive))
+    assert s["train/rollout/shared_prompt"] == [(0, 1.0)] and n["train/rollout/shared_prompt"] == [(0, 0.0)]
+    assert _completions(shared) == _completions(naive) and len(set(_completions(shared))) == 2 * 4
+    assert s["train/advantage/std"][0][1] > 0.5  # every group has distinct rewards (checksum_reward)
+    assert s["train/tokens/prompt_forwarded"][0][1] < n["train/tokens/prompt_forwarded"][0][1] / 2
+    assert s["train/loss"][0][1] == pytest.approx(n["train/loss"][0][1], rel=1e-5, abs=1e-6)
+    _assert_grads_close(_callback(shared, GradRecorder).grads, _callback(naive, GradRecorder).grads, family)
+    assert s["train/kl"][0][1] == 0.0
+
+
+def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_export, in_repo, tmp_path):
+    """SGR + configs/lora.yaml from the SFT export (the pipeline's next stage): the default targets put
+    adapters on every decoder layer's attention (full: q/k/v/o; Gated DeltaNet: in_proj_qkv, in_proj_z,
+    out_proj) and MLP; a step moves the adapters only; the reference is the policy with its adapters
+    disabled, i.e. the export; ``export`` merges the adapters into weights that reload to the same logits."""
+    from transformers import AutoModelForImageTextToText
+
+    from grasp_lightning.__main__ import main as dispatch
+    from grasp_lightning.shared_prompt import layer_types
+
+    cli = run_cli([*_one_sgr_step("sgr", "lora", "demo"), f"--model.policy.name_or_path={sft_export}",
+                   "--trainer.callbacks+=tests.test_training.WeightRecorder"], tmp_path)
+    module, policy, log_dir = cli.model, cli.model.policy, Path(_log_dir(cli))
+    assert module.lora_cfg.enabled and module.uses_adapter_reference and module.reference_model is None
+    kinds = layer_types(policy)
+    projections = {"full_attention": ["self_attn." + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")],
+                   "linear_attention": ["linear_attn." + p for p in ("in_proj_qkv", "in_proj_z", "out_proj")]}
+    expected = {(i, name) for i, kind in enumerate(kinds)
+                for name in [*projections[kind], "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]}
+    names = [n for n, _ in policy.named_parameters()]
+    found = (re.search(r"language_model\.layers\.(\d+)\.(\w+\.\w+)\.lora_A\.", n) for n in names)
+    adapted = {(int(m[1]), m[2]) for m in found if m}
+    assert adapted == expected
+    assert len([n for n in names if ".lora_A." in n]) == len(expected)  # nowhere else (the vision tower neither)
+    assert all(".lora_" in n for n, p in policy.named_parameters() if p.requires_grad)
+    before, after = _callback(cli, WeightRecorder).before, dict(policy.named_parameters())
+    changed = {n for n, w in before.items() if not torch.equal(w, after[n])}
+    assert changed and all(".lora_" in n for n in changed)
+    assert {n for n in names if ".lora_B." in n} <= changed  # every adapter learnt (lora_A has no gradient yet)
+    assert scalars(log_dir)["train/kl"] == [(0, 0.0)]
+    ids = torch.arange(3, 35).reshape(2, 16)
+    policy.eval()
+    base = AutoModelForImageTextToText.from_pretrained(sft_export, dtype=torch.float32).eval()
+    with torch.no_grad():
+        trained = policy(input_ids=ids).logits
+        with module.reference() as reference:
+            ref = reference(input_ids=ids).logits
+        torch.testing.assert_close(ref, base(input_ids=ids).logits, rtol=1e-6, atol=1e-6)
+    assert float((trained - ref).abs().max()) > 1e-4  # the adapters matter
+    (ckpt,) = log_dir.rglob("last.ckpt")
+    export = ["export", "--config", str(log_dir / "config.yaml"), "--ckpt_path", str(ckpt), "--out"]
+    out, adapter = tmp_path / "merged", tmp_path / "adapter"
+    assert dispatch([*export, str(out)]) == 0
+    assert dispatch([*export, str(adapter), "--merge_lora", "false"]) == 0
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()
+    merged = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(merged) is type(base) and not any("lora" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        for reloaded in (merged, AutoModelForImageTextToText.from_pretrained(adapter, dtype=torch.float32).eval()):
+            torch.testing.assert_close(reloaded(input_ids=ids).logits, trained, rtol=1e-5, atol=1e-5)
+
+
+def test_validate_prints_the_table_and_writes_reports(tiny_model_path, in_repo, tmp_path, capsys):
+    cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST,
+                   f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     out = capsys.readouterr().out
     for cat in ("T1", "T6", "G1", "G6", "J1", "J4"):
         assert re.search(rf"^\| {cat} \|", out, re.M), cat

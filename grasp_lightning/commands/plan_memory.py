@@ -2,7 +2,9 @@
 
 ``python -m grasp_lightning plan-memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
 prints the bytes of every component per GPU and whether the run fits; ``--table`` prints the
-README's scaling table (Qwen3-VL 2B/4B/8B; full fine-tune on 8 x H200, LoRA on one 24 GB GPU).
+README's scaling table (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
+24 GB GPU, and for Qwen3.5-9B on one 48 GB GPU too). ``--model`` takes a local checkpoint or a name
+of :func:`~grasp_lightning.planning.architectures.known_model_names` (or its Hub id).
 
 The configs are instantiated by the one config loader (:func:`grasp_lightning.commands.config.load_run`,
 as ``fit`` would: a key a config leaves out has the code's value), and the planner reads the
@@ -21,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from grasp_lightning.commands.config import config_args, load_run
-from grasp_lightning.planning.architectures import bundled_architectures
+from grasp_lightning.planning.architectures import known_model_names
 from grasp_lightning.planning.estimate import MemoryPlan, fits, format_plan, plan_memory
 from grasp_lightning.planning.spec import RunSpec, bundled_or_local, spec_from_run
-from grasp_lightning.planning.tables import TABLE_MODELS, TABLE_SETUPS, scaling_table
+from grasp_lightning.planning.tables import TABLE_ROWS, Setup, scaling_table
 from grasp_lightning.planning.tokens import DEFAULT_SOURCE_FPS
 
 log = logging.getLogger(__name__)
@@ -75,16 +77,16 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
 
 
 def table(configs_dir: str | Path = "configs", *, video_seconds: float = 60.0, text_tokens: int = 256,
-          models: Sequence[str] = TABLE_MODELS) -> str:
-    """The README's scaling table of ``models`` x :data:`~grasp_lightning.planning.tables.TABLE_SETUPS`,
-    each setup's recipes read from ``configs_dir``."""
-    rows = []
-    for model in models:
-        for label, files, gpu in TABLE_SETUPS:
+          rows: Sequence[tuple[str, Sequence[Setup]]] = TABLE_ROWS) -> str:
+    """The README's scaling table: each model of ``rows`` with its setups
+    (:data:`~grasp_lightning.planning.tables.TABLE_ROWS`), each setup's recipes read from ``configs_dir``."""
+    planned = []
+    for model, setups in rows:
+        for label, files, gpu in setups:
             paths = [Path(configs_dir) / f for f in files]
             spec, _ = load_spec(config_args(paths, {"model.policy.name_or_path": model}))
-            rows.append((model, label, spec, gpu))
-    return scaling_table(rows, video_seconds=video_seconds, text_tokens=text_tokens)
+            planned.append((model, label, spec, gpu))
+    return scaling_table(planned, video_seconds=video_seconds, text_tokens=text_tokens)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,9 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.append(f"--{key.strip()}={value}")
     if args.model:
         if not bundled_or_local(args.model):
-            known = ", ".join(sorted(bundled_architectures()))
             parser.error(f"--model {args.model!r}: no config.json there and not a published architecture "
-                         f"(known: {known})")
+                         f"(known: {', '.join(known_model_names())}, or their Hub ids Qwen/...)")
         overrides.append(f"--model.policy.name_or_path={args.model}")
     plan = plan_from_config(args.config, gpu_memory_gib=args.gpu_memory_gib, video_seconds=args.video_seconds,
                             text_tokens=args.text_tokens, response_tokens=args.response_tokens, args=overrides)

@@ -1,15 +1,18 @@
-"""An offline tiny Qwen3-VL: random weights, a locally trained tokenizer, a real processor.
+"""Offline tiny Qwen3-VL and Qwen3.5 models: random weights, a locally trained tokenizer, a real processor.
 
-No pretrained weights can be downloaded on CI machines, so the demo and the tests use a model
-built here from a ``Qwen3VLConfig``, with a byte-level BPE tokenizer trained on GRASP-style text,
-a ``Qwen3VLVideoProcessor`` with a small patch size and a Qwen-style chat template. It is written
+No pretrained weights can be downloaded on CI machines, so the demo and the tests use models
+built here: a ``Qwen3VLConfig`` (:func:`build_tiny_qwen3vl`) or a hybrid ``Qwen3_5Config``
+(:func:`build_tiny_qwen3_5`: Gated DeltaNet linear-attention layers and full-attention layers, as
+``layer_types`` writes them), each with a byte-level BPE tokenizer trained on GRASP-style text, a
+``Qwen3VLVideoProcessor`` with a small patch size and a Qwen-style chat template. They are written
 with ``save_pretrained`` and loaded back by :func:`grasp_lightning.policy.load_policy` through
 ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` — the same
-path as a real checkpoint (Qwen3-VL as transformers 5.x implements it).
+path as a real checkpoint (Qwen3-VL and Qwen3.5 as transformers 5.x implements them).
 
-Command line: ``python -m grasp_lightning.generators.tiny OUT_DIR [--seed N]``; with ``--like
-Qwen3-VL-2B-Instruct`` (or another checkpoint name) it writes a stand-in of that real checkpoint
-instead (:mod:`grasp_lightning.generators.standin`: real widths, vocabulary, templates; a few layers).
+Command line: ``python -m grasp_lightning.generators.tiny OUT_DIR [--family qwen3_5] [--seed N]``;
+with ``--like Qwen3-VL-2B-Instruct`` (or ``Qwen3.5-9B``, or another checkpoint name) it writes a
+stand-in of that real checkpoint instead (:mod:`grasp_lightning.generators.standin`: real widths,
+vocabulary, templates; a few layers).
 """
 
 from __future__ import annotations
@@ -82,20 +85,30 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str] = ()):
-    """Train a byte-level BPE on GRASP-style text and wrap it as a ``Qwen2Tokenizer``.
+def build_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str] = (), *, family: str = "qwen3_vl"):
+    """Train a byte-level BPE on GRASP-style text and wrap it as the family's tokenizer class.
 
     Args:
         vocab_size: size of the BPE vocabulary before the special tokens are appended.
         seed: seed of the training corpus; the same seed gives the same tokenizer.
         corpus: more training lines (e.g. a dataset's own prompts, so its words become single tokens).
+        family: ``qwen3_vl`` (``Qwen2Tokenizer``, as Qwen3-VL checkpoints) or ``qwen3_5``
+            (``Qwen3_5Tokenizer``: Qwen3.5's own class, NFC normalisation and its split pattern).
 
     Returns:
-        ``transformers.Qwen2Tokenizer`` with the Qwen vision special tokens, ``<|im_end|>`` as EOS
-        and ``<|endoftext|>`` as padding.
+        The tokenizer with the Qwen vision special tokens, ``<|im_end|>`` as EOS and
+        ``<|endoftext|>`` as padding.
+
+    Raises:
+        ValueError: unknown ``family``.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
+    from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer
+
+    classes = {"qwen3_vl": Qwen2Tokenizer, "qwen3_5": Qwen3_5Tokenizer}
+    if family not in classes:
+        raise ValueError(f"family must be one of {sorted(classes)}, got {family!r}")
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -111,7 +124,7 @@ def build_tokenizer(vocab_size: int = 1024, seed: int = 0, corpus: Sequence[str]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]]
     for tok in SPECIAL_TOKENS:
         vocab.setdefault(tok, len(vocab))
-    tokenizer = Qwen2Tokenizer(
+    tokenizer = classes[family](
         vocab=vocab,
         merges=merges,
         unk_token=None,
@@ -160,13 +173,7 @@ def build_tiny_qwen3vl(
         ValueError: if ``text_hidden_size`` is not divisible by ``4 * text_heads`` (the M-RoPE
             sections must sum to half the head dim).
     """
-    from transformers import (
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-    )
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     head_dim = text_hidden_size // text_heads
     if text_hidden_size % text_heads or head_dim % 2:
@@ -216,6 +223,17 @@ def build_tiny_qwen3vl(
     model = Qwen3VLForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.save_pretrained(out)
+    _tiny_processor(tokenizer, patch_size, max_video_pixels).save_pretrained(out)
+    log.info("tiny Qwen3-VL (%d parameters) written to %s", sum(p.numel() for p in model.parameters()), out)
+    return out
+
+
+def _tiny_processor(tokenizer, patch_size: int, max_video_pixels: int):
+    """The tiny models' ``Qwen3VLProcessor`` (Qwen3.5 reuses it): patch ``patch_size``, 2 fps."""
+    from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
     video_processor = Qwen3VLVideoProcessor(
         patch_size=patch_size,
         temporal_patch_size=2,
@@ -227,25 +245,149 @@ def build_tiny_qwen3vl(
         patch_size=patch_size, temporal_patch_size=2, merge_size=2,
         size={"shortest_edge": (2 * patch_size) ** 2, "longest_edge": 64 * 64},
     )
-    processor = Qwen3VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
+    return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                            chat_template=CHAT_TEMPLATE)
+
+
+def build_tiny_qwen3_5(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    text_hidden_size: int = 64,
+    text_layers: int = 4,
+    full_attention_interval: int = 4,
+    text_heads: int = 4,
+    vision_hidden_size: int = 32,
+    vision_depth: int = 2,
+    patch_size: int = 8,
+    vocab_size: int = 1024,
+    max_video_pixels: int = 64 * 64 * 16,
+    corpus: Sequence[str] = (),
+) -> Path:
+    """Build a random-initialised tiny hybrid Qwen3.5 with its processor and save it to ``out_dir``.
+
+    The text model keeps Qwen3.5's structure at a small width: every ``full_attention_interval``-th
+    decoder layer is gated full attention (2 key/value heads, partial rotary 0.25 with interleaved
+    M-RoPE), the others Gated DeltaNet linear attention (2 key heads, 4 value heads of 8 dims, a
+    4-tap causal convolution), so ``layer_types`` holds both kinds (default 3 linear + 1 full, the
+    published 3:1 pattern). The vision tower is Qwen3.5's (no DeepStack mergers), the tokenizer is
+    ``Qwen3_5Tokenizer`` over the tiny BPE, the processor Qwen3.5's ``Qwen3VLProcessor``. The
+    linear-attention decay rates ``A = exp(A_log)`` are drawn from [0.001, 0.05] per head instead of
+    transformers' initial [0.01, 16]: with rates up to 16 the state decays by up to ``e^-16`` per
+    token and forgets the prompt within a few tokens, so the state the shared prefill hands to the
+    completions would be the same for every prompt and the tests of it would prove little.
+
+    Args:
+        out_dir: directory to write; created if missing.
+        seed: seeds the tokenizer corpus and ``torch.manual_seed`` for the weights.
+        text_hidden_size: width of the language model; attention head dim ``hidden / heads``.
+        text_layers: decoder layers of the language model.
+        full_attention_interval: every this-many-th layer is full attention (Qwen3.5: 4).
+        text_heads: query heads of the full-attention layers (key/value heads: half of them).
+        vision_hidden_size: width of the vision tower.
+        vision_depth: blocks of the vision tower.
+        patch_size: spatial patch size in pixels (temporal patch 2, merge 2 as in Qwen3.5).
+        vocab_size: BPE vocabulary size before special tokens.
+        max_video_pixels: the video processor's pixel budget summed over all frames of a clip.
+        corpus: more tokenizer training lines (:func:`build_tokenizer`).
+
+    Returns:
+        ``out_dir`` as a ``Path``.
+
+    Raises:
+        ValueError: the layer pattern has no linear-attention or no full-attention layer, or the
+            head dim cannot carry the rotary sections (``hidden / heads`` a multiple of 16).
+    """
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    kinds = {(i + 1) % full_attention_interval == 0 for i in range(text_layers)}
+    if kinds != {True, False}:
+        raise ValueError(f"{text_layers} layers with full_attention_interval {full_attention_interval} do not hold "
+                         "both a linear-attention and a full-attention layer")
+    head_dim = text_hidden_size // text_heads
+    if text_hidden_size % text_heads or head_dim % 16:
+        raise ValueError(f"text_hidden_size {text_hidden_size} / text_heads {text_heads} must be a multiple of 16")
+    rotary_half = head_dim // 8  # partial_rotary_factor 0.25: the rotary dims are head_dim / 4, sections sum to half
+    mrope = [rotary_half - 2 * (rotary_half // 3), rotary_half // 3, rotary_half // 3]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, corpus=corpus, family="qwen3_5")
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
+    config = Qwen3_5Config(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=text_hidden_size,
+            intermediate_size=text_hidden_size * 2,
+            num_hidden_layers=text_layers,
+            num_attention_heads=text_heads,
+            num_key_value_heads=max(1, text_heads // 2),
+            head_dim=head_dim,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=full_attention_interval,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope,
+                             "mrope_interleaved": True, "partial_rotary_factor": 0.25},
+            pad_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            hidden_size=vision_hidden_size,
+            intermediate_size=vision_hidden_size * 2,
+            num_heads=max(1, vision_hidden_size // 16),
+            patch_size=patch_size,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=text_hidden_size,
+            num_position_embeddings=256,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
     )
+    config.eos_token_id = ids["<|im_end|>"]
+    config.pad_token_id = ids["<|endoftext|>"]
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    with torch.no_grad():  # slow decays, so the recurrent state carries the prompt (see the docstring)
+        for layer in model.model.language_model.layers:
+            if hasattr(layer, "linear_attn"):
+                rates = torch.empty_like(layer.linear_attn.A_log).uniform_(1e-3, 5e-2)
+                layer.linear_attn.A_log.copy_(rates.log())
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out)
-    processor.save_pretrained(out)
-    log.info("tiny Qwen3-VL (%d parameters) written to %s", sum(p.numel() for p in model.parameters()), out)
+    _tiny_processor(tokenizer, patch_size, max_video_pixels).save_pretrained(out)
+    log.info("tiny Qwen3.5 (%d parameters, layers %s) written to %s", sum(p.numel() for p in model.parameters()),
+             config.text_config.layer_types, out)
     return out
+
+
+#: The tiny builders by model family (``--family``).
+TINY_BUILDERS = {"qwen3_vl": build_tiny_qwen3vl, "qwen3_5": build_tiny_qwen3_5}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry: ``python -m grasp_lightning.generators.tiny OUT_DIR [--like NAME --text-layers N --vision-layers N]``."""
+    from grasp_lightning.generators.standin import checkpoint_names
+
     parser = argparse.ArgumentParser(prog="python -m grasp_lightning build-model", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", default="qwen3_vl", choices=sorted(TINY_BUILDERS),
+                        help="tiny model family (without --like): qwen3_vl, or qwen3_5 (hybrid linear attention)")
     parser.add_argument("--like", default=None,
-                        help="build a stand-in of this checkpoint, e.g. Qwen3-VL-2B-Instruct or Qwen3-VL-8B-Thinking")
+                        help=f"build a stand-in of this checkpoint: {', '.join(checkpoint_names())} "
+                             "(a Qwen/ prefix is accepted)")
     parser.add_argument("--text-layers", type=int, default=None,
-                        help="language-model layers (default: 2; the tiny model's too)")
+                        help="language-model layers (default: 2; the tiny Qwen3-VL's too; the tiny Qwen3.5 and a "
+                             "Qwen3.5 stand-in: 4, i.e. 3 linear-attention + 1 full-attention layers)")
     parser.add_argument("--vision-layers", type=int, default=None,
                         help="vision-tower blocks (default: 2; the tiny model's too)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="stand-in weight dtype")
@@ -260,13 +402,19 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{out} already holds files (a checkpoint?); pass --overwrite to write the model into it")
     text_layers, vision_layers = args.text_layers or 2, args.vision_layers or 2
     if args.like is None:
-        build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
+        if args.family == "qwen3_5":
+            try:
+                build_tiny_qwen3_5(out, seed=args.seed, text_layers=args.text_layers or 4, vision_depth=vision_layers)
+            except ValueError as err:
+                parser.error(str(err))
+        else:
+            build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
         return
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.generators.standin import build_standin, parse_like, standin_config
+    from grasp_lightning.generators.standin import build_standin, default_text_layers, standin_config
 
     try:  # a bad name or layer count is a usage error, reported before anything is built or written
-        parse_like(args.like)
+        text_layers = args.text_layers or default_text_layers(args.like)
         standin_config(args.like, text_layers=text_layers, vision_layers=vision_layers)
         build_standin(out, args.like, text_layers=text_layers, vision_layers=vision_layers, dtype=args.dtype,
                       seed=args.seed)

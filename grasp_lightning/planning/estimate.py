@@ -27,17 +27,23 @@ trainable and ``N`` data-parallel ranks:
   0 for LoRA with the adapter-disabled reference and for a task without one (SFT, ``beta == 0``).
 - ZeRO buffers: the reduce buckets, ``(1 + overlap_comm) x reduce_bucket_size x 2 B`` (DeepSpeed
   ``setup_buckets`` with ``contiguous_gradients``).
-- activations: kept for the backward pass, :func:`layer_activation_bytes` (after Korthikanti et al.
-  2022) per layer and token, or only each layer's input under gradient checkpointing.
+- activations: kept for the backward pass, per decoder layer and token by its kind
+  (:mod:`grasp_lightning.planning.layers`: full attention, or Qwen3.5's Gated DeltaNet linear
+  attention with its chunked float32 rule and per-chunk recurrent states; counted from the
+  transformers code and checked against autograd's saved tensors), or only each layer's input under
+  gradient checkpointing plus one layer's full set (the larger kind's) while it is recomputed.
 - logits: the loss's logits and their float32 copies, as ``tasks/sft.py`` and ``tasks/grpo.py``
   compute them (:data:`SFT_LOGIT_BYTES`, :data:`GRPO_LOGIT_BYTES`).
-- rollout (a task that samples rollouts, ``Task.samples_rollouts``: GRPO): the KV cache,
-  ``2 x layers x kv_heads x head_dim x 2 B`` per token of the ``B x K`` sequences (``generate(num_return_sequences=K)`` prefills the prompt K times), or, if larger, the
-  prompt's cache plus the prefill's no-grad working set of one layer, ``2 B x (2h + 3i)`` per token
-  (residual, normed input, gate, up, SiLU(gate)). The shared-prefix cache (prompt cached once per
-  group, as a prefix-sharing cache such as vLLM's holds it) is reported beside it; HF's
-  ``cache.batch_repeat_interleave(K)`` copies the prompt's cache K times, so there it only saves the
-  prefill, not the cache.
+- rollout (a task that samples rollouts, ``Task.samples_rollouts``: GRPO): the KV cache of the
+  full-attention layers, ``2 x full layers x kv_heads x head_dim x 2 B`` per token of the ``B x K``
+  sequences (``generate(num_return_sequences=K)`` prefills the prompt K times), plus, for a hybrid
+  model, each sequence's linear-attention state (convolution window and float32 recurrent state,
+  constant in its length: :func:`~grasp_lightning.planning.layers.linear_state_bytes`); or, if
+  larger, the prompt's cache plus the prefill's no-grad working set of one layer
+  (:func:`~grasp_lightning.planning.layers.prefill_working_bytes`). The shared-prefix cache (prompt
+  cached once per group, as a prefix-sharing cache such as vLLM's holds it; every sequence keeps its
+  own linear-attention state) is reported beside it; HF's ``cache.batch_repeat_interleave(K)`` copies
+  the prompt's cache K times, so there it only saves the prefill, not the cache.
 
 Peak = weights + gradients + optimizer states + reference + buffers + max(training pass, rollout):
 the rollout runs without gradients before the training forward, so the two never coexist.
@@ -59,6 +65,18 @@ from grasp_lightning.planning.architectures import (
     format_count,
     lora_parameters,
     lora_targets,
+)
+from grasp_lightning.planning.layers import (
+    TextShapes,
+    decoder_layer_bytes,
+    decoder_stack_bytes,
+    kv_bytes_per_token,
+    layer_activation_bytes,
+    linear_state_bytes,
+    prefill_working_bytes,
+    rms_norm_bytes,
+    stack_activation_bytes,
+    text_shapes,
 )
 from grasp_lightning.planning.spec import RunSpec
 from grasp_lightning.planning.tokens import VideoTokens, processor_video_settings, video_tokens
@@ -82,48 +100,17 @@ def format_gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-# ---------------------------------------------------------------------------------- activations
-def layer_activation_bytes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, seq_len: int,
-                           *, gated_mlp: bool = True, qk_norm: bool = True, flash: bool = True) -> int:
-    """Bytes one transformer layer keeps for the backward pass, per token, with 16-bit activations.
-
-    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
-    Sec. 4.1, Eq. 1) count ``s b h (34 + 5 a s / h)`` bytes per GPT layer: 34 h per token plus
-    ``5 a s`` for the attention scores, softmax and dropout. Recounted for a Qwen3 decoder layer
-    (RMSNorm, grouped-query attention with ``g`` KV heads, q/k-norm, no dropout, SwiGLU), in elements:
-    attention: norm input ``h``, QKV input ``h``, Q, K, V ``(a + 2g) d``, Q and K before q/k-norm
-    ``(a + g) d``, output-projection input ``a d``; MLP: norm input ``h``, gate/up input ``h``, gate,
-    up, SiLU(gate) and their product ``4 i`` (a plain GELU MLP, as in the vision tower: ``2 i``).
-    With flash attention (``flash_attention_2``, or ``sdpa`` on a GPU) the ``s x s`` scores are never
-    stored; with ``eager`` attention Korthikanti's ``5 a s`` bytes are added.
-
-    Returns:
-        bytes per token (multiply by tokens).
-    """
-    attn = 2 * hidden + (heads + 2 * kv_heads) * head_dim + heads * head_dim + (qk_norm * (heads + kv_heads) * head_dim)
-    mlp = 2 * hidden + (4 if gated_mlp else 2) * intermediate
-    return 2 * (attn + mlp) + (0 if flash else 5 * heads * seq_len)
-
-
-def stack_activation_bytes(tokens: int, layers: int, hidden: int, per_layer: int, *, checkpointing: bool) -> int:
-    """Activations of a stack of ``layers`` layers for ``tokens`` tokens, in bytes.
-
-    Without checkpointing every layer keeps ``per_layer`` bytes per token. With (HF per-layer)
-    checkpointing each layer keeps only its 16-bit input (``2 h`` bytes per token) and one layer's
-    full activations exist again while it is recomputed in the backward pass.
-    """
-    per_token = layers * 2 * hidden + per_layer if checkpointing else layers * per_layer
-    return tokens * per_token
-
-
 @dataclass
 class MemoryPlan:
     """Per-GPU memory of one run, in bytes, with a short derivation of every component.
 
     ``peak = static + max(training, rollout)`` where ``static`` holds the model states, the
     reference model and the ZeRO buffers; ``training`` the activations and logits of one
-    micro-batch (or a frozen vision tower's one-layer transient, if larger); ``rollout`` the KV
-    cache of generation (or the prefill's peak). ``deepspeed_model_states`` is DeepSpeed's own
+    micro-batch (or a frozen vision tower's one-layer transient, if larger); ``rollout`` the cache
+    of generation, :attr:`rollout_cache` (or the prefill's peak). ``kv_cache`` holds the
+    full-attention layers' keys/values of the ``B x K`` sequences, ``linear_states`` their
+    linear-attention states (0 without such layers); ``kv_cache_shared_prefix`` is both with the
+    prompt's keys/values held once per group. ``deepspeed_model_states`` is DeepSpeed's own
     estimate (``None`` without ZeRO), which assumes every parameter is trainable.
     """
 
@@ -145,11 +132,17 @@ class MemoryPlan:
     logits: int
     vision_transient: int
     kv_cache: int
+    linear_states: int
     kv_cache_shared_prefix: int
     rollout: int
     deepspeed_model_states: int | None
     how: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def rollout_cache(self) -> int:
+        """Bytes of the rollout's cache: full-attention keys/values + linear-attention states."""
+        return self.kv_cache + self.linear_states
 
     @property
     def model_states(self) -> int:
@@ -266,42 +259,54 @@ def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
     return vt, prompt, spec.max_new_tokens, spec.micro_batch_size * spec.num_generations
 
 
-def _kv_bytes_per_token(text) -> int:
-    """KV-cache bytes per token over all layers: K and V x layers x kv_heads x head_dim x 2 B."""
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 2
+def _layers_label(s: TextShapes) -> str:
+    """``36 layers`` or ``32 layers (24 linear-attention + 8 full-attention)``."""
+    mixed = f" ({s.linear_layers} linear-attention + {s.full_layers} full-attention)" if s.linear_layers else ""
+    return f"{len(s.kinds)}{mixed} layers"
+
+
+def _shared_prompt_bytes(spec: RunSpec, s: TextShapes, prompts: int, prompt: int, sequences: int) -> int:
+    """What GRPO's shared-prompt scoring keeps beyond the layers' own sets: the prompts' cache (keys/values
+    and linear-attention states, with their graph) kept for the backward pass under checkpointing,
+    and the cache repeated K times inside each layer (one layer's under checkpointing, every layer's
+    without): a full-attention layer's K-fold keys/values, a linear-attention layer's K-fold states."""
+    ckpt = spec.gradient_checkpointing
+    per_full = kv_bytes_per_token(s) // s.full_layers if s.full_layers else 0
+    per_linear = linear_state_bytes(s) // s.linear_layers if s.linear_layers else 0
+    cache = prompts * (prompt * kv_bytes_per_token(s) + linear_state_bytes(s)) if ckpt else 0
+    repeated_full = sequences * prompt * per_full * (1 if ckpt else s.full_layers)
+    repeated_linear = sequences * per_linear * (1 if ckpt else s.linear_layers)
+    return cache + (max(repeated_full, repeated_linear) if ckpt else repeated_full + repeated_linear)
 
 
 def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoTokens, prompt: int, completion: int,
                  sequences: int, how: dict) -> dict[str, int]:
     """Activations kept for backward, logits, and a frozen vision tower's transient, bytes per GPU.
 
-    A task that shares prompts (GRPO's ``share_prompt``) runs the ``B`` prompts once (clip included) and the ``B x K``
-    completions against their cache, whose keys/values are repeated K times inside each layer's
-    attention: the cache stays alive for the backward pass, and the repeated keys/values of one
-    layer (of every layer without checkpointing) are saved by the attention.
+    A task that shares prompts (GRPO's ``share_prompt``) runs the ``B`` prompts once (clip included)
+    and the ``B x K`` completions against their cache (:func:`_shared_prompt_bytes`).
     """
-    h, layers = text.hidden_size, text.num_hidden_layers
+    s = text_shapes(text)
+    h, layers = s.hidden, len(s.kinds)
     shared = spec.samples_rollouts and spec.shares_prompt
     prompts = spec.micro_batch_size if shared else sequences  # prompt copies run through the model
     tokens = prompts * prompt + sequences * completion
-    head_dim = getattr(text, "head_dim", None) or h // text.num_attention_heads
     flash = spec.attn_implementation != "eager"
-    per_layer = layer_activation_bytes(h, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
-                                       head_dim, prompt + completion, flash=flash)
+    per_kind = decoder_layer_bytes(s, prompt + completion, flash=flash)
+    dropout = 0
     if spec.lora.enabled and spec.lora.dropout > 0:  # nn.Dropout on each wrapped Linear's input: 2 B + 1 B mask
-        per_layer += 3 * sum(i for _, i, _ in lora_targets(counts, spec.lora.target_modules)) // layers
-    activations = stack_activation_bytes(tokens, layers, h, per_layer, checkpointing=spec.gradient_checkpointing)
-    activations += tokens * 2 * 2 * h  # input embeddings and the final norm's input
+        dropout = 3 * sum(i for _, i, _ in lora_targets(counts, spec.lora.target_modules)) // layers
+    activations = decoder_stack_bytes(tokens, s, per_kind, extra_per_layer=dropout,
+                                      checkpointing=spec.gradient_checkpointing)
+    # the input embeddings (2 h) and the final norm (its float32 copies, rsqrt, 16-bit output)
+    activations += tokens * (2 * h + rms_norm_bytes(h, zero_centred=s.zero_centred_norm) + 2 * h)
     if not spec.zero_stage and not spec.lora.enabled and spec.precision.endswith("-mixed"):
         trainable = counts.language + (0 if spec.freeze_vision else counts.vision)
         activations += 2 * trainable  # autocast's bf16 copies of the float32 master weights
     deepstack = len(getattr(vision, "deepstack_visual_indexes", ()) or ())
     activations += prompts * vt.visual_tokens * deepstack * h * 2  # DeepStack visual embeddings
     if shared:
-        repeated = sequences * prompt * _kv_bytes_per_token(text) // layers  # one layer's K-fold keys/values
-        cache = prompts * prompt * _kv_bytes_per_token(text) if spec.gradient_checkpointing else 0
-        activations += cache + repeated * (1 if spec.gradient_checkpointing else layers)
+        activations += _shared_prompt_bytes(spec, s, prompts, prompt, sequences)
     transient, trained = 0, vision is not None and not (spec.freeze_vision or spec.lora.enabled)
     if vision is not None:
         hv, heads_v, merge2 = vision.hidden_size, vision.num_heads, vision.spatial_merge_size**2
@@ -315,34 +320,40 @@ def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoToke
             transient = patches * per_patch  # no graph is kept: one block's tensors at a time
     scored = sequences * (completion + 1)  # logits only from the last prompt position on (both tasks)
     logit_bytes = GRPO_LOGIT_BYTES if spec.samples_rollouts else SFT_LOGIT_BYTES
-    how["activations"] = (f"{tokens} tokens x {layers} {'checkpointed ' if spec.gradient_checkpointing else ''}"
-                          f"layers{' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")
+    per_layer = ", ".join(f"{kind.split('_')[0]} {b:,} B/token" for kind, b in per_kind.items())
+    how["activations"] = (f"{tokens} tokens x {_layers_label(s)}{' checkpointed' if spec.gradient_checkpointing else ''}"
+                          f" ({per_layer}){' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")
     how["logits"] = f"{scored} positions x {text.vocab_size} x {logit_bytes} B"
     return dict(activations=activations, logits=scored * text.vocab_size * logit_bytes, vision_transient=transient)
 
 
 def _rollout(spec: RunSpec, text, prompt: int, completion: int, sequences: int, how: dict) -> dict[str, int]:
-    """Rollout generation (GRPO): KV cache (and its shared-prefix variant) and the rollout's peak, bytes
-    per GPU; none for a task that samples no rollouts.
+    """Rollout generation (GRPO): KV cache, linear-attention states (and the shared-prefix variant) and
+    the rollout's peak, bytes per GPU; none for a task that samples no rollouts.
 
     Without ``shares_prompt`` the ``B x K`` rows are prefilled together; with it the ``B`` prompts
-    are prefilled once and ``cache.batch_repeat_interleave(K)`` copies the cache (both copies live
-    for a moment), so the cache itself is as large either way.
+    are prefilled once and the cache is repeated K times (``cache.batch_repeat_interleave(K)``;
+    ``shared_prompt.expand_cache`` for the linear-attention states; both copies live for a moment),
+    so the cache itself is as large either way.
     """
     if not spec.samples_rollouts:
         how["rollout"] = f"{spec.task}: no rollout"
-        return dict(kv_cache=0, kv_cache_shared_prefix=0, rollout=0)
-    kv_token, b, k = _kv_bytes_per_token(text), spec.micro_batch_size, spec.num_generations
-    kv_cache = sequences * (prompt + completion) * kv_token
-    shared = b * (prompt + k * completion) * kv_token
-    working = 2 * (2 * text.hidden_size + 3 * text.intermediate_size)  # one layer's no-grad tensors per token
+        return dict(kv_cache=0, linear_states=0, kv_cache_shared_prefix=0, rollout=0)
+    s = text_shapes(text)
+    kv_token, state, b, k = kv_bytes_per_token(s), linear_state_bytes(s), spec.micro_batch_size, spec.num_generations
+    kv_cache, states = sequences * (prompt + completion) * kv_token, sequences * state
+    shared = b * (prompt + k * completion) * kv_token + states  # each completion keeps its own state
+    working = prefill_working_bytes(s)  # one layer's no-grad tensors per prompt token
     if spec.shares_prompt:
-        prefill = max(b * prompt * (kv_token + working), b * (k + 1) * prompt * kv_token)
+        prefill = max(b * (prompt * (kv_token + working) + state), b * (k + 1) * (prompt * kv_token + state))
     else:
-        prefill = sequences * prompt * (kv_token + working)
-    how["rollout"] = (f"KV cache {sequences} x {prompt + completion} tokens x {kv_token} B = {format_gib(kv_cache)} GiB "
-                      f"(shared prefix {format_gib(shared)}); prefill peak {format_gib(prefill)}")
-    return dict(kv_cache=kv_cache, kv_cache_shared_prefix=shared, rollout=max(kv_cache, prefill))
+        prefill = sequences * (prompt * (kv_token + working) + state)
+    linear = (f" + linear-attention states {sequences} x {state:,} B = {format_gib(states)} GiB"
+              if s.linear_layers else "")
+    how["rollout"] = (f"KV cache {sequences} x {prompt + completion} tokens x {kv_token} B = {format_gib(kv_cache)} GiB"
+                      f"{linear} (shared prefix {format_gib(shared)}); prefill peak {format_gib(prefill)}")
+    return dict(kv_cache=kv_cache, linear_states=states, kv_cache_shared_prefix=shared,
+                rollout=max(kv_cache + states, prefill))
 
 
 def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:

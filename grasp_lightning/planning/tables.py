@@ -1,8 +1,10 @@
-"""The README's scaling table: every model x setup, GiB per GPU, and the longest clip that fits.
+"""The README's scaling table: each model x its setups, GiB per GPU, and the longest clip that fits.
 
-The rows' :class:`~grasp_lightning.planning.spec.RunSpec` come from the recipes
-(:data:`TABLE_SETUPS`), instantiated by the ``plan-memory`` command
-(``python -m grasp_lightning plan-memory --table``, :mod:`grasp_lightning.commands.plan_memory`).
+The rows (:data:`TABLE_ROWS`) name a model and its setups; each setup's
+:class:`~grasp_lightning.planning.spec.RunSpec` comes from the recipes, instantiated by the
+``plan-memory`` command (``python -m grasp_lightning plan-memory --table``,
+:mod:`grasp_lightning.commands.plan_memory`). ``tests/test_memory.py`` checks that README.md holds
+exactly the table this prints.
 """
 
 from __future__ import annotations
@@ -11,20 +13,35 @@ from dataclasses import replace
 
 from grasp_lightning.planning.architectures import architecture_config
 from grasp_lightning.planning.estimate import MemoryPlan, fits, format_gib, plan_memory
+from grasp_lightning.planning.layers import linear_state_bytes, text_shapes
 from grasp_lightning.planning.spec import RunSpec
 from grasp_lightning.planning.tokens import video_tokens
 
 #: Memory of one H200 as ``nvidia-smi`` reports it (143771 MiB, sold as 141 GB), in GiB.
 H200_GIB = 143771 / 1024
-#: (setup label, config files, GPU GiB) of the README's scaling table.
-TABLE_SETUPS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+#: A setup of the table: (label, config files composed in order, GPU memory in GiB).
+Setup = tuple[str, tuple[str, ...], float]
+#: (setup label, config files, GPU GiB) of the README's scaling table, for every model.
+TABLE_SETUPS: tuple[Setup, ...] = (
     ("SFT, full, 8 x H200 ZeRO-2", ("sft.yaml",), H200_GIB),
     ("SGR, full, 8 x H200 ZeRO-2", ("sgr.yaml",), H200_GIB),
     ("SFT, LoRA r16, 1 x 24 GB", ("sft.yaml", "lora.yaml"), 24.0),
     ("SGR, LoRA r16, 1 x 24 GB", ("sgr.yaml", "lora.yaml"), 24.0),
 )
-#: The table's models (bundled architectures).
-TABLE_MODELS = ("Qwen3-VL-2B-Instruct", "Qwen3-VL-4B-Instruct", "Qwen3-VL-8B-Instruct")
+#: LoRA on one 48 GB GPU (the size above 24 GB that Qwen3.5-9B's LoRA rows are asked on).
+LORA_48_SETUPS: tuple[Setup, ...] = (
+    ("SFT, LoRA r16, 1 x 48 GB", ("sft.yaml", "lora.yaml"), 48.0),
+    ("SGR, LoRA r16, 1 x 48 GB", ("sgr.yaml", "lora.yaml"), 48.0),
+)
+#: The table's rows: each model (a bundled architecture) with its setups, in order.
+TABLE_ROWS: tuple[tuple[str, tuple[Setup, ...]], ...] = (
+    ("Qwen3-VL-2B-Instruct", TABLE_SETUPS),
+    ("Qwen3-VL-4B-Instruct", TABLE_SETUPS),
+    ("Qwen3-VL-8B-Instruct", TABLE_SETUPS),
+    ("Qwen3.5-9B", TABLE_SETUPS + LORA_48_SETUPS),
+)
+#: The table's models.
+TABLE_MODELS = tuple(model for model, _ in TABLE_ROWS)
 
 
 def longest_fitting_clip(spec: RunSpec, gpu_memory_gib: float) -> float | None:
@@ -53,13 +70,26 @@ def table_row(model: str, label: str, plan: MemoryPlan, gpu_memory_gib: float, l
             f"{'yes' if fits(plan, gpu_memory_gib).fits else 'no'} | {clip} |")
 
 
+def _hybrid_note(rows: list[tuple[str, str, RunSpec, float]]) -> str:
+    """A sentence per hybrid model of the rows: its layer kinds and per-sequence linear-attention state."""
+    notes = []
+    for model in dict.fromkeys(model for model, *_ in rows):
+        shapes = text_shapes(getattr(config := architecture_config(model), "text_config", config))
+        if shapes.linear_layers:
+            notes.append(f" {model}: the rollout cache is the KV cache of its {shapes.full_layers} full-attention "
+                         f"layers plus, per sequence, the {shapes.linear_layers} linear-attention layers' state "
+                         f"({linear_state_bytes(shapes) / 2**20:.1f} MiB, constant in length); their activations are "
+                         "those of transformers' pure-torch chunked gated delta rule (no flash-linear-attention).")
+    return "".join(notes)
+
+
 def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds: float = 60.0,
                   text_tokens: int = 256) -> str:
     """The README's "Scaling" table (Markdown).
 
     Args:
-        rows: ``(model, setup label, spec, GPU GiB)`` per row (:data:`TABLE_MODELS` x
-            :data:`TABLE_SETUPS`); each spec is planned at ``video_seconds`` and for every clip length.
+        rows: ``(model, setup label, spec, GPU GiB)`` per row (:data:`TABLE_ROWS`); each spec is
+            planned at ``video_seconds`` and for every clip length.
         video_seconds: the clip of the table's columns (s). text_tokens: the prompt besides the video.
     """
     head = ("| Model | Setup | Weights | Grads + optimizer | Reference | Activations + logits | Rollout | "
@@ -75,11 +105,11 @@ def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds:
     lines += ["", f"GiB per GPU for a {video_seconds:g} s clip at 2 fps (448 x 448 frames; {text_tokens} prompt tokens "
               "besides the video), micro-batch 1; SFT counts the full target budget (2048 tokens), GRPO K = 8 "
               "completions of 1024 tokens. Peak = weights + gradients + optimizer + reference + ZeRO buckets + "
-              "max(activations + logits, rollout KV cache or prefill). Fits: peak <= 90% of the GPU - 2 GiB (H200: "
-              f"{H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to data.max_frames / fps, whose "
-              "peak fits, and every shorter clip's too (the processor caps a clip's pixels, so past a minute its "
-              "frames "
-              f"shrink in 32-pixel steps and the count is not monotonic: at most {most[0]:,} video tokens, at "
-              f"{most[1]} s). Token counts follow the Qwen3-VL processor exactly, timestamps included. "
+              "max(activations + logits, rollout cache or prefill)." + _hybrid_note(rows) + " Fits: peak <= 90% of "
+              f"the GPU - 2 GiB (H200: {H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to "
+              "data.max_frames / fps, whose peak fits, and every shorter clip's too (the processor caps a clip's "
+              "pixels, so past a minute its frames shrink in 32-pixel steps and the count is not monotonic: at most "
+              f"{most[0]:,} video tokens, at {most[1]} s). Token counts follow the Qwen3-VL processor exactly, "
+              "timestamps included (Qwen3.5 uses the same processor and settings). "
               "Computed by `python -m grasp_lightning plan-memory --table`."]
     return "\n".join(lines)

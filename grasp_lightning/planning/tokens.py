@@ -1,5 +1,9 @@
 """Tokens of a clip as the Qwen3-VL processor writes them: frames, frame size, groups, timestamps.
 
+Qwen3.5 uses the same processor class and settings (:data:`QWEN3VL_VIDEO_PROCESSOR`), so its clips
+have the same tokens; its timestamps are assumed to tokenize as Qwen3's (its pre-tokenizer also
+isolates every digit; not checked against its ``tokenizer.json``, which is not on this machine).
+
 :func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
 ``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
 32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
@@ -18,7 +22,11 @@ from grasp_lightning.errors import GraspConfigError
 
 #: Qwen3-VL's published video processor settings (``video_preprocessor_config.json``, or the
 #: ``video_processor`` section of a transformers-5 ``processor_config.json``): ``size`` in pixels over
-#: the whole clip, ``max_video_tokens`` the per-frame ceiling of ``cap_pixels_per_frame``.
+#: the whole clip, ``max_video_tokens`` the per-frame ceiling of ``cap_pixels_per_frame``. Qwen3.5's are
+#: the same: transformers maps ``qwen3_5`` to ``Qwen3VLProcessor`` and ``Qwen3VLVideoProcessor``
+#: (``models/auto/processing_auto.py``, ``video_processing_auto.py``), and Qwen/Qwen3.5-9B's
+#: ``video_preprocessor_config.json`` holds the same size (4096 to 25,165,824 pixels), patch 16,
+#: temporal patch 2 and merge 2, leaving fps (2) and ``max_video_tokens`` (768) at the class defaults.
 QWEN3VL_VIDEO_PROCESSOR = {"size": {"shortest_edge": 4096, "longest_edge": 25165824}, "max_video_tokens": 768,
                            "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}
 #: Frame rate of the video files when a plan does not say (frames/s): it only shifts timestamps.

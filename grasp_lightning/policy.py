@@ -168,6 +168,28 @@ def keep_float32_masters(model: nn.Module) -> int:
     return cast
 
 
+def _check_lora_targets(model: nn.Module, targets, *, freeze_vision: bool) -> None:
+    """Refuse adapters that miss the language model, or that train a vision tower meant to stay frozen.
+
+    peft only refuses targets that match nothing at all; a pattern matching only vision blocks (e.g.
+    ``qkv``) would silently train the vision tower and leave the language model untouched.
+
+    Raises:
+        GraspConfigError: no adapter in the language model, or adapters in the vision tower while
+            ``freeze_vision`` is set (naming the first few).
+    """
+    adapted = sorted({name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A" in name})
+    if not any("language_model" in name for name in adapted):
+        raise GraspConfigError(f"model.lora.target_modules {targets!r} put no adapter in the language model "
+                               f"(adapted: {adapted[:3] or 'nothing'}{' ...' if len(adapted) > 3 else ''})")
+    vision = [name for name in adapted if ".visual." in f".{name}."]
+    if freeze_vision and vision:
+        raise GraspConfigError(f"model.lora.target_modules {targets!r} put adapters in the vision tower "
+                               f"({vision[:3]}{' ...' if len(vision) > 3 else ''}) while model.policy.freeze_vision "
+                               "is true; narrow the pattern (the default covers the language model only) or set "
+                               "freeze_vision: false")
+
+
 def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_masters: bool = False) -> nn.Module:
     """Load the policy for training: dtype, attention, vision freezing, gradient checkpointing, LoRA.
 
@@ -181,7 +203,8 @@ def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_ma
     Returns the model in train mode (``from_pretrained`` returns eval mode).
 
     Raises:
-        GraspConfigError: ``freeze_vision`` asked on a model without a vision tower.
+        GraspConfigError: ``freeze_vision`` asked on a model without a vision tower; LoRA targets that
+            put no adapter in the language model, or adapters in a vision tower meant to stay frozen.
     """
     model = load_model(cfg.name_or_path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation,
                        trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
@@ -198,6 +221,7 @@ def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_ma
         peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                   target_modules=lora.target_modules, bias="none")
         model = get_peft_model(model, peft_cfg)
+        _check_lora_targets(model, lora.target_modules, freeze_vision=cfg.freeze_vision)
     if float32_masters:
         cast = keep_float32_masters(model)
         if cast:

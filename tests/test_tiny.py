@@ -59,7 +59,12 @@ def test_tiny_qwen3_5_is_hybrid_with_slow_decays_and_refuses_one_kind_of_layer(t
         build_tiny_qwen3_5(tmp_path / "x", text_layers=3, full_attention_interval=4)
     with pytest.raises(SystemExit) as done:
         main([str(tmp_path / "y"), "--family", "qwen3_5", "--text-layers", "2"])
-    assert done.value.code == 2 and "do not hold both" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--text-layers 2: 2 layers with full_attention_interval 4 do not hold both" in err
+    with pytest.raises(SystemExit) as done:  # --family names a tiny model, --like a stand-in: not both
+        main([str(tmp_path / "z"), "--family", "qwen3_vl", "--like", "Qwen3.5-9B"])
+    assert done.value.code == 2 and "give one of them" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
 def test_cli_checks_layers_and_refuses_to_overwrite(tmp_path, capsys):
@@ -80,3 +85,20 @@ def test_cli_checks_layers_and_refuses_to_overwrite(tmp_path, capsys):
     assert done.value.code == 2 and "already holds files" in capsys.readouterr().err
     main([str(tmp_path / "m"), "--overwrite"])
     assert json.loads((tmp_path / "m" / "config.json").read_text())["text_config"]["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_targets_must_reach_the_language_model_and_spare_a_frozen_vision_tower(family):
+    """peft accepts a pattern that matches only vision blocks; the loader does not (both tiny families)."""
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.policy import LoraConfig
+
+    cfg = PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32", freeze_vision=True)
+    with pytest.raises(GraspConfigError, match=r"put adapters in the vision tower \(\['base_model.model.model.visual"):
+        load_policy(cfg, LoraConfig(enabled=True, target_modules=["qkv", "down_proj"]))
+    with pytest.raises(GraspConfigError, match="put no adapter in the language model"):
+        load_policy(PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32", freeze_vision=False),
+                    LoraConfig(enabled=True, target_modules=["qkv"]))
+    model = load_policy(cfg, LoraConfig(enabled=True))  # the default targets: language model only
+    adapted = {n for n, _ in model.named_parameters() if "lora_A" in n}
+    assert adapted and all("language_model" in n for n in adapted)

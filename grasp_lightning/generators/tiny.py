@@ -380,8 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m grasp_lightning build-model", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--family", default="qwen3_vl", choices=sorted(TINY_BUILDERS),
-                        help="tiny model family (without --like): qwen3_vl, or qwen3_5 (hybrid linear attention)")
+    parser.add_argument("--family", default=None, choices=sorted(TINY_BUILDERS),
+                        help="tiny model family (not with --like): qwen3_vl (default), or qwen3_5 (hybrid linear "
+                             "attention)")
     parser.add_argument("--like", default=None,
                         help=f"build a stand-in of this checkpoint: {', '.join(checkpoint_names())} "
                              "(a Qwen/ prefix is accepted)")
@@ -400,13 +401,15 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out_dir)
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         parser.error(f"{out} already holds files (a checkpoint?); pass --overwrite to write the model into it")
+    if args.like is not None and args.family is not None:
+        parser.error(f"--family {args.family} builds a tiny model; --like {args.like} a stand-in: give one of them")
     text_layers, vision_layers = args.text_layers or 2, args.vision_layers or 2
     if args.like is None:
         if args.family == "qwen3_5":
             try:
                 build_tiny_qwen3_5(out, seed=args.seed, text_layers=args.text_layers or 4, vision_depth=vision_layers)
             except ValueError as err:
-                parser.error(str(err))
+                parser.error(f"--text-layers {args.text_layers or 4}: {err} (the tiny Qwen3.5 needs at least 4)")
         else:
             build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
         return

@@ -41,6 +41,14 @@ VISION_TOKENS: tuple[str, ...] = ("<|vision_start|>", "<|vision_end|>", "<|visio
 CHAT_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
+def vision_token_config(ids: dict[str, int]) -> dict[str, int]:
+    """The vision-token keywords of a Qwen-VL / Qwen3.5 config (``image_token_id``, ``video_token_id``,
+    ``vision_start_token_id``, ``vision_end_token_id``) from the vocabulary's ids by token
+    (:data:`VISION_TOKENS`). Raises ``KeyError`` for a missing token."""
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+
+
 def user_text(item: GraspItem, instruction: str = INSTRUCTION) -> str:
     """The user turn's text: the item's question (with options) plus the instruction.
 

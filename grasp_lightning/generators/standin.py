@@ -80,7 +80,7 @@ from typing import Callable
 
 import torch
 
-from grasp_lightning.data.prompts import CHAT_TOKENS, VISION_TOKENS
+from grasp_lightning.data.prompts import CHAT_TOKENS, VISION_TOKENS, vision_token_config
 from grasp_lightning.errors import GraspConfigError
 
 log = logging.getLogger(__name__)
@@ -489,8 +489,7 @@ def _qwen3vl_config(spec: dict, text: dict, vision: dict):
             pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], bos_token_id=ids["<|endoftext|>"],
             tie_word_embeddings=spec["tie_word_embeddings"]),
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        **vision_token_config(ids),
         tie_word_embeddings=spec["tie_word_embeddings"],
     )
     config.eos_token_id = ids["<|im_end|>"]
@@ -519,8 +518,7 @@ def _qwen3_5_config(spec: dict, text: dict, vision: dict):
             bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"],
             tie_word_embeddings=spec["tie_word_embeddings"]),
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        **vision_token_config(ids),
         tie_word_embeddings=spec["tie_word_embeddings"],
     )
     config.eos_token_id = ids["<|im_end|>"]

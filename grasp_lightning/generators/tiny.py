@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from grasp_lightning.data.formats import lettered
-from grasp_lightning.data.prompts import CHAT_TOKENS, INSTRUCTION, VISION_TOKENS
+from grasp_lightning.data.prompts import CHAT_TOKENS, INSTRUCTION, VISION_TOKENS, vision_token_config
 
 log = logging.getLogger(__name__)
 
@@ -211,10 +211,7 @@ def build_tiny_qwen3vl(
             num_position_embeddings=256,
             deepstack_visual_indexes=[vision_depth - 1],
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **vision_token_config(ids),
         tie_word_embeddings=True,
     )
     config.eos_token_id = ids["<|im_end|>"]
@@ -345,10 +342,7 @@ def build_tiny_qwen3_5(
             out_hidden_size=text_hidden_size,
             num_position_embeddings=256,
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **vision_token_config(ids),
         tie_word_embeddings=True,
     )
     config.eos_token_id = ids["<|im_end|>"]

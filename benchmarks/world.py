@@ -144,25 +144,33 @@ def plot(path: Path, sft: Path, sft_started: float, grpo: Path, sgr: Path, hando
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line; see the module docstring."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path) -> None:
+    """The options of :func:`sft_handoff` (shared with ``benchmarks/dynamic_sampling.py``)."""
     p.add_argument("--seed", type=int, default=0, help="seed of the world, the initial weights and training")
     p.add_argument("--train", type=int, default=8000, help="SFT clips (and as many RL clips)")
     p.add_argument("--bench", type=int, default=200, help="held-out bench clips")
-    p.add_argument("--sft-steps", type=int, default=900, help="SFT optimizer steps (batch 32)")
-    p.add_argument("--rl-steps", type=int, default=150, help="GRPO and SGR optimizer steps each (16 prompts x K=8)")
+    p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch 32)")
     p.add_argument("--val-every", type=int, default=100, help="validate and checkpoint SFT every N steps")
-    p.add_argument("--rl-val-every", type=int, default=25, help="validate GRPO and SGR every N steps")
     p.add_argument("--handoff-acc", type=float, default=0.5, help="hand off the first SFT checkpoint at this accuracy")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each stage")
     p.add_argument("--reuse-sft", action="store_true",
                    help="keep the world and the SFT run of an earlier call with the same --work and --seed "
-                        "(rerun only GRPO and SGR)")
-    p.add_argument("--work", type=Path, default=Path("/tmp/grasp_world_bench"), help="scratch directory")
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        "(rerun only the RL stages)")
+    p.add_argument("--work", type=Path, default=work, help="scratch directory")
+
+
+def sft_handoff(args: argparse.Namespace) -> dict:
+    """Stages 1-3 of the module docstring up to the hand-off: the world, its initial model, the SFT run from
+    scratch (or those of an earlier call, ``args.reuse_sft``), and the export of the first SFT checkpoint
+    whose bench accuracy reached ``args.handoff_acc`` (the last one if none did).
+
+    ``args`` holds ``seed, train, bench, sft_steps, val_every, handoff_acc, threads, reuse_sft, work``
+    (:func:`main`'s options). Returns a dict with ``work, data, init, sft_run, sft_started`` (Unix time),
+    ``sft_seconds, world_seconds``, the ``handoff`` summary (:func:`summary`) and the ``export`` directory.
+
+    Raises:
+        RuntimeError: the SFT run failed or logged no bench accuracy.
+    """
     from grasp_lightning.generators import world as world_mod
 
     work = args.work / f"seed{args.seed}"
@@ -190,6 +198,24 @@ def main(argv: list[str] | None = None) -> None:
     hand = next((a for a in acc if a[1] >= args.handoff_acc - TOL), acc[-1])
     handoff = summary(sft_run, sft_started, at_step=hand[0])
     export = export_policy(sft_run / "checkpoints" / f"step={hand[0] + 1}.ckpt", init, work / "sft_export")
+    return {"work": work, "data": data, "init": init, "sft_run": sft_run, "sft_started": sft_started,
+            "sft_seconds": sft_s, "world_seconds": gen_seconds, "handoff": handoff, "export": export}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line; see the module docstring."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_sft_options(p, sft_steps=900, work=Path("/tmp/grasp_world_bench"))
+    p.add_argument("--rl-steps", type=int, default=150, help="GRPO and SGR optimizer steps each (16 prompts x K=8)")
+    p.add_argument("--rl-val-every", type=int, default=25, help="validate GRPO and SGR every N steps")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stage = sft_handoff(args)
+    work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
+    sft_run, sft_started, sft_s, gen_seconds = (stage["sft_run"], stage["sft_started"], stage["sft_seconds"],
+                                                stage["world_seconds"])
+    acc = scalars(sft_run, "val/acc/overall")
     from transformers import AutoModelForImageTextToText
 
     params = sum(t.numel() for t in AutoModelForImageTextToText.from_pretrained(export).parameters())

@@ -394,6 +394,7 @@ class GRPOTask(Task):
                 ros += self._sample(ctx, [b.to(device) for b in extra])
         positions: list[Rollout | None] = [None] * len(batches)
         stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "resample_tries": float(tries),
+                 "reward_mean_tried": 0.0,
                  "generation_calls": 0.0, "sequences_per_call": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
                  "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0}
         if ros:
@@ -411,7 +412,10 @@ class GRPOTask(Task):
                 positions[i] = take_groups(ro, selected[start:start + size], ctx.rollout_cfg.num_generations)
                 start += size
             n_kept = ro.num_groups - sum(zero)
+            # the mean over every group sampled, before any is left out: the policy's reward on fresh prompts
+            # (``reward/mean`` is over the groups trained on, which refill and drop select)
             stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_kept),
+                         reward_mean_tried=float(ro.rewards.double().mean()),
                          groups_dropped=float(ro.num_groups - n_kept) if self.drop_zero_variance_groups else 0.0,
                          generation_calls=float(ro.generation_calls),
                          sequences_per_call=ro.completions.ids.shape[0] / max(1, ro.generation_calls),
@@ -508,7 +512,7 @@ class GRPOTask(Task):
             metrics["rollout/sequences_per_call"] = st["sequences_per_call"]
             prompt_tokens += st["prompt_tokens"]
             self._window_reported = True
-        for name in ("groups_tried", "groups_kept", "groups_dropped", "resample_tries"):
+        for name in ("groups_tried", "groups_kept", "groups_dropped", "resample_tries", "reward_mean_tried"):
             metrics[f"dynamic_sampling/{name}"] = float(self._window_stats.get(name, 0.0))  # every micro-batch
         metrics["tokens/prompt_forwarded"] = float(prompt_tokens)
         metrics["rollout/shared_prompt"] = float(ro.shared)

@@ -135,3 +135,26 @@ def test_world_runs_sft_grpo_and_sgr_end_to_end(tmp_path: Path) -> None:
     for stage in ("sft_handoff", "sft", "grpo", "sgr"):
         assert stage in out, stage
     assert (tmp_path / "results" / "world_seed0.json").is_file() and (tmp_path / "results" / "world_seed0.png").is_file()
+
+
+def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:
+    """Two SFT steps leave the policy unable to answer, so every group is degenerate: ``refill`` draws further
+    windows of 16 prompts (48 RL clips: two more at the first step), ``drop`` never does; both processes exit
+    (a refill run's data workers once kept it from exiting)."""
+    out = run_script(["benchmarks/dynamic_sampling.py", "--seed", "0", "--train", "48", "--bench", "8",
+                      "--sft-steps", "2", "--rl-steps", "2", "--val-every", "1", "--rl-val-every", "1",
+                      "--handoff-acc", "0", "--threads", "1", "--window", "2", "--work", str(tmp_path / "work"),
+                      "--results", str(tmp_path / "results")], timeout=1200)
+    drop, refill = out["arms"]["drop"], out["arms"]["refill"]
+    assert drop["steps"] == refill["steps"] == 2
+    assert drop["groups_tried_per_step"] == 16.0 and drop["completions"] == 2 * 16 * 8
+    assert refill["groups_tried_per_step"] > 16.0  # windows drawn from the stream
+    assert refill["completions"] == round(refill["groups_tried_per_step"] * 2 * 8)
+    assert 0.0 <= drop["kept_fraction"] <= 1.0 and 0.0 <= refill["kept_fraction"] <= 1.0
+    assert [step for step, _ in drop["bench_acc"]] == [1, 2]
+    cmp = out["comparison"]
+    assert cmp["targets (drop's final values)"]["reward_tried"] == drop["reward_tried_last"]
+    assert cmp["drop"]["steps_to_target_reward"] in (1, 2)  # drop reaches its own final value by its end
+    assert isinstance(cmp["refill_fewer_steps_to_reward"], bool)
+    saved = json.loads((tmp_path / "results" / "dynamic_sampling_seed0.json").read_text())
+    assert saved["arms"] == out["arms"] and (tmp_path / "results" / "dynamic_sampling_seed0.png").is_file()

@@ -20,31 +20,20 @@ group of K = 8, sampled with the recipe's settings (``configs/sgr.yaml``: temper
 holds correct and wrong answers. Seeds are fixed (``seed_everything``), so the runs are deterministic.
 The SGR run starts from the ``export`` of that SFT run.
 
-**Qwen3.5-9B** (``-k qwen3_5``): a stand-in with the 9B widths, written by the command line
-(``python -m grasp_lightning build-model OUT --like Qwen3.5-9B --text-layers 4``): 3 Gated DeltaNet
-linear-attention layers + 1 gated full-attention layer, 2 vision blocks, the real Qwen3.5 vocabulary
-(248,077 tokens, 248,320 logits), bf16; 2.97 B parameters (5.9 GB), of which the 248,320 x 4,096 embedding
-and the untied LM head are 2.03 B. The prompt, label and check-data tests run on it as on Qwen3-VL. Its
-SGR step is LoRA (``configs/lora.yaml``) on the frozen bf16 base, the reference being the policy with its
-adapters disabled (no second copy): a full fine-tune with AdamW (~16 bytes a parameter, 47 GB) does not fit
-in this machine's 24 GiB, and neither do float32 weights beside the other jobs (11.9 GB). The step runs
-without back-propagation: on this CPU (AVX2, no bf16 units) the bf16 matrix product of a linear layer's
-input gradient (``grad @ W``, both row-major) runs at 0.1-0.3 GFLOP/s against 5-9 GFLOP/s for the forward
-(measured: 106 s against 2.8 s for (128 x 12288) @ (12288 x 4096)), and one backward of the 4-layer
-stand-in over 48 tokens did not finish in 7 minutes. So the test takes one SGR training step of the recipe
-(rollout through the group-shared prefill, rewards, advantages, reference and policy log-probs on the
-shared path, the clipped loss with the KL) under ``torch.no_grad``; that the shared path's gradients equal
-the naive ones is tested on the tiny Qwen3.5 (``tests/test_rollout_sharing.py``).
+**Qwen3.5-9B**: ``tests/test_real_shapes_qwen3_5.py`` runs the same prompt, label and check-data
+checks and one SGR step on a 9B-width stand-in. It is a module of its own so that its 5.9 GB stand-in
+and this module's checkpoints are never on disk together (every module-scoped directory is removed
+when its module ends; ``setup.cfg`` removes a passed test's ``tmp_path``).
 
-Run alone: ``python -m pytest -q -m real_shapes`` (Qwen3.5 only: ``-k qwen3_5``).
+Run alone: ``python -m pytest -q -m real_shapes`` (Qwen3.5 only: ``tests/test_real_shapes_qwen3_5.py``).
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import logging
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -119,55 +108,46 @@ def _loss_wall_times(log_dir: str) -> list[float]:
     return [e.wall_time for e in acc.Scalars("train/loss")] if "train/loss" in acc.Tags()["scalars"] else []
 
 
+def scratch(tmp_path_factory, name: str, need_gib: float) -> Path:
+    """A fresh directory for ``name`` under pytest's base temporary directory, after checking that its
+    file system has ``need_gib`` GiB free (the size of what the caller writes there, measured).
+
+    Raises:
+        pytest.fail.Exception: too little free space, naming the directory and both sizes.
+    """
+    path = tmp_path_factory.mktemp(name)
+    free = shutil.disk_usage(path).free / 2**30
+    if free < need_gib:
+        pytest.fail(f"{path}: {free:.1f} GiB free, {name} needs {need_gib:.1f} GiB (set --basetemp to a larger disk)")
+    return path
+
+
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Path:
+def standin(tmp_path_factory):
+    """The Qwen3-VL-2B-Instruct stand-in (0.97 GiB on disk), removed when the module ends."""
     from grasp_lightning.generators.standin import build_standin
 
     start = time.perf_counter()
-    out = build_standin(tmp_path_factory.mktemp("standin") / "Qwen3-VL-2B-Instruct", "Qwen3-VL-2B-Instruct")
+    root = scratch(tmp_path_factory, "standin", 1.5)
+    out = build_standin(root / "Qwen3-VL-2B-Instruct", "Qwen3-VL-2B-Instruct")
     TIMES["build 2B-Instruct stand-in"] = time.perf_counter() - start
-    return out
+    yield out
+    shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def standin35(tmp_path_factory) -> Path:
-    """The Qwen3.5-9B stand-in (4 text layers: 3 linear + 1 full attention; 2 vision blocks; bf16), written by
-    ``python -m grasp_lightning build-model OUT --like Qwen3.5-9B --text-layers 4`` (the dispatcher, in process)."""
-    from grasp_lightning.__main__ import main
-
-    out = tmp_path_factory.mktemp("standin35") / "Qwen3.5-9B"
-    start = time.perf_counter()
-    assert main(["build-model", str(out), "--like", "Qwen3.5-9B", "--text-layers", "4"]) == 0
-    TIMES["build Qwen3.5-9B stand-in (command line)"] = time.perf_counter() - start
-    info = json.loads((out / "STANDIN.json").read_text())
-    assert (info["like"], info["text_layers"], info["vision_layers"], info["dtype"]) == ("Qwen3.5-9B", 4, 2, "bfloat16")
-    assert info["parameters"] == 2_974_209_632
-    config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "qwen3_5" and config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
-    assert config["text_config"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
-    gc.collect()
-    return out
-
-
-#: Per family: its stand-in fixture, what its generation prompt opens after ``<|im_start|>assistant\n``, and
-#: the labelled text its template makes of an SFT response (``<think>...</think><answer>X</answer>``).
+#: Per family: what its generation prompt opens after ``<|im_start|>assistant\n``, and the labelled text its
+#: template makes of an SFT response (``<think>...</think><answer>X</answer>``).
 FAMILIES = {
-    "qwen3_vl": ("standin", "", lambda response: response + "<|im_end|>\n"),
-    "qwen3_5": ("standin35", "<think>\n",
+    "qwen3_vl": ("", lambda response: response + "<|im_end|>\n"),
+    "qwen3_5": ("<think>\n",
                 lambda response: response.split("</think>")[0].split("<think>")[-1].strip() + "\n</think>\n\n"
                 + response.split("</think>")[-1].lstrip("\n") + "<|im_end|>\n"),
 }
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family_standin(request) -> tuple[str, Path]:
-    """``(family, stand-in directory)``: Qwen3-VL-2B-Instruct, then Qwen3.5-9B."""
-    return request.param, request.getfixturevalue(FAMILIES[request.param][0])
-
-
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
-    return write_dataset(tmp_path_factory.mktemp("grasp") / "GRASP")
+    return write_dataset(tmp_path_factory.mktemp("grasp") / "GRASP")  # a few KB; clips are links
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +155,7 @@ def sft_export(standin, data_root, tmp_path_factory):
     """SFT (LoRA) on the stand-in until it writes the target format, then ``export`` (adapters merged)."""
     from grasp_lightning.commands.export import main as export_main
 
-    tmp = tmp_path_factory.mktemp("sft")
+    tmp = scratch(tmp_path_factory, "sft", 4.5)  # checkpoint 1.9 GiB (weights and adapters), export 1.9 GiB
     cli = _timed(f"SFT LoRA fit, {SFT_STEPS} steps", [
         "fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
         *standin_args(standin, data_root), "--data.batch_size=4", f"--trainer.max_steps={SFT_STEPS}",  # A and B each step
@@ -193,9 +173,11 @@ def sft_export(standin, data_root, tmp_path_factory):
     start = time.perf_counter()
     export_main(["--config", str(info["log_dir"] / "config.yaml"), "--ckpt_path", str(ckpt), "--out", str(out)])
     TIMES["export (LoRA merged)"] = time.perf_counter() - start
+    ckpt.unlink()  # only the export is used from here on
     info["export"] = out
     gc.collect()
-    return info
+    yield info
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
@@ -218,15 +200,14 @@ def _labelled(processor, batch, row: int) -> tuple[int, str, str]:
     return first, tok.decode(ids[:first]), tok.decode(ids[first:last + 1])
 
 
-def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(family_standin):
+def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
     """Through the saved and reloaded processor, with the real vocabulary: the sample item renders as the
     published format (Qwen3-VL Instruct; Qwen3.5 opening ``<think>\\n``), and SFT labels begin at the first
     token after the generation prompt and hold the response as the template writes it."""
     from grasp_lightning.data.formats import read_rl
     from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
 
-    family, standin = family_standin
-    _, opens, written = FAMILIES[family]
+    opens, written = FAMILIES[family]
     processor, batch = _batch(SAMPLE, standin)
     item = read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
     assert render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0] == PUBLISHED_INSTRUCT_PROMPT + opens
@@ -238,6 +219,10 @@ def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(fa
         assert prompt.endswith("<|vision_end|>" + user + "<|im_end|>\n<|im_start|>assistant\n" + opens), prompt[-300:]
         assert target == written(sample_item.response)
         assert processor.tokenizer.convert_ids_to_tokens(int(batch.inputs["input_ids"][row, first - 1])) == "Ċ"
+
+
+def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(standin):
+    check_rendered_prompt_and_labels("qwen3_vl", standin)
 
 
 @pytest.mark.parametrize("seconds", [10, 60, 300])
@@ -428,12 +413,11 @@ def test_validate_the_export_scores_its_greedy_answers(sft_export, data_root, tm
     assert metrics["acc/overall"] == pytest.approx(sum(it["correct"] for it in items) / 4)
 
 
-def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(family_standin, data_root, tmp_path, capsys):
+def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path, tmp_path: Path) -> None:
     """``check-data`` with the stand-in's processor (Qwen3 or Qwen3.5 vocabulary): a budget one token below
     the longest RL prompt flags exactly that row, quoting its real token count."""
     from grasp_lightning.commands.check_data import main as check_data_main
 
-    family, standin = family_standin
     processor, batch = _batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
     lengths = [int(n) for n in batch.prompt_lengths]
     assert len(set(lengths)) == 2, lengths
@@ -450,6 +434,10 @@ def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(family_standin,
     assert problems[0]["where"].startswith(f"{data_root}/train/data_rl.jsonl:{line}")
     assert problems[0]["reason"].startswith(f"prompt has {max(lengths)} tokens (video included), over the budget of "
                                             f"{max(lengths) - 1}")
+
+
+def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(standin, data_root, tmp_path):
+    check_data_counts_prompt_tokens("qwen3_vl", standin, data_root, tmp_path)
 
 
 def test_thinking_standin_sft_and_validate(data_root, tmp_path):
@@ -480,75 +468,3 @@ def test_thinking_standin_sft_and_validate(data_root, tmp_path):
     del cli
     gc.collect()
     assert results["metrics"]["n/overall"] == 2 and len(results["items"]) == 2
-
-
-#: The Qwen3.5 SGR step's group size and completion budget (small: each prompt forward of the 2.97 B
-#: stand-in in bf16 takes tens of seconds on 2 cores).
-K35, BUDGET35 = 2, 4
-
-
-def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(standin35, data_root, caplog,
-                                                                              monkeypatch):
-    """One SGR training step of the recipe (``configs/sgr.yaml`` + ``configs/lora.yaml``: K = 2 here, KL beta
-    0.05) on the Qwen3.5-9B stand-in, without back-propagation (module docstring): the default LoRA targets
-    put adapters on every decoder layer of both kinds (Gated DeltaNet ``in_proj_qkv``/``in_proj_z``/``out_proj``,
-    full attention ``q/k/v/o_proj``, and the MLP), none on the DeltaNet gates or the vision tower; the group
-    is sampled through the shared prefill and scored on the shared path (no fall-back warning), the
-    reference is the policy with its adapters disabled (zero-initialised adapters: KL 0, ratio 1), and the
-    prompt forwards are those of the shared path."""
-    import torch
-
-    import tasks.grpo
-    from grasp_lightning.commands.config import load_run
-
-    rollouts = []
-    real_rollout = tasks.grpo.GRPOTask.rollout
-
-    def rollout(self, ctx, batch):
-        rollouts.append(real_rollout(self, ctx, batch))
-        return rollouts[-1]
-
-    monkeypatch.setattr(tasks.grpo.GRPOTask, "rollout", rollout)
-    run = load_run(["--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-                    *standin_args(standin35, data_root, dtype="bfloat16"), "--data.batch_size=1",
-                    f"--model.rollout.num_generations={K35}", f"--model.rollout.max_new_tokens={BUDGET35}",
-                    "--data.bench=null"])
-    module, dm = run.module, run.datamodule
-    start = time.perf_counter()
-    module.configure_model()
-    TIMES["Qwen3.5 load policy + LoRA (bf16)"] = time.perf_counter() - start
-
-    policy = module.policy
-    kinds = policy.get_base_model().config.text_config.layer_types
-    assert kinds == ["linear_attention"] * 3 + ["full_attention"]
-    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in policy.named_parameters() if ".lora_A." in n}
-    mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-    per_kind = {"linear_attention": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"),
-                "full_attention": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")}
-    expected = {f"layers.{i}.{name}" for i, kind in enumerate(kinds) for name in per_kind[kind] + mlp}
-    assert {n.split("language_model.", 1)[1] for n in adapted} == expected
-    assert all("language_model.layers." in n for n in adapted)  # not the vision tower, not the LM head
-    assert all(p.dtype == torch.bfloat16 for n, p in policy.named_parameters() if not p.requires_grad)
-    assert {n for n, p in policy.named_parameters() if p.requires_grad} == \
-        {n for n, _ in policy.named_parameters() if ".lora_" in n}
-
-    dm.connect(mode=module.task.data_mode)  # as GraspModule.setup does before fit (window 1, one iteration)
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
-    start = time.perf_counter()
-    with caplog.at_level(logging.WARNING), torch.no_grad():
-        out = module.task.training_step(module, batch)
-    TIMES[f"Qwen3.5 SGR step without backward (K={K35}, {BUDGET35} new tokens)"] = time.perf_counter() - start
-    assert not [r for r in caplog.records if "falling back to repeated prompt rows" in r.getMessage()]
-    assert len(rollouts) == 1
-    ro = rollouts[0]
-    assert ro.shared and out.metrics["rollout/shared_prompt"] == 1.0
-    assert ro.completions.ids.shape[0] == K35 and ro.completions.mask.sum(1).min() >= 1
-    assert int(ro.completions.ids.max()) < 248_320 and ro.ref_logp is not None and ro.old_logp is None
-    assert torch.isfinite(out.loss) and float(out.metrics["kl"]) == 0.0 and float(out.metrics["ratio/mean"]) == 1.0
-    b, lp = batch.inputs["input_ids"].shape
-    # generation (the prompt but its last token once, then one token per row), reference and policy scoring
-    assert out.metrics["tokens/prompt_forwarded"] == b * (lp - 1) + K35 * b + 2 * b * lp
-    rollouts.clear()
-    del run, module, policy, out, ro
-    gc.collect()

@@ -187,6 +187,13 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     if mode == "refill":
         assert micro[0].window.draws >= 1 and first.metrics["dynamic_sampling/groups_kept"] == 2.0
         assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
+        # tried: the two degenerate groups (every row 1) and two drawn ones (rows 0, 1, 0, ...); trained: the drawn
+        drawn = sum(j % 2 for j in range(K)) / K
+        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
+        assert float(first.metrics["reward/mean"]) == pytest.approx(drawn)
+    else:  # drop: both groups tried are degenerate and masked, the mean over them is that of every row
+        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
+        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx(1.0)
     resumed = make_task(dynamic_sampling=mode)
     resumed.load_state_dict(state)
     fresh_micro = micro[1]  # the resumed loader yields the same window again (its batches decoded anew)

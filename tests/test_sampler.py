@@ -68,6 +68,40 @@ def test_window_loader_repeats_whole_windows_and_resumes_inside_them():
     assert len(list(resumed)) == 4
 
 
+class _Micro:
+    """A stand-in micro-batch (``WindowLoader`` sets ``window`` on it)."""
+
+    def __init__(self, name):
+        self.name, self.window = name, None
+
+
+def _as_window(items: list[int]) -> list[_Micro]:
+    return [_Micro(i) for i in items]
+
+
+def test_lightning_shuts_down_the_workers_of_a_window_loader_stopped_inside_a_window():
+    """``fit`` that stops at ``max_steps`` leaves the window generator suspended; Lightning's loop teardown
+    (``CombinedLoader.reset``) must still shut the persistent workers down. They ignore SIGTERM, so before
+    this the interpreter's exit (terminate, then join) waited on them forever (a refill run never exited)."""
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+    from torch.utils.data import DataLoader
+
+    from grasp_lightning.data.windows import WindowLoader
+    from grasp_lightning.datamodule import ignore_stop_signals
+
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True, collate_fn=_as_window,
+                        worker_init_fn=ignore_stop_signals)
+    combined = CombinedLoader(WindowLoader(loader, 2, 1), "max_size_cycle")
+    it = iter(combined)
+    first, _, _ = next(it)
+    assert first.name == 0 and first.window.position == 0  # stopped inside the first window
+    workers = list(loader._iterator._workers)
+    assert len(workers) == 1 and workers[0].is_alive()
+    combined.reset()
+    workers[0].join(timeout=20)
+    assert not workers[0].is_alive() and loader._iterator is None
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="pad"):
         ResumableSampler(3, pad="drop")

@@ -4,7 +4,7 @@ formats, the published parameter counts, and the command line.
 
 Fast: no real-width model is built here (parameter counts use the meta device); the command-line test writes
 a 1 + 1 layer Qwen3-VL stand-in with the real 2B widths. The Qwen3.5 stand-in (4 + 2 layers, 2.97 B
-parameters) is written by the command line in ``tests/test_real_shapes.py``, with the real-width runs.
+parameters) is written by the command line in ``tests/test_real_shapes_qwen3_5.py``, with the real-width runs.
 """
 
 from __future__ import annotations

@@ -193,6 +193,20 @@ class WindowLoader:
     def __post_init__(self) -> None:
         self.batch_sampler = getattr(self.loader, "batch_sampler", None)
 
+    # Lightning shuts a DataLoader's workers down when a loop ends (``CombinedLoader.reset`` calls
+    # ``_shutdown_workers_and_reset_iterator``, which looks for ``_iterator``). Passing the wrapped loader's
+    # iterator through lets it do the same here. Without it the persistent workers outlived ``fit``: they
+    # ignore SIGTERM (``datamodule.ignore_stop_signals``), so the interpreter's exit, which terminates and
+    # joins them, waited forever.
+    @property
+    def _iterator(self):
+        return getattr(self.loader, "_iterator", None)
+
+    @_iterator.setter
+    def _iterator(self, value) -> None:
+        if hasattr(self.loader, "_iterator"):
+            self.loader._iterator = value
+
     def __iter__(self):
         skip, index, draws = self.skip, self.first_window, self.exclude
         self.skip, self.first_window, self.exclude = 0, 0, 0  # only the resumed epoch starts late

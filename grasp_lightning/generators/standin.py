@@ -62,7 +62,7 @@ its preprocessing files): patch 16, temporal patch 2, merge 2, images 65,536-16,
 
 A stand-in loads through the same ``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained``
 path as a download (:func:`grasp_lightning.policy.load_policy`). Used by the real-shape test tier
-(``tests/test_real_shapes.py``) and ``benchmarks/gpu_check.py``.
+(``tests/test_real_shapes.py``, ``tests/test_real_shapes_qwen3_5.py``) and ``benchmarks/gpu_check.py``.
 
 Command line: ``python -m grasp_lightning build-model OUT --like Qwen3-VL-2B-Instruct --text-layers 2``
 or ``--like Qwen3.5-9B --text-layers 4``.

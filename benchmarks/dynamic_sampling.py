@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
         p.error(f"--arms: {bad or arms!r} not among {ARMS}")
+    if args.max_resample < 0 or args.window < 1 or args.rl_steps < 1 or args.rl_val_every < 1:
+        p.error("--max-resample must be >= 0 and --window, --rl-steps, --rl-val-every >= 1")
+    if args.sft_steps < args.val_every:
+        p.error(f"--sft-steps {args.sft_steps} < --val-every {args.val_every}: SFT would never be validated")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stage = sft_handoff(args)
     work, handoff = stage["work"], stage["handoff"]

@@ -192,8 +192,13 @@ def sft_handoff(args: argparse.Namespace) -> dict:
                    {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
         sft_overrides = run_overrides("sft", data, init, work, args.seed, args.sft_steps, args.val_every, ckpt_cb)
         sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
+        if not scalars(sft_run, "val/acc/overall"):  # before the stage is recorded for --reuse-sft
+            raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall (--sft-steps {args.sft_steps} must be "
+                               f">= --val-every {args.val_every})")
         stage.write_text(json.dumps({"world_seconds": gen_seconds, "seconds": sft_s, "started": sft_started}))
     acc = scalars(sft_run, "val/acc/overall")
+    if not acc:
+        raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall")
     # TensorBoard stores float32: 180/200 reads back as 0.8999999762, so compare with a tolerance
     hand = next((a for a in acc if a[1] >= args.handoff_acc - TOL), acc[-1])
     handoff = summary(sft_run, sft_started, at_step=hand[0])
@@ -210,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rl-val-every", type=int, default=25, help="validate GRPO and SGR every N steps")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
     args = p.parse_args(argv)
+    if args.sft_steps < args.val_every:
+        p.error(f"--sft-steps {args.sft_steps} < --val-every {args.val_every}: SFT would never be validated")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stage = sft_handoff(args)
     work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from grasp_lightning.commands import COMMANDS
+from grasp_lightning.errors import GraspError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command named by the first argument; return its exit status."""
+    """Run the command named by the first argument; return its exit status.
+
+    From the command line (``argv`` None), a :class:`grasp_lightning.errors.GraspError` (bad data or
+    configuration) prints its message alone on stderr and returns 1; ``GRASP_TRACEBACK=1`` re-raises it.
+    Called with ``argv``, it propagates.
+    """
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         build_parser().print_help()
@@ -47,7 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")
     logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    status = importlib.import_module(module).main(command_args)
+    try:
+        status = importlib.import_module(module).main(command_args)
+    except GraspError as e:
+        if argv is not None or os.environ.get("GRASP_TRACEBACK"):
+            raise  # called in process (tests, scripts): the caller gets the exception
+        # the command line: the message names the key, file or item and what is wrong; a 60-line traceback
+        # through LightningCLI would bury it
+        print(f"error: {type(e).__name__}: {e}\n(GRASP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
     return status if isinstance(status, int) else 0
 
 

@@ -394,6 +394,9 @@ class GraspDataModule(L.LightningDataModule):
 
         After :meth:`connect` with ``window > 1`` or ``repeat > 1``: a :class:`WindowLoader` yielding
         each accumulation window of micro-batches ``repeat`` times (``batch.window`` set).
+
+        Raises:
+            GraspConfigError: windowed, and this rank's epoch has fewer micro-batches than one window.
         """
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
@@ -418,6 +421,11 @@ class GraspDataModule(L.LightningDataModule):
         if not windowed:
             return loader
         micro = -(-len(sampler) // self.hparams.batch_size)
+        if micro < self._window:
+            raise GraspConfigError(f"train: {micro} micro-batches per epoch and rank (data.batch_size="
+                                   f"{self.hparams.batch_size}) fill no window of {self._window} "
+                                   f"(trainer.accumulate_grad_batches): nothing would be trained; lower "
+                                   f"trainer.accumulate_grad_batches or data.batch_size, or add data")
         if micro % self._window:
             log.warning("train: %d micro-batches per epoch and rank do not fill windows of %d "
                         "(trainer.accumulate_grad_batches); the last %d are dropped each epoch",

@@ -283,8 +283,27 @@ class GraspModule(L.LightningModule):
             return
         shared = {"window": window, "repeat": repeat, "mode": self.task.data_mode}
         if getattr(self.task, "draws_prompts", False):
+            self._check_validation_in_steps()
             shared["draws"] = True
         connect(**shared)
+
+    def _check_validation_in_steps(self) -> None:
+        """A task that draws prompts from the stream (``dynamic_sampling: refill``) ends its epochs early, so
+        validation placed by the epoch's announced length (``trainer.val_check_interval`` null or a fraction:
+        Lightning validates when the batch index reaches that share of ``len(loader)``) would never run.
+
+        Raises:
+            GraspConfigError: validation is on and placed as a share of the epoch.
+        """
+        trainer = self.trainer
+        interval = getattr(trainer, "val_check_interval", None)  # unset for a time-based interval, which is fine
+        validates = trainer.limit_val_batches != 0 and getattr(trainer.datamodule, "hparams", {}).get("bench", 1)
+        if validates and isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
+            raise GraspConfigError(
+                f"model.task.init_args.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
+                f"validation at trainer.val_check_interval={interval} (a share of the epoch's announced length) would "
+                "never run: give trainer.val_check_interval in micro-batches (an integer, as configs/sgr.yaml's 200), "
+                "or turn validation off (data.bench=null)")
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and log its metrics under ``train/``."""

@@ -34,6 +34,21 @@ def test_the_table_holds_every_command_and_help_lists_them() -> None:
         assert command.help.split(",")[0] in " ".join(proc.stdout.split()), name
 
 
+def test_a_configuration_error_on_the_command_line_is_its_message_alone() -> None:
+    """A bad value from the command line: exit status 1 and one line naming the key and what is wrong,
+    no traceback through LightningCLI; ``GRASP_TRACEBACK=1`` brings the traceback back."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
+           "--model.task.init_args.max_resample=-1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: GraspConfigError: model.task.init_args.max_resample must be >= 0, got -1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(cmd, cwd=REPO, env={**env, "GRASP_TRACEBACK": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "max_resample must be >= 0" in proc.stderr
+
+
 def test_no_command_lists_them_too_and_an_unknown_one_is_refused(capsys) -> None:
     assert dispatch([]) == 2
     out = capsys.readouterr().out

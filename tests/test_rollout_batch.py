@@ -157,6 +157,15 @@ def test_config_errors_name_the_keys():
     assert grpo_task.GRPOTask().dynamic_sampling == "off"
 
 
+def test_an_epoch_shorter_than_one_window_is_refused(world):
+    """12 micro-batches cannot fill a window of 16: an error naming both keys, not a run that trains nothing."""
+    _, _, dm = world
+    with pytest.raises(GraspConfigError, match=r"12 micro-batches .* fill no window of 16 "
+                                               r"\(trainer.accumulate_grad_batches\)"):
+        windows(dm, window=16)
+    assert len(list(windows(dm, window=12))) == 12  # exactly one window is fine
+
+
 # ----------------------------------------------------------------------------------- resume
 def _roundtrip(state: dict) -> dict:
     buf = io.BytesIO()
@@ -337,6 +346,19 @@ def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_
         # a window already sampled before the checkpoint is not sampled again
         sampled_before = len(full_calls) - len(calls)
         assert sampled_before == full[done - 1]["calls"] >= 1 and calls == full_calls[sampled_before:]
+
+
+def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_path):
+    """Refill ends epochs early, so ``val_check_interval: null`` (configs/demo.yaml: once per epoch, at the
+    announced length) would never validate: refused at setup, naming the key and the fix."""
+    from .conftest import run_cli
+
+    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=1.0 .*would never run.*in micro-batches"):
+        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill"], tmp_path / "epoch")
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=0.5"):
+        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
+                tmp_path / "half")
 
 
 # ----------------------------------------------------------------------------------- refill on two ranks

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from world import ROOT, add_sft_options, fit, run_overrides, scalars, sft_handoff  # noqa: E402
+from world import ROOT, add_sft_options, fit, run_overrides, save_figure, scalars, sft_handoff  # noqa: E402
 
 log = logging.getLogger("benchmarks.dynamic_sampling")
 ARMS = ("off", "drop", "refill")
@@ -91,13 +91,7 @@ def plot(path: Path, series: dict[str, dict], handoff: dict, window: int, seed: 
                 ylabel="accuracy + 0.1 format")
     axes[1].set(title=f"held-out bench, from SFT step {handoff['step']} (seed {seed})", xlabel="optimizer step",
                 ylabel="accuracy", ylim=(0, 1.02))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, axes, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stage = sft_handoff(args)
     work, handoff = stage["work"], stage["handoff"]
-    k = 8  # configs/world_grpo.yaml model.rollout.num_generations
+    import yaml
+
+    k = yaml.safe_load((ROOT / "configs" / "world_grpo.yaml").read_text())["model"]["rollout"]["num_generations"]
     result = {"seed": args.seed, "threads": args.threads, "sft_handoff": handoff, "rl_steps": args.rl_steps,
               "max_resample": args.max_resample, "window": args.window, "arms": {}}
     series = {}

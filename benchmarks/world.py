@@ -112,6 +112,19 @@ def summary(run: Path, started: float, at_step: int | None = None) -> dict:
             "seconds": round(wall - started, 1)}
 
 
+def save_figure(fig, axes, path: Path) -> None:
+    """Grid and legend on every axis, then write ``path`` (PNG, 100 dpi) and close the figure."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot(path: Path, sft: Path, sft_started: float, grpo: Path, sgr: Path, handoff: dict, seed: int) -> None:
     """Learning curves: SFT bench accuracy over wall-clock seconds; GRPO vs SGR bench accuracy and
     grounding precision over RL steps (starting from the hand-off SFT checkpoint's values)."""
@@ -135,13 +148,7 @@ def plot(path: Path, sft: Path, sft_started: float, grpo: Path, sgr: Path, hando
             pts = scalars(run, tag)
             ax.plot([0] + [p[0] + 1 for p in pts], [start] + [p[1] for p in pts], "o-", label=name)
         ax.set(title=f"from SFT step {handoff['step']}", xlabel="RL step", ylabel=label, ylim=(0, 1.02))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, axes, path)
 
 
 def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path) -> None:

@@ -266,8 +266,10 @@ class GraspModule(L.LightningModule):
         ``data_mode`` (the batch kind; the task is its one owner).
 
         Raises:
-            GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; from
-                ``connect``: an explicit ``data.mode`` that contradicts the task.
+            GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; a task that
+                draws prompts (``dynamic_sampling: refill``) with validation placed as a share of the epoch
+                (:meth:`_check_validation_in_steps`); from ``connect``: an explicit ``data.mode`` that
+                contradicts the task.
         """
         if stage != "fit" or self._trainer is None:
             return

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grasp_lightning.data.prompts import VISION_TOKENS
+from grasp_lightning.engines.config import ENGINES, VLLMConfig
 from grasp_lightning.errors import is_count, is_number, require
 from grasp_lightning.parsing import opens_think
 
@@ -29,6 +30,9 @@ class Completions:
         prompt_opened_think: ``N`` flags, true where the row's prompt ended inside an opened
             ``<think>`` (a Thinking template's generation prompt), so the completion starts inside
             the think block; rewards and parsers take it as ``opened_think``.
+        sampled_logp: ``(N, T)`` float32 log-probs of the sampled tokens as the rollout engine computed
+            them (vLLM's, after temperature; 0 on padding), or ``None`` (Hugging Face ``generate``: the
+            trainer's own scoring is the sampler's). Their gap to the trainer's is a health metric.
     """
 
     ids: torch.Tensor
@@ -36,6 +40,7 @@ class Completions:
     texts: list[str]
     truncated: torch.Tensor
     prompt_opened_think: list[bool] = field(default_factory=list)
+    sampled_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -53,6 +58,11 @@ class RolloutConfig:
         top_p: nucleus sampling mass.
         top_k: optional top-k.
         stop_at_answer: a completion may stop at ``</answer>``.
+        engine: who samples the rollouts: ``hf`` (transformers' ``generate`` in the trainer, with the
+            group-shared prefill; the default and the reference) or ``vllm`` (a vLLM server in its own
+            environment and process, :class:`grasp_lightning.engines.vllm.VLLMEngine`). The trainer
+            computes the loss's log-probs itself with either.
+        vllm: the vLLM engine's settings (:class:`grasp_lightning.engines.config.VLLMConfig`).
 
     Raises:
         GraspConfigError: a value out of range (the message names ``model.rollout.<key>``).
@@ -64,9 +74,14 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int | None = None
     stop_at_answer: bool = True
+    engine: str = "hf"
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
         k = "model.rollout."
+        require(self.engine in ENGINES, k + "engine", f"one of {list(ENGINES)}", self.engine)
+        if isinstance(self.vllm, dict):  # from a checkpoint's hyperparameters
+            self.vllm = VLLMConfig(**self.vllm)
         require(is_count(self.num_generations), k + "num_generations", "an integer >= 1", self.num_generations)
         require(is_count(self.max_new_tokens), k + "max_new_tokens", "an integer >= 1", self.max_new_tokens)
         require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
@@ -256,12 +271,35 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         inputs, cache = prefill_for_generation(model, inputs, num_return_sequences)
         gen_kwargs.update(num_return_sequences=1, cache=cache)
     out = model.generate(**inputs, **gen_kwargs)
-    ids = out[:, prompt_len:]
-    lengths, finished = completion_ends(ids, stop, tokenizer, tuple(stop_strings))
+    return finish_completions(out[:, prompt_len:], tokenizer, stop, tuple(stop_strings), prompt_ids, prompt_mask,
+                              num_return_sequences)
+
+
+def finish_completions(ids: torch.Tensor, tokenizer, stop_ids: list[int], stop_strings: tuple[str, ...],
+                       prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, num_return_sequences: int,
+                       sampled_logp: torch.Tensor | None = None) -> Completions:
+    """:class:`Completions` from sampled ids, the same for every rollout engine: each row cut at its first
+    end-of-turn token or stop string (:func:`completion_ends`), padding written with the pad id, decoded once.
+
+    Args:
+        ids: ``(N, T)`` sampled ids (prompt removed), right-padded with anything.
+        tokenizer: decodes them; its ``pad_token_id`` fills the padding.
+        stop_ids: end-of-turn ids (:func:`eos_ids`).
+        stop_strings: the stop strings sampling was given.
+        prompt_ids, prompt_mask: ``(B, L)`` the prompts, for :func:`prompt_opens_think`.
+        num_return_sequences: K, rows per prompt.
+        sampled_logp: ``(N, T)`` the sampler's log-probs of the sampled tokens, or ``None``; zeroed on padding.
+    """
+    lengths, finished = completion_ends(ids, stop_ids, tokenizer, stop_strings)
     if ids.shape[1] == 0:  # nothing generated: one pad column, masked out
-        ids = torch.full((out.shape[0], 1), tokenizer.pad_token_id, dtype=out.dtype, device=out.device)
+        ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=ids.dtype, device=ids.device)
+        if sampled_logp is not None:
+            sampled_logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
     mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
     ids = ids.masked_fill(~mask, tokenizer.pad_token_id)
+    if sampled_logp is not None:
+        sampled_logp = sampled_logp.masked_fill(~mask, 0.0)
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     return Completions(ids=ids, mask=mask, texts=texts, truncated=~finished,
-                       prompt_opened_think=prompt_opens_think(tokenizer, prompt_ids, num_return_sequences, prompt_mask))
+                       prompt_opened_think=prompt_opens_think(tokenizer, prompt_ids, num_return_sequences, prompt_mask),
+                       sampled_logp=sampled_logp)

@@ -281,6 +281,7 @@ def grpo_loss(
     loss_type: str = "dapo",
     max_completion_length: int | None = None,
     num_items_in_batch: float | Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO objective with an optional k3 KL penalty, as in TRL 1.16 ``GRPOTrainer._compute_loss``.
 
@@ -308,6 +309,10 @@ def grpo_loss(
         loss_type: one of :data:`LOSS_TYPES`.
         max_completion_length: the generation budget in tokens; required for ``"dr_grpo"``.
         num_items_in_batch: ``dapo`` normaliser, the number of loss tokens it should average over.
+        token_weights: ``(N, L)`` detached weights of the clipped term, or ``None``: the truncated
+            importance-sampling correction for a rollout engine whose numerics differ from the trainer's
+            (TRL 1.16 multiplies ``per_token_loss`` by it before adding the KL term; ``GRPOTask``'s
+            ``importance_sampling_cap``).
 
     Returns:
         ``(loss, metrics)``: a float32 scalar loss, and detached float32 scalars ``kl_mean`` (masked
@@ -337,6 +342,8 @@ def grpo_loss(
     ratio = torch.exp((logp32 - old32).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     clipped = ratio.clamp(1 - epsilon, 1 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().float()
     metrics: dict[str, Tensor] = {}
     if ref_logp is not None:
         kl = k3_kl(logp32, ref_logp.float())

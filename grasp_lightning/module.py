@@ -21,6 +21,8 @@ from typing_extensions import override
 
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
 from grasp_lightning.data.collate import Batch
+from grasp_lightning.engines import make_engine
+from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
 from grasp_lightning.evaluation.suite import SuiteRunner
@@ -182,6 +184,7 @@ class GraspModule(L.LightningModule):
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
         self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
+        self._rollout_engine: RolloutEngine | None = None
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -252,6 +255,31 @@ class GraspModule(L.LightningModule):
             raise GraspConfigError("this task has no reference model (task.needs_reference is false)")
 
     @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The rollout engine ``model.rollout.engine`` names (:mod:`grasp_lightning.engines`), built once; a
+        vLLM server starts at the first rollout and stops at :meth:`teardown`.
+
+        Raises:
+            GraspConfigError: ``vllm`` without its Python or address.
+        """
+        if self._rollout_engine is None:
+            rank = self.global_rank if self._trainer is not None else 0
+            self._rollout_engine = make_engine(self.rollout_cfg, model_path=self.policy_cfg.name_or_path, rank=rank)
+        return self._rollout_engine
+
+    @property
+    def policy_version(self) -> int:
+        """Optimizer steps taken so far (``trainer.global_step``): an engine holding its own copy of the weights
+        updates it when its copy is older."""
+        return int(self.trainer.global_step) if self._trainer is not None else 0
+
+    def teardown(self, stage: str) -> None:
+        """Stop the rollout engine's server, if one was started (Lightning calls this at the end of every stage)."""
+        if self._rollout_engine is not None:
+            self._rollout_engine.close()
+            self._rollout_engine = None
+
+    @property
     def tokenizer(self):
         """The processor's tokenizer (``None`` before :meth:`configure_model` loads it)."""
         return self.processor.tokenizer if self.processor is not None else None
@@ -273,6 +301,8 @@ class GraspModule(L.LightningModule):
         """
         if stage != "fit" or self._trainer is None:
             return
+        if getattr(self.task, "samples_rollouts", False):
+            self.rollout_engine  # noqa: B018 - refuses a bad model.rollout.engine setting before the run
         dm = getattr(self.trainer, "datamodule", None)
         repeat = getattr(self.task, "num_iterations", 1)
         window = self.trainer.accumulate_grad_batches if getattr(self.task, "window_batches", False) else 1

@@ -45,8 +45,9 @@ from typing_extensions import override
 
 from grasp_lightning import grpo
 from grasp_lightning.data.collate import Batch
+from grasp_lightning.engines import engine_of
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.generation import RolloutConfig, sample_completions
+from grasp_lightning.generation import RolloutConfig
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import compute_rewards, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
@@ -121,6 +122,11 @@ class GRPOTask(Task):
             policy/old/reference scoring (exact; :mod:`grasp_lightning.shared_prompt`). ``False`` repeats
             every prompt K times as separate rows, like TRL (for ablations). Models or prompts
             where sharing is not exact fall back to the naive rows with a warning.
+        importance_sampling_cap: with a rollout engine that reports its own log-probs (``model.rollout.engine:
+            vllm``), weight each token's loss by ``min(exp(logp_old − logp_sampler), cap)`` — TRL's
+            ``vllm_importance_sampling_correction`` (``token_truncate``, TRL's default cap 2.0), correcting
+            for the sampler's numerics differing from the trainer's. ``logp_old`` is the trainer's score of
+            the sampling policy (the detached current one on the first use of a rollout). ``None``: off.
     """
 
     data_mode = "rl"
@@ -131,7 +137,8 @@ class GRPOTask(Task):
                  loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool | None = None,
                  overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
                  share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
-                 max_resample: int = 4, rollout_batch_prompts: int | None = None) -> None:
+                 max_resample: int = 4, rollout_batch_prompts: int | None = None,
+                 importance_sampling_cap: float | None = None) -> None:
         self.rewards = list(rewards or ["accuracy", "format"])
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
@@ -155,11 +162,8 @@ class GRPOTask(Task):
         if drop_zero_variance_groups is not None and drop_zero_variance_groups != (dynamic_sampling != "off"):
             raise GraspConfigError(f"model.task.init_args.drop_zero_variance_groups={drop_zero_variance_groups} "
                                    f"contradicts dynamic_sampling={dynamic_sampling!r}; set only dynamic_sampling")
-        if max_resample < 0:
-            raise GraspConfigError(f"model.task.init_args.max_resample must be >= 0, got {max_resample}")
-        if rollout_batch_prompts is not None and rollout_batch_prompts < 1:
-            raise GraspConfigError(f"model.task.init_args.rollout_batch_prompts must be >= 1 or null, "
-                                   f"got {rollout_batch_prompts}")
+        _check_batching(max_resample, rollout_batch_prompts, importance_sampling_cap)
+        self.importance_sampling_cap = importance_sampling_cap
         self.dynamic_sampling = dynamic_sampling
         self.max_resample = max_resample
         self.rollout_batch_prompts = rollout_batch_prompts
@@ -268,10 +272,9 @@ class GRPOTask(Task):
         policy.eval()
         prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
         share = self._share(policy, prompt)
-        completions = sample_completions(
-            policy, ctx.tokenizer, prompt, num_return_sequences=k, max_new_tokens=cfg.max_new_tokens,
-            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share)
+        engine = engine_of(ctx)
+        completions = engine.sample(policy, ctx.tokenizer, prompt, cfg, share_prompt=share,
+                                    policy_version=getattr(ctx, "policy_version", 0))
         policy.train(was_training)
         t1 = time.perf_counter()
         prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
@@ -301,7 +304,8 @@ class GRPOTask(Task):
                        advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
                        indices=list(batch.indices), rollout_seconds=time.perf_counter() - t0,
                        prompt_tokens=prompt_tokens, penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
-                       generation_seconds=t1 - t0, reward_seconds=t2 - t1, logp_seconds=time.perf_counter() - t2)
+                       generation_seconds=t1 - t0, reward_seconds=t2 - t1, logp_seconds=time.perf_counter() - t2,
+                       sampled_logp=completions.sampled_logp, weight_sync_seconds=engine.weight_sync_seconds)
 
     def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
         """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
@@ -396,7 +400,7 @@ class GRPOTask(Task):
         stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "resample_tries": float(tries),
                  "reward_mean_tried": 0.0,
                  "generation_calls": 0.0, "sequences_per_call": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
-                 "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0}
+                 "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "weight_sync_s": 0.0}
         if ros:
             ro = cat_rollouts(ros, pad)
             live = [i for i, b in enumerate(batches) if len(b)]
@@ -421,7 +425,7 @@ class GRPOTask(Task):
                          sequences_per_call=ro.completions.ids.shape[0] / max(1, ro.generation_calls),
                          generation_s=ro.generation_seconds, rewards_s=ro.reward_seconds, logp_s=ro.logp_seconds,
                          rollout_s=time.perf_counter() - t0, generated_tokens=float(ro.completions.mask.sum()),
-                         prompt_tokens=float(ro.prompt_tokens))
+                         prompt_tokens=float(ro.prompt_tokens), weight_sync_s=ro.weight_sync_seconds)
         self._window_stats, self._window_reported = stats, False
         return positions
 
@@ -491,10 +495,13 @@ class GRPOTask(Task):
         if self.loss_type == "dapo":
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
+        sampler = self._sampler_correction(logp, ro, mask)
         loss, lm = grpo.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
                                   epsilon_high=self.epsilon_high, beta=self.beta, loss_type=self.loss_type,
-                                  max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items)
+                                  max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
+                                  token_weights=sampler.pop("weights", None))
         metrics = self.metrics(batch, ro, lm, entropy, mask)
+        metrics.update(sampler)
         metrics["ratio/mean"] = lm["ratio_mean"]
         metrics["tokens/window_loss_tokens"] = float(self._window_tokens)
         metrics["rollout/iteration"] = float(iteration)
@@ -507,6 +514,7 @@ class GRPOTask(Task):
             metrics["time/generation_s"] = st["generation_s"]
             metrics["time/rewards_s"] = st["rewards_s"]
             metrics["time/logp_s"] = st["logp_s"]
+            metrics["time/weight_sync_s"] = st.get("weight_sync_s", 0.0)
             metrics["tokens/generated"] = st["generated_tokens"]
             metrics["rollout/generation_calls"] = st["generation_calls"]
             metrics["rollout/sequences_per_call"] = st["sequences_per_call"]
@@ -523,6 +531,26 @@ class GRPOTask(Task):
                                reward_names=list(self.rewards), terms=ro.terms, rewards=ro.rewards,
                                advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
         return TaskOutput(loss=loss, metrics=metrics, rollout=record)
+
+    def _sampler_correction(self, logp: torch.Tensor, ro: Rollout, mask: torch.Tensor) -> dict:
+        """The sampler's log-probs against the trainer's (where the engine reports them): the gap's metrics
+        (TRL's ``sampling/sampling_logp_difference`` and ``sampling/importance_sampling_ratio``) and, with
+        ``importance_sampling_cap``, the truncated importance weights ``(N, Lc)`` under ``"weights"``."""
+        if ro.sampled_logp is None:
+            return {}
+        old = (ro.old_logp if ro.old_logp is not None else logp.detach()).float()
+        sampled = ro.sampled_logp.to(old.device).float()
+        keep = mask.bool()
+        if not bool(keep.any()):
+            return {}
+        diff = (old - sampled)[keep]
+        ratio = torch.exp(diff.clamp(-20, 20))
+        out = {"sampling/logp_difference/mean": diff.abs().mean(), "sampling/logp_difference/max": diff.abs().max(),
+               "sampling/importance_ratio/min": ratio.min(), "sampling/importance_ratio/mean": ratio.mean(),
+               "sampling/importance_ratio/max": ratio.max()}
+        if self.importance_sampling_cap is not None:
+            out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.importance_sampling_cap)
+        return out
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
         """Per-step metrics: reward terms, advantages, KL, clipping, lengths, zero-variance groups, grounding."""
@@ -569,6 +597,21 @@ class GRPOTask(Task):
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
         m["answer/parsed_fraction"] = sum(parsed) / len(parsed)
         return m
+
+
+def _check_batching(max_resample: int, rollout_batch_prompts: int | None, importance_sampling_cap: float | None) -> None:
+    """``GRPOTask``'s refill, rollout-batch and importance-sampling settings.
+
+    Raises:
+        GraspConfigError: a value out of range (the message names the key).
+    """
+    key = "model.task.init_args."
+    if max_resample < 0:
+        raise GraspConfigError(f"{key}max_resample must be >= 0, got {max_resample}")
+    if rollout_batch_prompts is not None and rollout_batch_prompts < 1:
+        raise GraspConfigError(f"{key}rollout_batch_prompts must be >= 1 or null, got {rollout_batch_prompts}")
+    if importance_sampling_cap is not None and not importance_sampling_cap >= 1.0:
+        raise GraspConfigError(f"{key}importance_sampling_cap must be >= 1 or null, got {importance_sampling_cap}")
 
 
 def _pad_id(ctx: TaskContext) -> int:

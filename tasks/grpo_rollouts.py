@@ -39,6 +39,9 @@ class Rollout:
         items: the records of the B prompts (empty where a caller did not give them).
         generation_seconds, reward_seconds, logp_seconds: the parts of ``rollout_seconds``.
         generation_calls: ``generate`` calls that produced these rows.
+        sampled_logp: ``(N, Lc)`` the rollout engine's own log-probs of the sampled tokens (vLLM), or
+            ``None`` (the HF engine: the trainer's scoring is the sampler's).
+        weight_sync_seconds: wall time the engine spent updating its copy of the weights first.
     """
 
     prompt: dict[str, torch.Tensor]
@@ -60,6 +63,8 @@ class Rollout:
     reward_seconds: float = 0.0
     logp_seconds: float = 0.0
     generation_calls: int = 1
+    sampled_logp: torch.Tensor | None = None
+    weight_sync_seconds: float = 0.0
 
     @property
     def num_groups(self) -> int:
@@ -73,7 +78,7 @@ class Rollout:
 
 
 ROW_TENSORS = ("terms", "rewards", "advantages", "penalty")
-TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask")
+TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask", "sampled_logp")
 
 
 def merge_batches(batches: list[Batch], pad_token_id: int) -> Batch:
@@ -126,7 +131,8 @@ def cat_rollouts(ros: list[Rollout], pad_token_id: int) -> Rollout:
                   loss_mask=cat("loss_mask", False, True), items=[it for ro in ros for it in ro.items],
                   generation_seconds=sum(ro.generation_seconds for ro in ros),
                   reward_seconds=sum(ro.reward_seconds for ro in ros), logp_seconds=sum(ro.logp_seconds for ro in ros),
-                  generation_calls=sum(ro.generation_calls for ro in ros))
+                  generation_calls=sum(ro.generation_calls for ro in ros), sampled_logp=cat("sampled_logp", 0.0, True),
+                  weight_sync_seconds=sum(ro.weight_sync_seconds for ro in ros))
     return out
 
 
@@ -155,7 +161,7 @@ def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
                    ref_logp=rows_of(ro.ref_logp, True), zero_variance=ro.zero_variance.index_select(0, gidx),
                    indices=[ro.indices[g] for g in groups], rollout_seconds=0.0, penalty=rows_of(ro.penalty, False),
                    loss_mask=rows_of(ro.loss_mask, True), items=[ro.items[g] for g in groups] if ro.items else [],
-                   generation_calls=0)
+                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp, True))
 
 
 def even_split(n: int, parts: int) -> list[int]:
@@ -192,4 +198,4 @@ def rollout_from_state(state: dict) -> Rollout:
                    rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
                    ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
                    rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
-                   loss_mask=state["loss_mask"], generation_calls=0)
+                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"))

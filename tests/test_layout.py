@@ -23,6 +23,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.grpo": 1,
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
+    "grasp_lightning.engines.config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.rewards": 3,
     "grasp_lightning.policy": 3,
@@ -31,6 +32,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,
     "grasp_lightning.task": 4,
+    "grasp_lightning.engines": 4,  # rollout engines: HF generate, the vLLM client (its server imports none of ours)
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,

@@ -25,7 +25,7 @@ from grasp_lightning.planning.architectures import (
     lora_parameters,
     lora_targets,
 )
-from grasp_lightning.planning.estimate import GIB, fits, plan_memory
+from grasp_lightning.planning.estimate import GIB, fits, format_plan, plan_memory
 from grasp_lightning.planning.spec import RunSpec, strategy_settings
 from grasp_lightning.planning.tokens import video_tokens
 from grasp_lightning.policy import LoraConfig
@@ -487,6 +487,23 @@ def test_fits_margin(tiny) -> None:
     assert fits(plan, 3.0).fits and fits(plan, 3.0).usable_gib == pytest.approx(0.7)
     assert not fits(plan, 2.0).fits  # 2 GiB x 0.9 - 2 GiB < 0
     assert fits(plan, 3.0).need_gib == pytest.approx(plan.peak / GIB)
+
+
+def test_colocated_vllm_engine_takes_its_share_of_the_gpu_and_the_trainer_keeps_no_rollout_cache(tiny) -> None:
+    hf = plan_memory(spec(), tiny)
+    vllm = plan_memory(spec(rollout_engine="vllm", engine_memory_fraction=0.3), tiny)
+    assert hf.rollout > 0 and vllm.rollout == 0 and vllm.static == hf.static
+    assert vllm.peak == hf.static + max(hf.training, 0)
+    assert fits(vllm, 10.0).usable_gib == pytest.approx(10.0 * (1 - 0.1 - 0.3) - 2.0)
+    assert "model.rollout.vllm.gpu_memory_utilization" in vllm.how["rollout"]
+    assert "+ 0.3 for the vLLM engine" in format_plan(vllm, 10.0)
+    remote = plan_from_config([CONFIGS / "sgr.yaml"], {"model.rollout.engine": "vllm",
+                                                       "model.rollout.vllm.address": "node2:5555"})
+    assert remote.spec.rollout_engine == "vllm" and remote.spec.engine_memory_fraction == 0.0 and remote.rollout == 0
+    colocated = plan_from_config([CONFIGS / "sgr.yaml"], {"model.rollout.engine": "vllm",
+                                                          "model.rollout.vllm.gpu_memory_utilization": 0.25})
+    assert colocated.spec.engine_memory_fraction == 0.25
+    assert fits(colocated, 141).usable_gib == pytest.approx(141 * 0.65 - 2.0)
 
 
 def test_plan_from_configs() -> None:

@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
                              "Qwen3.5 stand-in: 4, i.e. 3 linear-attention + 1 full-attention layers)")
     parser.add_argument("--vision-layers", type=int, default=None,
                         help="vision-tower blocks (default: 2; the tiny model's too)")
+    parser.add_argument("--text-heads", type=int, default=None,
+                        help="the tiny Qwen3-VL's attention heads (default 4: head dim 16; 2 gives head dim 32, "
+                             "the least vLLM's CPU attention takes)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="stand-in weight dtype")
     parser.add_argument("--overwrite", action="store_true", help="write into an OUT_DIR that already holds files")
     args = parser.parse_args(argv)
@@ -395,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out_dir)
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         parser.error(f"{out} already holds files (a checkpoint?); pass --overwrite to write the model into it")
+    if args.text_heads is not None and (args.like is not None or args.family == "qwen3_5" or args.text_heads not in (1, 2, 4)):
+        parser.error(f"--text-heads {args.text_heads}: the tiny Qwen3-VL takes 1, 2 or 4 (hidden 64; head dim 64, 32, 16)")
     if args.like is not None and args.family is not None:
         parser.error(f"--family {args.family} builds a tiny model; --like {args.like} a stand-in: give one of them")
     text_layers, vision_layers = args.text_layers or 2, args.vision_layers or 2
@@ -405,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
             except ValueError as err:
                 parser.error(f"--text-layers {args.text_layers or 4}: {err} (the tiny Qwen3.5 needs at least 4)")
         else:
-            build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers)
+            build_tiny_qwen3vl(out, seed=args.seed, text_layers=text_layers, vision_depth=vision_layers,
+                               text_heads=args.text_heads or 4)
         return
     from grasp_lightning.errors import GraspConfigError
     from grasp_lightning.generators.standin import build_standin, default_text_layers, standin_config

@@ -339,6 +339,12 @@ def _rollout(spec: RunSpec, text, prompt: int, completion: int, sequences: int, 
     if not spec.samples_rollouts:
         how["rollout"] = f"{spec.task}: no rollout"
         return dict(kv_cache=0, linear_states=0, kv_cache_shared_prefix=0, rollout=0)
+    if spec.rollout_engine == "vllm":
+        share = (f"its {spec.engine_memory_fraction:g} of the GPU is reserved in the fit "
+                 "(model.rollout.vllm.gpu_memory_utilization)" if spec.engine_memory_fraction
+                 else "a server at model.rollout.vllm.address, on other GPUs")
+        how["rollout"] = f"vLLM engine: its own weights and KV cache; {share}"
+        return dict(kv_cache=0, linear_states=0, kv_cache_shared_prefix=0, rollout=0)
     s = text_shapes(text)
     kv_token, state, b, k = kv_bytes_per_token(s), linear_state_bytes(s), spec.micro_batch_size, spec.num_generations
     kv_cache, states = sequences * (prompt + completion) * kv_token, sequences * state
@@ -408,8 +414,9 @@ class Fit:
 
 def fits(plan: MemoryPlan, gpu_memory_gib: float, *, margin: float = 0.10, reserve_gib: float = 2.0) -> Fit:
     """Whether the plan's peak fits a GPU of ``gpu_memory_gib`` GiB, keeping ``margin`` (fraction) for
-    allocator fragmentation and ``reserve_gib`` for the CUDA context, NCCL and kernels' workspaces."""
-    usable = gpu_memory_gib * (1 - margin) - reserve_gib
+    allocator fragmentation and ``reserve_gib`` for the CUDA context, NCCL and kernels' workspaces; a
+    colocated vLLM engine's share (``spec.engine_memory_fraction`` of the GPU) is not usable by the trainer."""
+    usable = gpu_memory_gib * (1 - margin - plan.spec.engine_memory_fraction) - reserve_gib
     need = plan.peak / GIB
     return Fit(need <= usable, need, usable, gpu_memory_gib)
 
@@ -444,7 +451,8 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float | None = None) -> str:
     lines += [f"note: {note}" for note in plan.notes]
     if gpu_memory_gib is not None:
         verdict = fits(plan, gpu_memory_gib)
-        lines.append(f"GPU {gpu_memory_gib:.1f} GiB, usable {verdict.usable_gib:.1f} GiB (10% + 2 GiB reserved): "
+        engine = (f" + {s.engine_memory_fraction:g} for the vLLM engine" if s.engine_memory_fraction else "")
+        lines.append(f"GPU {gpu_memory_gib:.1f} GiB, usable {verdict.usable_gib:.1f} GiB (10%{engine} + 2 GiB reserved): "
                      f"fits: {'yes' if verdict.fits else 'no'} (headroom {verdict.headroom_gib:+.1f} GiB)")
     return "\n".join(lines)
 

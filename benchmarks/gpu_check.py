@@ -39,6 +39,9 @@ checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs). 
 rollout (prompt prefill + generated tokens), the reference's scoring forward and the policy's
 training pass, with the prompt counted once per group when the task shares it (``share_prompt``).
 
+``--qlora`` composes ``configs/qlora.yaml`` after each recipe (NF4 base, LoRA r16, strategy ``auto``
+instead of ZeRO-2): the figure to compare is the measured peak against the planner's QLoRA peak.
+
 Without a CUDA device (and without ``--smoke-cpu``) it stops at once with exit status 2 and a JSON
 line saying so. Exit status 1: a phase failed (its log is above the JSON line).
 """
@@ -67,6 +70,8 @@ SIZES = {
     "smoke-cpu": {"text_layers": 1, "vision_layers": 1, "clip_seconds": 2.0, "clip_size": 448, "sft_steps": 1,
                   "sgr_steps": 1, "warmup": 0, "num_generations": 2, "max_new_tokens": 8},
 }
+#: The configs ``--qlora`` composes after the phase's recipe (and before the overrides).
+QLORA_CONFIGS = {False: (), True: (REPO / "configs" / "qlora.yaml",)}
 #: Device, strategy class and number format per mode. The GPU keeps the recipe's ``bf16-mixed`` and
 #: bf16 weights (``None``: the recipe's value); the CPU computes in float32, because CPUs without
 #: AVX-512 BF16 run bf16 matrix products about a hundred times slower than float32 ones.
@@ -141,8 +146,11 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- one phase
-def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, result: Path) -> dict:
-    """The config that goes after ``configs/<phase>.yaml``: sizes, device and strategy class only.
+def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, result: Path,
+                    qlora: bool = False) -> dict:
+    """The config that goes after ``configs/<phase>.yaml`` (and ``configs/qlora.yaml`` with ``qlora``):
+    sizes, device and strategy class only; QLoRA runs without DeepSpeed (strategy ``auto``), and on the
+    CPU dequantizes to float32 like the rest of the smoke run.
 
     Args:
         phase: ``sft`` or ``sgr``. mode: ``gpu`` or ``smoke-cpu`` (a key of :data:`SIZES`).
@@ -170,6 +178,10 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
     if phase == "sgr":
         cfg["model"]["rollout"] = {"num_generations": sizes["num_generations"],
                                    "max_new_tokens": sizes["max_new_tokens"]}
+    if qlora:
+        cfg["trainer"]["strategy"] = "auto"
+        if device["dtype"] is not None:
+            cfg["model"]["lora"] = {"quant_compute_dtype": device["dtype"]}
     return cfg
 
 
@@ -279,14 +291,16 @@ class Throughput(L.Callback):
         self.result_file.write_text(json.dumps(result))
 
 
-def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_size: int) -> float | None:
+def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_size: int,
+                     qlora: bool = False) -> float | None:
     """The memory planner's peak GiB per GPU for the phase's composed configs (``None`` if it cannot plan)."""
     from grasp_lightning.commands.plan_memory import plan_from_config
     from grasp_lightning.errors import GraspConfigError
     from grasp_lightning.planning.estimate import GIB
 
     try:
-        plan = plan_from_config([REPO / "configs" / f"{phase}.yaml", override_file], video_seconds=clip_seconds,
+        plan = plan_from_config([REPO / "configs" / f"{phase}.yaml", *QLORA_CONFIGS[qlora], override_file],
+                                video_seconds=clip_seconds,
                                 frame_size=(clip_size, clip_size))
     except GraspConfigError as err:
         print(f"gpu_check: planner: {err}", file=sys.stderr)
@@ -294,8 +308,10 @@ def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_
     return round(plan.peak / GIB, 2)
 
 
-def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, tmp: Path) -> dict:
-    """``python -m grasp_lightning fit --config configs/<phase>.yaml --config <overrides>`` in a child process.
+def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, tmp: Path,
+              qlora: bool = False) -> dict:
+    """``python -m grasp_lightning fit --config configs/<phase>.yaml [--config configs/qlora.yaml] --config
+    <overrides>`` in a child process.
 
     Raises:
         RuntimeError: the run failed or wrote no figures (its log went to this process's stderr).
@@ -304,16 +320,16 @@ def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Pa
 
     result = tmp / f"{phase}.json"
     override = tmp / f"{phase}-overrides.yaml"
-    override.write_text(yaml.safe_dump(phase_overrides(phase, mode, sizes, model_dir, data_root, result)))
+    override.write_text(yaml.safe_dump(phase_overrides(phase, mode, sizes, model_dir, data_root, result, qlora)))
     cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", f"configs/{phase}.yaml",
-           "--config", str(override)]
+           *[a for path in QLORA_CONFIGS[qlora] for a in ("--config", str(path))], "--config", str(override)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "GRASP_LOG_LEVEL": os.environ.get("GRASP_LOG_LEVEL", "WARNING")}
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=sys.stderr)
     if proc.returncode != 0 or not result.exists():
         raise RuntimeError(f"{phase} phase failed with exit status {proc.returncode} (log above)")
     figures = json.loads(result.read_text())
-    figures["planned_peak_gib"] = planned_peak_gib(phase, override, sizes["clip_seconds"], sizes["clip_size"])
+    figures["planned_peak_gib"] = planned_peak_gib(phase, override, sizes["clip_seconds"], sizes["clip_size"], qlora)
     return figures
 
 
@@ -327,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{key.replace('_', '-')}", dest=key, type=int, default=None)
     parser.add_argument("--clip-seconds", type=float, default=None, help="length of the synthetic clips (s)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the GPU")
+    parser.add_argument("--qlora", action="store_true",
+                        help="compose configs/qlora.yaml (NF4 base + LoRA, one GPU, no DeepSpeed)")
     parser.add_argument("--smoke-cpu", action="store_true",
                         help="the same path on the CPU with tiny sizes (1+1 layers, 2 s clips, 1 step per phase)")
     args = parser.parse_args(argv)
@@ -343,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     device = torch.cuda.get_device_name(0) if mode == "gpu" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
-    report: dict = {"ok": True, "mode": mode, "device": device, "peak_tflops": peak}
+    report: dict = {"ok": True, "mode": mode, "qlora": args.qlora, "device": device, "peak_tflops": peak}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         tmp = Path(tmp)
         report.update(build_model_dir(tmp / "model", args.like, sizes["text_layers"], sizes["vision_layers"]))
@@ -352,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         report["build_seconds"] = round(time.perf_counter() - t0, 1)
         for phase in ("sft", "sgr"):
             try:
-                figures = run_phase(phase, mode, sizes, tmp / "model", tmp / "data", tmp)
+                figures = run_phase(phase, mode, sizes, tmp / "model", tmp / "data", tmp, args.qlora)
             except RuntimeError as err:
                 report.update(ok=False, error=str(err))
                 break

@@ -3,7 +3,8 @@
 - Observers (this package's own modules): they read what the module and tasks expose and log or
   evaluate, and never change training — :mod:`callbacks.kl_logging` (KL statistics),
   :mod:`callbacks.rollout_samples` (sampled completions and their rewards), :mod:`callbacks.timing`
-  (step-time shares and throughput), :mod:`callbacks.bench` (GRASP-Bench reports).
+  (step-time shares and throughput), :mod:`callbacks.bench` (GRASP-Bench reports),
+  :mod:`callbacks.predictions` (``predict``'s JSON lines).
 - Control (:mod:`callbacks.control`): callbacks that change training — stop, skip, save:
   ``guards.NonFiniteGuard``, ``preemption.Preemption``, ``checkpoint.AtomicModelCheckpoint``.
 

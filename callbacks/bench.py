@@ -1,7 +1,11 @@
 """Evaluation reports: after each validation or test, every evaluation suite's ``results.json``
 section, tables and figures (GRASP-Bench: the top level of ``results.json``, ``table.md`` laid out
-like the paper's Table 1, and a bar chart of the 16 category accuracies in TensorBoard; MMSI, TVQA+,
-HumanSense, ... of ``data.eval_suites``: a section and ``table_<name>.md`` each).
+like the paper's Table 1, and a bar chart of the 16 category accuracies; MMSI, TVQA+, HumanSense, ... of
+``data.eval_suites``: a section and ``table_<name>.md`` each). The files, in ``<run folder>/bench/``
+(:func:`grasp_lightning.loggers.run_dir`), are the ground truth; every logger also gets each suite's
+figures and texts (:func:`grasp_lightning.loggers.log_image` and :func:`~grasp_lightning.loggers.log_text`:
+TensorBoard images and text, W&B ``wandb.Image`` and ``wandb.Html``, MLflow step images and ``.md``
+artifacts; CSV none).
 
 The numbers come from ``module.suites`` (:class:`~grasp_lightning.evaluation.suite.SuiteRunner`:
 torchmetrics metrics synced across ranks) and the per-item records from every rank (gathered here);
@@ -21,12 +25,13 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from grasp_lightning.evaluation.suite_report import write_results
+from grasp_lightning.loggers import log_image, log_text, run_dir
 
 log = logging.getLogger(__name__)
 
 
 class GraspBenchReport(L.Callback):
-    """Evaluation reports of every suite, written into ``<log_dir>/bench/step_<N>/`` and ``.../latest/``.
+    """Evaluation reports of every suite, written into ``<run folder>/bench/step_<N>/`` and ``.../latest/``.
 
     Validation runs every ``trainer.val_check_interval`` training batches, at epoch ends, and —
     through this callback — once more at the end of fit when ``max_steps`` stops training
@@ -63,7 +68,7 @@ class GraspBenchReport(L.Callback):
             return
         suites = [runner.by_name(name) for name in results]
         reports = [suite.report(results[suite.name], records[suite.name], label=self.label) for suite in suites]
-        root = os.path.join(trainer.log_dir or trainer.default_root_dir, "bench")
+        root = os.path.join(run_dir(trainer), "bench")  # rank zero only: no collective (trainer.log_dir broadcasts)
         meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
                 "stage": str(trainer.state.stage),
                 "decoding": {**vars(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
@@ -74,7 +79,7 @@ class GraspBenchReport(L.Callback):
             for suite in suites:
                 images[suite.name] = suite.figures(results[suite.name], out)
         self.last_dir = os.path.join(root, "latest")
-        _log_to_tensorboard(trainer, reports, images)
+        _log_to_loggers(trainer, reports, images)
         if self.print_table and not trainer.training and trainer.state.fn in ("validate", "test"):
             sys.stdout.write("".join(report.printout for report in reports))
         log.info("evaluation reports written to %s", self.last_dir)
@@ -103,15 +108,11 @@ def _write_reports(out: str, meta: dict, reports: list) -> None:
                 fh.write(text)
 
 
-def _log_to_tensorboard(trainer, reports: list, images: dict) -> None:
-    """Each suite's figures (``images[suite name]``: tag -> HWC uint8) and texts to every logger with
-    a TensorBoard-style ``experiment`` (``add_image``/``add_text``)."""
-    for logger in trainer.loggers:
-        exp = getattr(logger, "experiment", None)
-        if exp is None or not hasattr(exp, "add_image"):
-            continue
-        for report in reports:
-            for tag, image in images[report.name].items():
-                exp.add_image(tag, image, global_step=trainer.global_step, dataformats="HWC")
-            for tag, text in report.texts.items():
-                exp.add_text(tag, text, global_step=trainer.global_step)
+def _log_to_loggers(trainer, reports: list, images: dict) -> None:
+    """Each suite's figures (``images[suite name]``: tag -> ``(H, W, 3)`` uint8) and texts (``report.texts``:
+    tag -> Markdown) to every logger of ``trainer`` at the current optimizer step."""
+    for report in reports:
+        for tag, image in images[report.name].items():
+            log_image(trainer, tag, image, trainer.global_step)
+        for tag, text in report.texts.items():
+            log_text(trainer, tag, text, trainer.global_step)

@@ -1,10 +1,12 @@
 """KL logging: per step, the KL to the reference model, the ratio clip fraction and the policy entropy.
 
-Everything goes under one TensorBoard section, ``kl/``: ``kl/mean``, ``kl/max`` and a histogram
-``kl/per_token`` of the k3 estimates of the step's completion tokens, ``kl/clip_ratio`` and
-``kl/entropy``. A warning is logged when the mean KL exceeds ``warn_above``. The callback only
-reads ``module.last_task_output`` (:class:`~grasp_lightning.task.TaskOutput`: its ``metrics`` and
-``rollout.kl_tokens``, written by the GRPO task); it never changes training.
+Everything goes under one section, ``kl/``, of every logger: the scalars ``kl/mean``, ``kl/max``,
+``kl/clip_ratio`` and ``kl/entropy``, and the distribution ``kl/per_token`` of the k3 estimates of the
+step's completion tokens (:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and
+W&B, summary metrics ``kl/per_token/p50, ...`` in MLflow and CSV). A warning is logged when the mean
+KL exceeds ``warn_above``. The callback only reads ``module.last_task_output``
+(:class:`~grasp_lightning.task.TaskOutput`: its ``metrics`` and ``rollout.kl_tokens``, written by the GRPO
+task); it never changes training.
 """
 
 from __future__ import annotations
@@ -14,16 +16,9 @@ import logging
 import lightning as L
 from typing_extensions import override
 
+from grasp_lightning.loggers import log_histogram
+
 log = logging.getLogger(__name__)
-
-
-def _tensorboard(trainer: L.Trainer):
-    """The ``SummaryWriter`` of the first TensorBoard logger, or ``None``."""
-    for logger in trainer.loggers:
-        exp = getattr(logger, "experiment", None)
-        if exp is not None and hasattr(exp, "add_histogram"):
-            return exp
-    return None
 
 
 class KLLogging(L.Callback):
@@ -32,7 +27,7 @@ class KLLogging(L.Callback):
     Args:
         every_n_steps: logging interval in optimizer steps.
         warn_above: log a warning when the step's mean k3 KL is above this (nats per token).
-        histogram: also log the per-token KL distribution as a histogram.
+        histogram: also log the per-token KL distribution (``kl/per_token``).
     """
 
     def __init__(self, every_n_steps: int = 1, warn_above: float = 0.5, histogram: bool = True) -> None:
@@ -60,9 +55,8 @@ class KLLogging(L.Callback):
             return
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.global_step)
-        writer = _tensorboard(trainer)
-        if self.histogram and writer is not None and kl is not None and kl.numel():
-            writer.add_histogram("kl/per_token", kl.detach().float().cpu(), global_step=trainer.global_step)
+        if self.histogram and kl is not None and kl.numel():
+            log_histogram(trainer, "kl/per_token", kl, trainer.global_step)
         if "kl/mean" in values and values["kl/mean"] > self.warn_above:
             self.warnings += 1
             log.warning("step %d: KL to the reference model %.4f is above %.4f (max %.4f)", trainer.global_step,

@@ -1,6 +1,8 @@
 """Rollout samples: every N steps, the K completions of a few prompts with their reward terms,
-extracted answers and named participants, as a TensorBoard text table and a JSONL file
-(``rollouts.jsonl`` in the run directory). Reads ``module.last_task_output.rollout``
+extracted answers and named participants, as a table ``rollouts/samples`` in every logger
+(:func:`grasp_lightning.loggers.log_table`: TensorBoard a Markdown text, W&B a ``wandb.Table``, MLflow a
+logged table; none in CSV) and a JSONL file, the ground truth (``rollouts.jsonl`` in the run's folder,
+:func:`grasp_lightning.loggers.run_dir`). Reads ``module.last_task_output.rollout``
 (:class:`~grasp_lightning.task.RolloutRecord`); changes nothing.
 """
 
@@ -12,6 +14,7 @@ import os
 import lightning as L
 from typing_extensions import override
 
+from grasp_lightning.loggers import log_table, run_dir
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.task import RolloutRecord
 
@@ -39,20 +42,11 @@ def rollout_rows(record: RolloutRecord, max_prompts: int) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    """A Markdown table of rollout rows for TensorBoard's text plugin."""
-    if not rows:
-        return "(no rollouts)"
-    names = list(rows[0]["rewards"])
-    head = "| uid | k | target | answer | named | gt | " + " | ".join(names) + " | reward | adv | completion |"
-    sep = "|" + "---|" * (9 + len(names))
-    lines = [head, sep]
-    for r in rows:
-        text = r["completion"].replace("|", "\\|").replace("\n", " ")[:300]
-        terms = " | ".join(f"{r['rewards'][n]:.2f}" for n in names)
-        lines.append(f"| {r['uid']} | {r['rollout']} | {r['target']} | {r['answer']} | {r['participants_named']} | "
-                     f"{r['participants_gt']} | {terms} | {r['reward']:.3f} | {r['advantage']:.2f} | {text} |")
-    return "\n".join(lines)
+def table_rows(rows: list[dict]) -> list[dict]:
+    """The logged table's rows: one per completion, flat (one column per reward term), short column names."""
+    return [{"uid": r["uid"], "k": r["rollout"], "target": r["target"], "answer": r["answer"],
+             "named": ", ".join(map(str, r["participants_named"])), "gt": ", ".join(map(str, r["participants_gt"])),
+             **r["rewards"], "reward": r["reward"], "adv": r["advantage"], "completion": r["completion"]} for r in rows]
 
 
 class RolloutSamples(L.Callback):
@@ -61,7 +55,7 @@ class RolloutSamples(L.Callback):
     Args:
         every_n_steps: interval in optimizer steps (the first step is always written).
         num_prompts: groups (prompts) per dump; each has its K completions.
-        filename: JSONL file in the logger's run directory.
+        filename: JSONL file in the run's folder (:func:`grasp_lightning.loggers.run_dir`).
     """
 
     def __init__(self, every_n_steps: int = 50, num_prompts: int = 2, filename: str = "rollouts.jsonl") -> None:
@@ -78,12 +72,9 @@ class RolloutSamples(L.Callback):
         if step != 1 and step % self.every_n_steps:
             return
         rows = rollout_rows(out.rollout, self.num_prompts)
-        log_dir = trainer.log_dir or trainer.default_root_dir
+        log_dir = run_dir(trainer)  # rank zero only: no collective (trainer.log_dir broadcasts)
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, self.filename), "a", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps({"step": step, **row}) + "\n")
-        for logger in trainer.loggers:
-            exp = getattr(logger, "experiment", None)
-            if exp is not None and hasattr(exp, "add_text"):
-                exp.add_text("rollouts/samples", markdown(rows), global_step=step)
+        log_table(trainer, "rollouts/samples", table_rows(rows), step)

@@ -22,8 +22,10 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
-from grasp_lightning.data.formats import SkipRecord, read_bench, reader_for
+from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
+from grasp_lightning.data.qa import decode_image, open_media, store_for
+from grasp_lightning.data.readers import reader_for
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
@@ -57,6 +59,8 @@ class GraspDataset(Dataset):
         skip_bad: turn a :class:`GraspDataError` into a counted skip instead of raising.
         instruction: appended to questions that carry none (bench items), see
             :func:`~grasp_lightning.data.prompts.user_text`.
+        max_image_pixels: cap on an image's pixels (height × width), applied by the processor
+            (generic QA rows with an ``image``).
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
     e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
@@ -67,8 +71,10 @@ class GraspDataset(Dataset):
 
     def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
                  max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
-                 system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION) -> None:
+                 system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION,
+                 max_image_pixels: int | None = None) -> None:
         self.items = items
+        self.max_image_pixels = max_image_pixels
         self.store = store
         self.processor = processor
         self.with_target = with_target
@@ -85,22 +91,29 @@ class GraspDataset(Dataset):
         return len(self.items)
 
     def encode(self, item: GraspItem):
-        """Decode the item's clip and encode prompt (and target)."""
+        """Decode the item's clip and/or image and encode prompt (and target)."""
         target = None
         if self.with_target:
             if not item.response:
                 raise GraspDataError(item.origin, "SFT needs an assistant target (an `output: true` text or "
                                                   "`response`), this row has none")
             target = item.response
-        data = self.store.open(item.clip.path)
-        if self.encoder is not None and target is None:
-            return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
-        clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
-                           end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
-                           max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
-        return encode_example(self.processor, item, clip.frames, video_metadata(clip), target=target,
+        image = None
+        if item.image is not None:  # generic QA rows (grasp_lightning/data/qa.py)
+            image = decode_image(open_media(self.store, item.image, item.origin), f"{item.origin} ({item.image})")
+        frames = metadata = None
+        if item.clip is not None:
+            data = open_media(self.store, item.clip.path, item.origin)
+            if self.encoder is not None and target is None and image is None:
+                return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
+            clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
+                               end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
+                               max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
+            frames, metadata = clip.frames, video_metadata(clip)
+        return encode_example(self.processor, item, frames, metadata, target=target,
                               system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
-                              max_target_tokens=self.max_target_tokens, instruction=self.instruction)
+                              max_target_tokens=self.max_target_tokens, instruction=self.instruction,
+                              image=image, max_image_pixels=self.max_image_pixels)
 
     def __getitem__(self, index: int) -> Sample:
         valid = index < len(self.items)
@@ -125,9 +138,9 @@ def validate_numbers(**values) -> None:
     bad value stops the run at start-up naming its key instead of failing on every row.
 
     Raises:
-        GraspConfigError: ``data.fps`` not > 0; ``data.max_frames``, ``max_pixels``, ``batch_size``,
+        GraspConfigError: ``data.fps`` not > 0; ``data.max_frames``, ``max_pixels``, ``max_image_pixels``, ``batch_size``,
             ``val_batch_size`` not integers >= 1; ``max_prompt_tokens``, ``max_target_tokens``,
-            ``train_limit``, ``val_limit`` neither ``None`` nor integers >= 1; ``num_workers`` < 0;
+            ``train_limit``, ``val_limit``, ``predict_limit`` neither ``None`` nor integers >= 1; ``num_workers`` < 0;
             ``max_skip_fraction`` outside [0, 1].
     """
     def fail(key: str, want: str) -> None:
@@ -142,10 +155,10 @@ def validate_numbers(**values) -> None:
 
     if "fps" in values and not (is_number(values["fps"]) and values["fps"] > 0):
         fail("fps", "a number > 0 (frames per second sampled from each clip)")
-    for key in ("max_frames", "max_pixels", "batch_size", "val_batch_size"):
+    for key in ("max_frames", "max_pixels", "max_image_pixels", "batch_size", "val_batch_size"):
         if key in values:
             positive_int(key)
-    for key in ("max_prompt_tokens", "max_target_tokens", "train_limit", "val_limit"):
+    for key in ("max_prompt_tokens", "max_target_tokens", "train_limit", "val_limit", "predict_limit"):
         if key in values:
             positive_int(key, optional=True)
     if "num_workers" in values and not (is_number(values["num_workers"]) and values["num_workers"] >= 0
@@ -162,7 +175,9 @@ class GraspDataModule(L.LightningDataModule):
     Args:
         root: dataset root holding ``train/`` and ``test/`` (the GRASP download layout).
         train_file: training rows relative to ``root``: ``train/data_sft.jsonl`` (SFT),
-            ``train/data_rl.jsonl`` (GRPO) or ``train/annotations.jsonl``.
+            ``train/data_rl.jsonl`` (GRPO), ``train/annotations.jsonl``, or a generic QA file named
+            ``qa.jsonl`` / ``qa.<split>.jsonl`` (video and/or image rows, SFT and GRPO;
+            :mod:`grasp_lightning.data.qa`); the reader is chosen by the name up to its first dot.
         videos: folder with ``<source>_partNNN.tar`` shards and/or extracted clips, relative to
             ``root``.
         bench: GRASP-Bench (``grasp_bench.tar`` or an extracted folder) relative to ``root``;
@@ -176,6 +191,8 @@ class GraspDataModule(L.LightningDataModule):
         fps: frames per second sampled from each clip (GRASP: 2).
         max_frames: cap on frames per clip (released code: 240).
         max_pixels: cap on pixels per decoded frame (height × width).
+        max_image_pixels: cap on pixels per image (height × width) of a generic QA row with an ``image``
+            (``docs/data-format.md``), applied by the processor's image resize.
         max_prompt_tokens: prompt budget in tokens, video included; longer prompts are refused or
             skipped, never truncated.
         max_target_tokens: SFT target budget in tokens.
@@ -198,17 +215,23 @@ class GraspDataModule(L.LightningDataModule):
         eval_suites: more evaluation suites (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
             and its own ``results.json`` section and table (``configs/eval_suites.yaml``).
+        predict_file: what ``predict`` answers, relative to ``root``: any file the training rows may
+            be (the generic ``qa.jsonl`` included), or a GRASP-Bench tar or folder. ``None``: every evaluation suite's items (``bench`` and
+            ``eval_suites``), each encoded as it is for validation.
+        predict_limit: answer only the first N items of ``predict_file`` (or of each suite).
     """
 
     def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
                  videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str | None = None,
                  processor: str | None = None, trust_remote_code: bool = False, fps: float = 2.0,
-                 max_frames: int = 240, max_pixels: int = 448 * 448, max_prompt_tokens: int | None = 16384,
+                 max_frames: int = 240, max_pixels: int = 448 * 448, max_image_pixels: int = 1024 * 1024,
+                 max_prompt_tokens: int | None = 16384,
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
                  num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int | None = None, train_limit: int | None = None,
                  val_limit: int | None = None, eval_suites: list[EvalSuite] | None = None,
-                 instruction: str = INSTRUCTION) -> None:
+                 instruction: str = INSTRUCTION, predict_file: str | None = None,
+                 predict_limit: int | None = None) -> None:
         super().__init__()
         if mode not in (None, "sft", "rl"):
             raise GraspConfigError(f"data.mode must be 'sft', 'rl' or null (the task's), got {mode!r}")
@@ -217,10 +240,11 @@ class GraspDataModule(L.LightningDataModule):
                                    f"by model.task.init_args.num_iterations; remove data.repeat_batches")
         if on_bad_item not in ("raise", "skip"):
             raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
-        validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_prompt_tokens=max_prompt_tokens,
+        validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
+                         max_prompt_tokens=max_prompt_tokens,
                          max_target_tokens=max_target_tokens, batch_size=batch_size, val_batch_size=val_batch_size,
                          num_workers=num_workers, max_skip_fraction=max_skip_fraction, train_limit=train_limit,
-                         val_limit=val_limit)
+                         val_limit=val_limit, predict_limit=predict_limit)
         self.save_hyperparameters(ignore=["eval_suites"])  # plugin objects stay out of checkpoints
         self.eval_suites: list[EvalSuite] = list(eval_suites or [])
         self.val_suites: list[EvalSuite] = []  # GRASP-Bench (data.bench) first, then data.eval_suites, loaded
@@ -228,6 +252,8 @@ class GraspDataModule(L.LightningDataModule):
         self._processor = None
         self.train_items: list[GraspItem] = []
         self.val_items: list[GraspItem] = []
+        self.predict_items: list[GraspItem] = []
+        self.predict_done: set[str] = set()  # ids answered by an earlier run (PredictionWriter), left out
         self._epoch = 0
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
@@ -273,7 +299,8 @@ class GraspDataModule(L.LightningDataModule):
         path = self.root / self.hparams.train_file
         reader = reader_for(path)
         if reader is None:
-            raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl or annotations.jsonl")
+            raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl, annotations.jsonl "
+                                   f"or qa.jsonl (the generic QA format), the kind read from the name up to its first dot")
         result = reader(path, on_error=self.hparams.on_bad_item)
         if result.skipped:
             self._record_skips(list(result.skipped))
@@ -291,13 +318,37 @@ class GraspDataModule(L.LightningDataModule):
             items = self.read_train_items()
             self.train_items = items[: self.hparams.train_limit] if self.hparams.train_limit else items
             log.info("train: %d rows from %s", len(self.train_items), self.hparams.train_file)
-        if stage in ("fit", "validate", "test", "predict") and self.hparams.bench and not self.val_items:
+        own_predict_file = stage == "predict" and self.hparams.predict_file
+        if stage in ("fit", "validate", "test", "predict") and self.hparams.bench and not self.val_items \
+                and not own_predict_file:
             result = read_bench(self.root / self.hparams.bench, on_error=self.hparams.on_bad_item)
             items = result.items
             self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
             log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
-        if stage in ("fit", "validate", "test", "predict") and not self.val_suites:
+        if stage == "predict" and self.hparams.predict_file and not self.predict_items:
+            self.predict_items = self._read_predict_items()
+            log.info("predict: %d items from %s", len(self.predict_items), self.hparams.predict_file)
+        elif stage in ("fit", "validate", "test", "predict") and not self.val_suites:
             self.val_suites = self._load_suites()
+
+    def _read_predict_items(self) -> list[GraspItem]:
+        """The items of ``data.predict_file``: a GRASP-Bench tar or folder, or any training-rows file.
+
+        Raises:
+            GraspConfigError: the file is none of these.
+        """
+        path = self.root / self.hparams.predict_file
+        if path.is_dir() or path.suffix == ".tar":
+            result = read_bench(path, on_error=self.hparams.on_bad_item)
+        else:
+            reader = reader_for(path)
+            if reader is None:
+                raise GraspConfigError(f"data.predict_file {path}: expected a GRASP-Bench tar or folder, or a "
+                                       f"training-rows file (data_sft.jsonl, data_rl.jsonl, annotations.jsonl, qa.jsonl)")
+            result = reader(path, on_error=self.hparams.on_bad_item)
+        self._record_skips(list(result.skipped))
+        items = result.items
+        return items[: self.hparams.predict_limit] if self.hparams.predict_limit else items
 
     def _load_suites(self) -> list[EvalSuite]:
         """GRASP-Bench of ``bench`` (when it has items) then ``eval_suites``, loaded, each given the
@@ -340,7 +391,8 @@ class GraspDataModule(L.LightningDataModule):
                             max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
                             max_target_tokens=h.max_target_tokens,
                             system_prompt=h.system_prompt if system_prompt is None else system_prompt,
-                            skip_bad=h.on_bad_item == "skip", instruction=h.instruction)
+                            skip_bad=h.on_bad_item == "skip", instruction=h.instruction,
+                            max_image_pixels=h.get("max_image_pixels"))
 
     def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
@@ -416,7 +468,8 @@ class GraspDataModule(L.LightningDataModule):
             batches.set_start(epoch, first, exclude)
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
-        dataset = self.dataset(self.train_items, ClipStore(self.root / self.hparams.videos), self.mode == "sft")
+        dataset = self.dataset(self.train_items, store_for(self.train_items, self.root / self.hparams.videos),
+                               self.mode == "sft")
         loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
         if not windowed:
             return loader
@@ -452,6 +505,33 @@ class GraspDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader | list:
         """Same as validation: every evaluation suite."""
         return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader | list:
+        """Prompts to answer, left-padded, ``data.val_batch_size`` per step; ranks padded with
+        ``valid=False`` rows. ``data.predict_file``'s items (read from ``data.videos``; a bench file
+        from its own archive), else one loader per evaluation suite as for validation. Items whose
+        ``uid`` is in :attr:`predict_done` (answered by an earlier run) are left out."""
+        if not self.hparams.predict_file:
+            suites = [s for s in self.val_suites if s.items]
+            for suite in suites:
+                suite.items = self._not_done(suite.items[: self.hparams.predict_limit or None])
+            loaders = [self._suite_loader(s) for s in suites]
+            return loaders[0] if len(loaders) == 1 else loaders
+        path = self.root / self.hparams.predict_file
+        items = self._not_done(self.predict_items)
+        bench = path.is_dir() or path.suffix == ".tar"
+        store = bench_store(path) if bench else store_for(items, self.root / self.hparams.videos)
+        rank, world = self._rank()
+        sampler = ResumableSampler(len(items), shuffle=False, rank=rank, world_size=world, pad="mark")
+        dataset = self.dataset(items, store, False)
+        return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
+
+    def _not_done(self, items: list[GraspItem]) -> list[GraspItem]:
+        if self.predict_done:
+            left = [item for item in items if item.uid not in self.predict_done]
+            log.info("predict: %d of %d items already answered, %d left", len(items) - len(left), len(items), len(left))
+            return left
+        return items
 
     # ------------------------------------------------------------------ accounting
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:

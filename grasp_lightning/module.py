@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
@@ -38,6 +40,8 @@ from grasp_lightning.policy import (
     load_processor,
     load_reference,
 )
+from grasp_lightning.predictions import prediction_records
+from grasp_lightning.quantization import adapters_only, check_adapters_present, check_strategy
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
 log = logging.getLogger(__name__)
@@ -205,7 +209,10 @@ class GraspModule(L.LightningModule):
                                         trust_remote_code=self.policy_cfg.trust_remote_code,
                                         revision=self.policy_cfg.revision)
         self.eval_protocol  # noqa: B018 - validates model.evaluation before the (long) model load
+        check_strategy(self.lora_cfg, self._trainer.strategy if self._trainer is not None else None)
         self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
+        if self.quantized:  # checkpoints hold the adapters, not the frozen 4-bit base (on_save_checkpoint)
+            self.strict_loading = False
         if self.task.needs_reference and not self.uses_adapter_reference:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
             object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
@@ -231,6 +238,12 @@ class GraspModule(L.LightningModule):
                 f"trainer.precision=bf16-mixed (the policy's trainable weights are then kept in float32 and computed "
                 f"in bf16), or a DeepSpeed strategy (float32 master weights in its optimizer)")
         return True
+
+    @property
+    def quantized(self) -> bool:
+        """True for QLoRA (``model.lora.quantize``): the policy's base is 4 bit and frozen, checkpoints
+        hold its adapters only (``on_save_checkpoint``), and a resume checks that each is there."""
+        return self.lora_cfg.enabled and self.lora_cfg.quantize is not None
 
     @property
     def uses_adapter_reference(self) -> bool:
@@ -424,6 +437,10 @@ class GraspModule(L.LightningModule):
         if suite is None:
             raise GraspConfigError(f"validation dataloader {dataloader_idx} belongs to no evaluation suite (the "
                                    f"DataModule's val_suites: {[s.name for s in self.suites.suites]})")
+        self.suites.update(suite, self._answer(batch).texts, batch)
+
+    def _answer(self, batch: Batch):
+        """One completion per prompt of ``batch`` with the ``model.evaluation`` decoding (eval mode)."""
         cfg = self.eval_cfg
         was_training = self.policy.training
         self.policy.eval()
@@ -432,7 +449,7 @@ class GraspModule(L.LightningModule):
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
             stop_strings=("</answer>",) if cfg.stop_at_answer else ())
         self.policy.train(was_training)
-        self.suites.update(suite, completions.texts, batch)
+        return completions
 
     def on_validation_epoch_end(self) -> None:
         """Compute every suite's metrics (collective), log the values each suite names
@@ -456,6 +473,30 @@ class GraspModule(L.LightningModule):
     @override
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()
+
+    def on_predict_start(self) -> None:
+        """Refuse a ``predict`` whose answers would reach no file.
+
+        Raises:
+            GraspConfigError: no callback of ``trainer.callbacks`` is a ``BasePredictionWriter``
+                (``callbacks.predictions.PredictionWriter`` in the recipes).
+        """
+        if not any(isinstance(cb, BasePredictionWriter) for cb in self.trainer.callbacks):
+            raise GraspConfigError("predict writes its answers through a prediction writer, and trainer.callbacks has "
+                                   "none: add `- class_path: callbacks.predictions.PredictionWriter` (as the recipes "
+                                   "in configs/ do)")
+
+    def predict_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        """Answer a batch: one completion per prompt (``model.evaluation`` decoding), returned as
+        :func:`~grasp_lightning.predictions.prediction_records` (id, completion, parsed answer,
+        participants named, token counts, seconds), skipped items included with their reason."""
+        if len(batch) == 0:
+            return prediction_records(batch, [], [], [], 0.0)
+        start = time.perf_counter()
+        completions = self._answer(batch)
+        seconds = time.perf_counter() - start
+        return prediction_records(batch, completions.texts, completions.mask.sum(1).tolist(),
+                                  completions.prompt_opened_think or [False] * len(batch), seconds)
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
@@ -481,12 +522,16 @@ class GraspModule(L.LightningModule):
         saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``)."""
         checkpoint[RNG_KEY] = rng_states_all_ranks()
         checkpoint[TASK_STATE_KEY] = self.cross_rank.gather(self.task.state_dict())
+        if self.quantized:  # QLoRA: the adapters only; the 4-bit base reloads from model.policy.name_or_path
+            checkpoint["state_dict"] = adapters_only(checkpoint["state_dict"], self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Keep the saved random states; they are set at the first training batch after the resume,
         once the data loader has drawn its seeds, which is where the uninterrupted run stood. Restore this
         rank's task state (``Task.load_state_dict``)."""
         self._pending_rng_states = checkpoint.get(RNG_KEY)
+        if self.quantized and self.policy is not None:
+            check_adapters_present(checkpoint["state_dict"], self, "the resumed checkpoint")
         states = checkpoint.get(TASK_STATE_KEY) or []
         rank = self.global_rank if self._trainer is not None else 0
         if len(states) > rank:

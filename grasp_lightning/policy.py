@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.quantization import bnb_config, check_quantize
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,14 @@ class LoraConfig:
         alpha: scaling numerator (``lora_alpha``); the update is scaled by ``alpha / r``.
         dropout: dropout on the adapter input.
         target_modules: module-name regex or list of names the adapters wrap.
+        quantize: ``nf4`` (or ``fp4``) loads the base's language-model Linears in 4 bit through
+            bitsandbytes (QLoRA, :mod:`grasp_lightning.quantization`); the vision tower, ``lm_head``,
+            embeddings and norms stay in ``model.policy.dtype``. ``null``: no quantization. Needs
+            ``enabled: true``, no DeepSpeed, and ``pip install -e '.[qlora]'``.
+        quant_compute_dtype: the dtype each 4-bit weight is dequantized to for its matrix product;
+            ``null``: ``model.policy.dtype``.
+        double_quant: quantize the 4-bit blocks' absmax values again (8 bit per block of 64, one
+            float32 per 256 blocks: 0.127 instead of 0.5 bit per weight).
     """
 
     enabled: bool = False
@@ -85,6 +94,12 @@ class LoraConfig:
     target_modules: list[str] | str = field(
         default_factory=lambda: r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj|gate_proj|up_proj|down_proj)"
     )
+    quantize: str | None = None
+    quant_compute_dtype: str | None = None
+    double_quant: bool = True
+
+    def __post_init__(self) -> None:
+        check_quantize(self)
 
 
 def resolve_dtype(name: str) -> torch.dtype | str:
@@ -110,8 +125,10 @@ def load_processor(name_or_path: str, *, trust_remote_code: bool = False, revisi
 
 
 def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None = None,
-               trust_remote_code: bool = False, revision: str | None = None) -> nn.Module:
-    """Load an image/video-text-to-text model with ``AutoModelForImageTextToText.from_pretrained``.
+               trust_remote_code: bool = False, revision: str | None = None,
+               quantization_config=None) -> nn.Module:
+    """Load an image/video-text-to-text model with ``AutoModelForImageTextToText.from_pretrained``
+    (``quantization_config``: a ``BitsAndBytesConfig`` for a 4-bit base, :func:`~grasp_lightning.quantization.bnb_config`).
 
     Raises:
         GraspConfigError: if the path is a local-looking path that does not exist.
@@ -123,6 +140,8 @@ def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None
     kwargs = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "revision": revision}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
     return AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
 
 
@@ -195,7 +214,9 @@ def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_ma
 
     Args:
         cfg: how to load it.
-        lora: LoRA settings (``None`` or ``enabled: false``: a full fine-tune).
+        lora: LoRA settings (``None`` or ``enabled: false``: a full fine-tune); with ``quantize`` the
+            base loads in 4 bit (QLoRA: :mod:`grasp_lightning.quantization`, which says what of peft's
+            ``prepare_model_for_kbit_training`` is kept).
         float32_masters: keep the trainable parameters in float32 (:func:`keep_float32_masters`);
             :meth:`grasp_lightning.module.GraspModule.configure_model` asks for it whenever the
             optimizer runs outside DeepSpeed (which keeps its own float32 master copy under bf16).
@@ -204,10 +225,13 @@ def load_policy(cfg: PolicyConfig, lora: LoraConfig | None = None, *, float32_ma
 
     Raises:
         GraspConfigError: ``freeze_vision`` asked on a model without a vision tower; LoRA targets that
-            put no adapter in the language model, or adapters in a vision tower meant to stay frozen.
+            put no adapter in the language model, or adapters in a vision tower meant to stay frozen;
+            ``lora.quantize`` without bitsandbytes installed.
     """
+    quantized = lora is not None and lora.enabled and lora.quantize is not None
     model = load_model(cfg.name_or_path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation,
-                       trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+                       trust_remote_code=cfg.trust_remote_code, revision=cfg.revision,
+                       quantization_config=bnb_config(lora, cfg.dtype) if quantized else None)
     if cfg.freeze_vision:
         towers = vision_modules(model)
         if not towers:

@@ -1,17 +1,23 @@
 """Reward terms of the GRPO stage, including the Social Grounding Reward (SGR) of GRASP.
 
-Every term is a pure function ``(completion: str, item: GraspItem) -> float`` registered in
+Every term is a function ``(completion: str, item: GraspItem) -> float`` registered in
 :data:`REWARDS` under the name a config uses (``configs/sgr.yaml`` lists names and weights).
 Registered terms also take a keyword ``opened_think`` (default ``False``): true when the prompt
 ended with an opened ``<think>`` (a Thinking template's generation prompt), so the completion
 starts inside the think block (``...</think><answer>B</answer>``) and the terms that read the think
 block (``format_strict``, ``social_grounding``) account for it.
 
-**Reward plugins.** A ``rewards:`` entry of ``GRPOTask`` (and a name given to :func:`compute_rewards`)
-is a registry name or the import path ``package.module.function`` of a function of one's own, so a
-new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). Its signature::
+**Rewards of one's own.** A ``rewards:`` entry of ``GRPOTask`` (and an entry given to
+:func:`compute_rewards`) is a registry name, an import path (``my_pkg.rewards:length_bonus``,
+``my_pkg.rewards.length_bonus``, or a file ``rewards/mine.py:length_bonus``, relative to the working
+directory; :func:`grasp_lightning.plugins.load_object`), or, from Python, the callable itself. So a
+new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). Two signatures::
 
-    def my_reward(completion: str, item: GraspItem, opened_think: bool = False) -> float
+    def length_bonus(completion: str, item: GraspItem, opened_think: bool = False) -> float
+    def length_bonus(completions: list[str], items: list[GraspItem], opened_think: list[bool]) -> list[float]
+
+The second (batched: its first parameter is named ``completions``, or the function has an attribute
+``batched = True``) gets every completion of a rollout batch at once, e.g. for a reward model.
 
 - ``completion``: one decoded completion (special tokens removed; the prompt not included);
 - ``item``: its prompt's record (:class:`~grasp_lightning.data.records.GraspItem`: ``answer``,
@@ -19,10 +25,15 @@ new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). It
   share one item;
 - ``opened_think`` (keyword, optional): the prompt ended with an opened ``<think>``; passed only
   when the function has a parameter of that name;
-- returns a finite float (the term's value before its ``reward_weights`` weight). A completion
-  holding a vision placeholder gets 0 without the function being called, as registered terms do. The paper's recipe uses
-``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with weights 1.0, 0.1,
-0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards).
+- returns a finite float (batched: a sequence of one finite float per completion), the term's value
+  before its ``reward_weights`` weight.
+
+Entries are checked when the task is built (the import, that the object is a function, that it
+takes ``(completion, item)``), and every value when it is returned (a finite number; batched: one per
+completion), each error naming the entry. A completion holding a vision placeholder gets 0 on every
+term without any function being called (:func:`compute_rewards` checks once for all terms). The
+paper's recipe uses ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with
+weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards).
 
 Rewards are never NaN: every ratio with an empty denominator is defined as 0. A row without
 ground-truth participants therefore gets 0 from both grounding terms; the GRPO task layer counts
@@ -37,8 +48,6 @@ for a letter it happens to contain.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 import math
 from collections.abc import Sequence
@@ -57,9 +66,11 @@ from grasp_lightning.parsing import (
     reasoning_text,
     tag_contents,
 )
+from grasp_lightning.plugins import load_object
 
 __all__ = [
     "REWARDS",
+    "Reward",
     "RewardFn",
     "VISION_PLACEHOLDERS",
     "compute_rewards",
@@ -74,85 +85,137 @@ RewardFn = Callable[..., float]
 #: Vision special tokens of Qwen3-VL that must never appear in sampled text.
 VISION_PLACEHOLDERS: tuple[str, ...] = VISION_TOKENS  # data/prompts.py: the one list
 
-#: Registry of reward terms by config name; filled by :func:`_register`.
-REWARDS: dict[str, RewardFn] = {}
-
 
 def has_vision_placeholder(text: str) -> bool:
     """Whether ``text`` contains one of :data:`VISION_PLACEHOLDERS` (a broken rollout)."""
     return any(token in text for token in VISION_PLACEHOLDERS)
 
 
-def _guard(fn: RewardFn) -> RewardFn:
-    """``fn`` as ``(completion, item, *, opened_think=False) -> float``: a vision placeholder gives 0,
-    and the flag reaches ``fn`` only when ``fn`` has an ``opened_think`` parameter (terms that do not
-    read the think block ignore it)."""
-    try:
-        takes_flag = "opened_think" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        takes_flag = False
+class Reward:
+    """A reward term ready to score: a registered term or a function of one's own.
 
-    @functools.wraps(fn)
-    def guarded(completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
-        if has_vision_placeholder(completion):
-            return 0.0
-        if takes_flag:
-            return fn(completion, item, opened_think=opened_think)
-        return fn(completion, item)
+    Calling it scores one completion (``reward(completion, item, opened_think=False) -> float``; a
+    vision placeholder gives 0); :meth:`score` scores many at once, calling a batched function once.
 
-    return guarded
+    Args:
+        fn: the function (either signature of this module's docstring).
+        name: the entry as the config writes it (registry name or import path), used in errors.
+        label: the name in metric keys; ``None``: the function's own ``__name__`` (else ``name``).
+
+    Attributes:
+        label: the name in metric keys (``train/rewards/<label>/mean``): the registry name, or the
+            function's own name for an import path (``my.rewards:length_bonus`` → ``length_bonus``),
+            since ``:`` and file paths are not valid in every logger's metric names (MLflow).
+        batched: the function takes lists (first parameter ``completions``, or ``fn.batched``).
+
+    Raises:
+        GraspConfigError: naming ``name``: ``fn`` is a class or not callable, or it cannot be called
+            as ``fn(completion, item)`` (too few or too many required parameters).
+    """
+
+    def __init__(self, fn: object, name: str, label: str | None = None) -> None:
+        if inspect.isclass(fn) or not callable(fn):
+            what = "a class" if inspect.isclass(fn) else f"a {type(fn).__name__}"
+            raise GraspConfigError(f"{name} is {what}, not a function (completion, item) -> float")
+        self.fn = fn
+        self.name = name
+        self.label = label or getattr(fn, "__name__", None) or name
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin or C callable without a signature
+            params = {}
+        self.takes_flag = "opened_think" in params
+        first = next(iter(params), None)
+        self.batched = bool(getattr(fn, "batched", False)) or first == "completions"
+        if params:
+            try:
+                inspect.signature(fn).bind("", None)
+            except TypeError as exc:
+                call = "fn(completions, items)" if self.batched else "fn(completion, item)"
+                raise GraspConfigError(f"{name} cannot be called as {call}: {exc}") from None
+
+    def _call(self, completion, item, flag):
+        return self.fn(completion, item, opened_think=flag) if self.takes_flag else self.fn(completion, item)
+
+    def __call__(self, completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
+        """The term's value for one completion (0 for a vision placeholder)."""
+        return self.score([completion], [item], [opened_think])[0]
+
+    def score(self, completions: list[str], items: list[GraspItem], flags: list[bool]) -> list[float]:
+        """Values of ``N`` completions (0 where a completion holds a vision placeholder).
+
+        Raises:
+            GraspConfigError: naming the entry and the item: a value is not a finite number, or a
+                batched function returned a different number of values than completions.
+        """
+        keep = [n for n, text in enumerate(completions) if not has_vision_placeholder(text)]
+        out = [0.0] * len(completions)
+        if not keep:
+            return out
+        if self.batched:
+            sub = [items[n] for n in keep]
+            values = self._call([completions[n] for n in keep], sub, [flags[n] for n in keep])
+            try:
+                values = list(values)
+            except TypeError:
+                raise GraspConfigError(f"reward {self.name!r} is batched (takes completions) but returned "
+                                       f"{type(values).__name__}, not one value per completion") from None
+            if len(values) != len(keep):
+                raise GraspConfigError(f"reward {self.name!r} returned {len(values)} values for {len(keep)} "
+                                       f"completions")
+        else:
+            values = [self._call(completions[n], items[n], flags[n]) for n in keep]
+        for n, value in zip(keep, values):
+            out[n] = _finite(value, self.name, items[n])
+        return out
+
+
+#: Registry of reward terms by config name; filled by :func:`_register`.
+REWARDS: dict[str, Reward] = {}
 
 
 def _register(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register a reward term under ``name``, wrapped by :func:`_guard` (a vision placeholder gives 0)."""
+    """Register a reward term under ``name`` (as a :class:`Reward`: a vision placeholder gives 0)."""
 
     def wrap(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = _guard(fn)
+        REWARDS[name] = Reward(fn, name, label=name)
         return REWARDS[name]
 
     return wrap
 
 
-@functools.lru_cache(maxsize=None)
-def _import_reward(path: str) -> RewardFn:
-    """The guarded function at import path ``path`` (cached: imported and checked once per path)."""
-    module_name, _, attr = path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure becomes a config error naming the entry
-        raise GraspConfigError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    if not hasattr(module, attr):
-        raise GraspConfigError(f"module {module_name!r} has no attribute {attr!r}")
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise GraspConfigError(f"{path} is a {type(fn).__name__}, not a function")
-    return _guard(fn)
-
-
-def resolve_reward(entry: str, key: str = "rewards") -> RewardFn:
-    """The reward function of a ``rewards:`` entry: a name in :data:`REWARDS`, else an import path
-    ``package.module.function`` (the signature in this module's docstring), wrapped like the
-    registered terms (vision placeholder gives 0; ``opened_think`` passed when accepted).
+def resolve_reward(entry: str | RewardFn, key: str = "rewards") -> Reward:
+    """The :class:`Reward` of a ``rewards:`` entry: a name in :data:`REWARDS`, an import path
+    (``pkg.mod:fn``, ``pkg.mod.fn``, ``file.py:fn``; :func:`grasp_lightning.plugins.load_object`), or a
+    callable (either signature of this module's docstring).
 
     Args:
-        entry: the registry name or import path.
+        entry: the registry name, import path or function.
         key: the config key the entry came from, for the error message.
 
     Raises:
-        GraspConfigError: naming ``entry``: not a registered name and not a dotted path, the module
-            does not import, it has no such attribute, or the object is not callable.
+        GraspConfigError: naming ``key`` and ``entry``: not a registered name and not an import path,
+            the module or file does not load, it has no such attribute, the object is not a function,
+            or it cannot be called as ``fn(completion, item)``.
     """
+    if isinstance(entry, Reward):
+        return entry
+    if callable(entry) and not isinstance(entry, str):
+        name = getattr(entry, "__qualname__", repr(entry))
+        try:
+            return Reward(entry, name)
+        except GraspConfigError as exc:
+            raise GraspConfigError(f"{key}: {exc}") from None
     if not isinstance(entry, str):
-        raise GraspConfigError(f"{key}: entry {entry!r} must be a reward name or an import path, "
+        raise GraspConfigError(f"{key}: entry {entry!r} must be a reward name, an import path or a function, "
                                f"got a {type(entry).__name__}")
     if entry in REWARDS:
         return REWARDS[entry]
-    module_name, _, attr = entry.rpartition(".")
-    if not module_name or not attr:
+    if ":" not in entry and "." not in entry:
         raise GraspConfigError(f"{key}: unknown reward {entry!r}; known rewards: {sorted(REWARDS)}, or an import "
-                               f"path package.module.function")
+                               f"path package.module:function or path/to/file.py:function")
     try:
-        return _import_reward(entry)
+        return Reward(load_object(entry), entry)
     except GraspConfigError as exc:
         raise GraspConfigError(f"{key}: reward {entry!r} is neither a known reward ({sorted(REWARDS)}) nor a "
                                f"usable import path: {exc}") from None
@@ -288,35 +351,40 @@ def social_grounding_released(completion: str, item: GraspItem) -> float:
     return 0.7 * recall + 0.3 * precision
 
 
-def compute_rewards(completions: list[str], items: list[GraspItem], names: list[str],
+def compute_rewards(completions: list[str], items: list[GraspItem], names: Sequence[str | RewardFn],
                     opened_think: bool | Sequence[bool] = False) -> torch.Tensor:
-    """Score every completion with every named reward term.
+    """Score every completion with every reward term.
 
     Args:
         completions: ``N`` completion texts (special tokens kept, so placeholders can be seen).
         items: ``N`` items aligned with ``completions`` (the K rollouts of a prompt repeat its item).
-        names: reward entries (names in :data:`REWARDS` or import paths, :func:`resolve_reward`), in
-            the column order wanted.
+        names: reward entries (names in :data:`REWARDS`, import paths or callables;
+            :func:`resolve_reward`), in the column order wanted.
         opened_think: whether each completion's prompt ended with an opened ``<think>`` (one flag
             for all, or ``N`` flags, e.g. :attr:`grasp_lightning.generation.Completions.prompt_opened_think`).
 
     Returns:
-        Float32 tensor of shape ``(N, len(names))``, all values finite.
+        Float32 tensor of shape ``(N, len(names))``, all values finite; a row whose completion holds
+        a vision placeholder is all 0 (checked once here, no function is called for it).
 
     Raises:
         GraspConfigError: if an entry is neither a name in :data:`REWARDS` nor a usable import path
-            (the message names it and lists the known names).
+            (the message names it and lists the known names), or a value is not a finite number.
         ValueError: if ``completions`` and ``items`` (or the ``opened_think`` flags) differ in length.
     """
-    fns = [resolve_reward(name) for name in names]
+    rewards = [resolve_reward(name) for name in names]
     if len(completions) != len(items):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(items)} items")
     flags = [bool(opened_think)] * len(completions) if isinstance(opened_think, bool) else list(opened_think)
     if len(flags) != len(completions):
         raise ValueError(f"compute_rewards: {len(completions)} completions but {len(flags)} opened_think flags")
-    values = [[_finite(fn(text, item, opened_think=flag), name, item) for fn, name in zip(fns, names)]
-              for text, item, flag in zip(completions, items, flags)]
-    return torch.tensor(values, dtype=torch.float32).reshape(len(completions), len(names))
+    keep = [n for n, text in enumerate(completions) if not has_vision_placeholder(text)]
+    out = torch.zeros(len(completions), len(rewards), dtype=torch.float32)
+    texts, kept, kept_flags = [completions[n] for n in keep], [items[n] for n in keep], [flags[n] for n in keep]
+    for j, reward in enumerate(rewards):
+        if keep:
+            out[keep, j] = torch.tensor(reward.score(texts, kept, kept_flags), dtype=torch.float32)
+    return out
 
 
 def _finite(value: object, name: str, item: GraspItem) -> float:

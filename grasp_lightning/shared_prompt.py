@@ -61,8 +61,11 @@ from grasp_lightning.errors import GraspConfigError
 
 #: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
-#: Vision inputs: (patch rows, grid) pairs; one image or one clip per prompt.
+#: Vision inputs: (patch rows, grid) pairs. A prompt may carry a clip, an image, both, or (in a mixed
+#: batch) neither of one kind; :func:`split_vision` finds which rows carry which.
 VISION_KEYS = (("pixel_values_videos", "video_grid_thw"), ("pixel_values", "image_grid_thw"))
+#: ``mm_token_type_ids`` value of each grid's placeholder tokens (the Qwen3-VL processor: 1 image, 2 video).
+MM_TOKEN_TYPE = {"video_grid_thw": 2, "image_grid_thw": 1}
 #: Decoder layer kinds whose prompt state can be shared: attention keys/values, linear-attention states.
 SHARED_LAYER_TYPES = ("full_attention", "linear_attention")
 
@@ -306,30 +309,104 @@ def prefill_for_generation(model, prompt: dict[str, torch.Tensor], k: int) -> tu
     return {name: prompt[name].repeat_interleave(k, 0) for name in TEXT_KEYS if name in prompt}, cache
 
 
+# ---------------------------------------------------------------------------------------- vision per row
+def grids_per_row(inputs: dict[str, torch.Tensor], grid_key: str) -> list[int]:
+    """How many grids of ``grid_key`` (``video_grid_thw`` or ``image_grid_thw``) each of the ``B`` rows carries.
+
+    Grids are in row order (collation concatenates them so, and the model pairs them with the rows'
+    placeholder runs in that order: transformers' Qwen3-VL ``get_rope_index``). A row's share is read
+    from ``mm_token_type_ids`` (:data:`MM_TOKEN_TYPE`): a grid ``(t, h, w)`` expands to
+    ``t*h*w / merge²`` placeholder tokens, with ``merge²`` = the batch's patches over its placeholders
+    (the processor's spatial merge, 4 for Qwen3-VL). Without ``mm_token_type_ids``, one grid per row.
+
+    Raises:
+        GraspConfigError: the grids do not add up to any row's placeholder count, or (without
+            ``mm_token_type_ids``) their number is not ``B``.
+    """
+    batch = inputs["input_ids"].shape[0]
+    grid = inputs.get(grid_key)
+    if grid is None:
+        return [0] * batch
+    types = inputs.get("mm_token_type_ids")
+    if types is None:
+        if grid.shape[0] != batch:
+            raise GraspConfigError(f"{grid_key} has {grid.shape[0]} rows for {batch} prompts and no "
+                                   f"mm_token_type_ids says which prompt carries which")
+        return [1] * batch
+    tokens = (types == MM_TOKEN_TYPE[grid_key]).sum(1).tolist()
+    patches = grid.prod(-1).tolist()
+    total, carrying = sum(tokens), sum(1 for n in tokens if n)
+    if len(patches) < carrying:
+        raise GraspConfigError(f"{grid_key} has {len(patches)} rows for {carrying} prompts with its placeholders "
+                               f"(mm_token_type_ids {MM_TOKEN_TYPE[grid_key]}): every such prompt needs its grids")
+    if total == 0 or sum(patches) % total:
+        raise GraspConfigError(f"{grid_key}: {sum(patches)} patches for {total} placeholder tokens in the batch")
+    merge = sum(patches) // total
+    counts, g = [], 0
+    for b, n in enumerate(tokens):
+        start, need = g, n * merge
+        while need > 0 and g < len(patches):
+            need -= patches[g]
+            g += 1
+        if need != 0:
+            raise GraspConfigError(f"{grid_key}: row {b}'s {n} placeholder tokens match no run of its grids")
+        counts.append(g - start)
+    if g != len(patches):
+        raise GraspConfigError(f"{grid_key}: {len(patches) - g} grids left over after the {batch} rows")
+    return counts
+
+
+def split_vision(inputs: dict[str, torch.Tensor]) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each row's vision inputs: ``{grid_key: [(patch rows (N_b, D), grids (G_b, 3)) for b in rows]}`` for
+    the grid keys present (:data:`VISION_KEYS`); a row without that medium gets ``G_b = N_b = 0``.
+
+    Raises:
+        GraspConfigError: see :func:`grids_per_row`.
+    """
+    out = {}
+    for pixels, grid_key in VISION_KEYS:
+        if grid_key not in inputs:
+            continue
+        grid = inputs[grid_key]
+        counts = grids_per_row(inputs, grid_key)
+        grids = torch.split(grid, counts)
+        patches = torch.split(inputs[pixels], [int(g.prod(-1).sum()) for g in grids])
+        out[grid_key] = list(zip(patches, grids))
+    return out
+
+
+def gather_vision(parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]], rows: list[int]) -> dict[str, torch.Tensor]:
+    """The vision inputs of ``rows`` (indices into :func:`split_vision`'s lists, repeats allowed), in
+    that order; a medium none of them carries is left out (the model takes no empty pixel tensor)."""
+    out = {}
+    for pixels, grid_key in VISION_KEYS:
+        per_row = parts.get(grid_key)
+        if per_row is None:
+            continue
+        chosen = [per_row[r] for r in rows if per_row[r][1].shape[0]]
+        if chosen:
+            out[pixels] = torch.cat([p for p, _ in chosen])
+            out[grid_key] = torch.cat([g for _, g in chosen])
+    return out
+
+
 # ---------------------------------------------------------------------------------------- naive rows
 def repeat_prompts(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
     """Repeat each prompt's rows and vision patches K times (TRL-style rows ``b*K .. b*K+K-1``).
 
     Args:
         inputs: prompt inputs of B prompts; ``pixel_values_videos`` (``pixel_values``) holds the patch
-            rows of all B clips (images) concatenated, ``video_grid_thw`` (``image_grid_thw``) ``(B, 3)``.
+            rows of the clips (images) of the rows that carry one, concatenated in row order, with
+            ``video_grid_thw`` (``image_grid_thw``); a batch may mix image and video rows
+            (:func:`split_vision`).
         k: group size K.
 
     Raises:
-        GraspConfigError: a prompt carries more or fewer than one clip/image (grid rows != B).
+        GraspConfigError: the grids cannot be assigned to rows (:func:`grids_per_row`).
     """
     batch = inputs["input_ids"].shape[0]
     out = {name: inputs[name].repeat_interleave(k, dim=0) for name in TEXT_KEYS if name in inputs}
-    for pixels, grid_key in VISION_KEYS:
-        if grid_key not in inputs:
-            continue
-        grid = inputs[grid_key]
-        if grid.shape[0] != batch:
-            raise GraspConfigError(f"{grid_key} has {grid.shape[0]} rows for {batch} prompts: repeating rows needs "
-                                   "exactly one clip or image per prompt")
-        chunks = torch.split(inputs[pixels], grid.prod(-1).tolist())
-        out[pixels] = torch.cat([c for c in chunks for _ in range(k)])
-        out[grid_key] = grid.repeat_interleave(k, dim=0)
+    out.update(gather_vision(split_vision(inputs), [b for b in range(batch) for _ in range(k)]))
     return out
 
 
@@ -445,9 +522,9 @@ def concat_prompts(prompts: list[dict[str, torch.Tensor]], pad_token_id: int) ->
     """Left-pad and concatenate the prompt inputs of several micro-batches into one rollout batch.
 
     Text inputs (``input_ids`` with ``pad_token_id``, ``attention_mask`` and ``mm_token_type_ids``
-    with 0) are left-padded to the longest prompt; vision patch rows (``pixel_values_videos``) and
-    grids (``video_grid_thw``) are concatenated in order, so prompt ``b`` of the result keeps its
-    clip. Left padding changes no log-prob: positions come from the attention mask
+    with 0) are left-padded to the longest prompt; vision patch rows (``pixel_values_videos``,
+    ``pixel_values``) and grids (``video_grid_thw``, ``image_grid_thw``) of the micro-batches that
+    carry them are concatenated in order, so prompt ``b`` of the result keeps its clip and image. Left padding changes no log-prob: positions come from the attention mask
     (``get_rope_index``), which is what makes one generation call over ``B·A`` prompts equal to
     ``A`` calls over ``B`` (up to float rounding of the padded matmuls).
 
@@ -459,12 +536,13 @@ def concat_prompts(prompts: list[dict[str, torch.Tensor]], pad_token_id: int) ->
         ``(sum B_i, max L_i)`` text inputs and the concatenated vision inputs.
 
     Raises:
-        ValueError: empty list, or the dicts carry different keys.
+        ValueError: empty list, or the dicts carry different text keys.
     """
     if not prompts:
         raise ValueError("concat_prompts: no prompts")
-    keys = set(prompts[0])
-    if any(set(p) != keys for p in prompts):
+    vision = {key for pair in VISION_KEYS for key in pair}
+    keys = set(prompts[0]) - vision
+    if any(set(p) - vision != keys for p in prompts):
         raise ValueError(f"concat_prompts: prompts carry different inputs: {[sorted(p) for p in prompts]}")
     if len(prompts) == 1:
         return dict(prompts[0])
@@ -475,10 +553,11 @@ def concat_prompts(prompts: list[dict[str, torch.Tensor]], pad_token_id: int) ->
             value = pad_token_id if name == "input_ids" else 0
             out[name] = torch.cat([torch.nn.functional.pad(p[name], (length - p[name].shape[1], 0), value=value)
                                    for p in prompts])
-    for pixels, grid in VISION_KEYS:
-        if grid in keys:
-            out[pixels] = torch.cat([p[pixels] for p in prompts])
-            out[grid] = torch.cat([p[grid] for p in prompts])
+    for pixels, grid in VISION_KEYS:  # a micro-batch of image rows only has no video keys, and vice versa
+        carrying = [p for p in prompts if grid in p]
+        if carrying:
+            out[pixels] = torch.cat([p[pixels] for p in carrying])
+            out[grid] = torch.cat([p[grid] for p in carrying])
     return out
 
 
@@ -487,11 +566,14 @@ def select_prompts(prompt: dict[str, torch.Tensor], rows: list[int]) -> dict[str
     them removed (what collating those prompts alone gives) and their vision inputs.
 
     Args:
-        prompt: ``(B, L)`` text inputs with one clip (or image) per prompt.
+        prompt: ``(B, L)`` text inputs with their vision inputs (image and video rows may mix).
         rows: prompt indices in ``0 .. B-1`` (any order; repeats allowed).
 
+    A medium none of ``rows`` carries is left out; with no rows at all the vision keys are kept,
+    empty, so the result still says what the batch carried.
+
     Raises:
-        GraspConfigError: a prompt carries more or fewer than one clip/image.
+        GraspConfigError: the grids cannot be assigned to rows (:func:`grids_per_row`).
     """
     index = torch.tensor(rows, dtype=torch.long, device=prompt["input_ids"].device)
     out = {name: prompt[name].index_select(0, index) for name in TEXT_KEYS if name in prompt}
@@ -499,14 +581,8 @@ def select_prompts(prompt: dict[str, torch.Tensor], rows: list[int]) -> dict[str
         real = out["attention_mask"].bool().any(0)
         first = int(real.int().argmax()) if bool(real.any()) else 0
         out = {name: v[:, first:] for name, v in out.items()}
-    for pixels, grid_key in VISION_KEYS:
-        if grid_key not in prompt:
-            continue
-        grid = prompt[grid_key]
-        if grid.shape[0] != prompt["input_ids"].shape[0]:
-            raise GraspConfigError(f"{grid_key} has {grid.shape[0]} rows for {prompt['input_ids'].shape[0]} prompts: "
-                                   "selecting prompts needs exactly one clip or image per prompt")
-        chunks = torch.split(prompt[pixels], grid.prod(-1).tolist())
-        out[pixels] = torch.cat([chunks[r] for r in rows]) if rows else prompt[pixels][:0]
-        out[grid_key] = grid.index_select(0, index)
+    if not rows:
+        out.update({key: prompt[key][:0] for pair in VISION_KEYS for key in pair if key in prompt})
+        return out
+    out.update(gather_vision(split_vision(prompt), rows))
     return out

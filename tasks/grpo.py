@@ -85,9 +85,12 @@ class GRPOTask(Task):
     copied, so ``configs/demo.yaml`` can shrink them for any recipe.
 
     Args:
-        rewards: reward terms: names in :data:`grasp_lightning.rewards.REWARDS` or import paths
-            ``package.module.function`` of a reward function (signature in :mod:`grasp_lightning.rewards`),
-            resolved here (:func:`grasp_lightning.rewards.resolve_reward`).
+        rewards: reward terms: names in :data:`grasp_lightning.rewards.REWARDS`, import paths of a reward
+            function of one's own (``my_pkg.rewards:length_bonus``, ``my_pkg.rewards.length_bonus`` or
+            ``path/to/file.py:length_bonus``; signatures in :mod:`grasp_lightning.rewards`) or, from Python,
+            the functions themselves; resolved and checked here (:func:`grasp_lightning.rewards.resolve_reward`).
+            Metrics name a term by its label: the registry name, or the function's name for an import path
+            (``train/rewards/length_bonus/mean``).
         reward_weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2).
         advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over every
             rank's rewards); ``released`` (each term mean-centred per group, then weighted: released code);
@@ -143,8 +146,12 @@ class GRPOTask(Task):
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
             raise GraspConfigError(f"{len(self.rewards)} rewards but {len(self.reward_weights)} reward_weights")
-        for entry in self.rewards:
-            resolve_reward(entry, key="model.task.init_args.rewards")  # GraspConfigError naming the entry
+        self.reward_terms = [resolve_reward(entry, key="model.task.init_args.rewards") for entry in self.rewards]
+        labels = [term.label for term in self.reward_terms]
+        if len(set(labels)) != len(labels):
+            raise GraspConfigError(f"model.task.init_args.rewards: two terms share a metric name in {labels} "
+                                   f"(entries {self.rewards}); give the functions distinct names")
+        self.reward_labels = labels
         if advantage not in ADVANTAGES:
             raise GraspConfigError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
         if loss_type not in grpo.LOSS_TYPES:
@@ -279,7 +286,7 @@ class GRPOTask(Task):
         t1 = time.perf_counter()
         prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
         items = [item for item in batch.items for _ in range(k)]
-        terms = compute_rewards(completions.texts, items, self.rewards,
+        terms = compute_rewards(completions.texts, items, self.reward_terms,
                                 opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
         penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
                    if self.overlong_buffer else None)
@@ -528,7 +535,7 @@ class GRPOTask(Task):
         if ro.ref_logp is not None:
             kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
         record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
-                               reward_names=list(self.rewards), terms=ro.terms, rewards=ro.rewards,
+                               reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
                                advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
         return TaskOutput(loss=loss, metrics=metrics, rollout=record)
 
@@ -555,7 +562,7 @@ class GRPOTask(Task):
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
         """Per-step metrics: reward terms, advantages, KL, clipping, lengths, zero-variance groups, grounding."""
         m: dict[str, torch.Tensor | float] = {}
-        for j, name in enumerate(self.rewards):
+        for j, name in enumerate(self.reward_labels):
             m[f"rewards/{name}/mean"] = ro.terms[:, j].mean()
             m[f"rewards/{name}/std"] = ro.terms[:, j].std(unbiased=False)
         m["reward/mean"] = ro.rewards.mean()

@@ -157,3 +157,45 @@ def bench_members(clips: dict[str, bytes], prefix: str = "", jsons: dict[str, An
         members[f"{prefix}json/{clip}.json"] = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         members[f"{prefix}video/{clip}.mp4"] = video
     return members
+
+
+# ---------------------------------------------------------------------- the generic QA format
+def make_image(height: int = 40, width: int = 56, seed: int = 0, fmt: str = "PNG") -> bytes:
+    """A random RGB image of ``height`` × ``width`` pixels, encoded as ``fmt`` (PIL)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+QA_ANSWER = "<think> <gaze>Person 0 looks at Person 1</gaze> </think><answer>B</answer>"
+
+
+def qa_row(**over: Any) -> dict:
+    """A generic QA line (``docs/data-format.md``): an image, an MCQ, an SFT response and participants."""
+    row = {"id": "qa_0001", "image": "media/img0.png", "question": "Whom does Person 0 look at?",
+           "options": ["Person 0", "Person 1", "Person 2", "No one"], "answer": "B", "response": QA_ANSWER,
+           "participants": [0, 1], "category": "gaze"}
+    row.update(over)
+    return row
+
+
+def make_qa_dataset(folder: Path, *, name: str = "qa.jsonl", rows: list[Any] | None = None) -> Path:
+    """A generic QA file under ``folder`` with its media: ``media/img0.png``, ``media/img1.png`` (different
+    sizes) and ``media/clip.mp4`` (8 noisy frames at 4 fps, 32 × 32); default rows alternate image,
+    video, image and image + video, two categories. Returns the JSONL path."""
+    media = folder / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    (media / "img0.png").write_bytes(make_image(40, 56, seed=0))
+    (media / "img1.png").write_bytes(make_image(48, 32, seed=1))
+    (media / "clip.mp4").write_bytes(make_mp4(n_frames=8, fps=4, noise=True))
+    if rows is None:
+        rows = [qa_row(),
+                qa_row(id="qa_0002", image=None, video="media/clip.mp4", answer="A", category="gesture",
+                       response=QA_ANSWER.replace(">B<", ">A<"), end=1.5),
+                qa_row(id="qa_0003", image="media/img1.png", answer="C", response=QA_ANSWER.replace(">B<", ">C<")),
+                qa_row(id="qa_0004", video="media/clip.mp4", answer="D", category="gesture",
+                       response=QA_ANSWER.replace(">B<", ">D<"))]
+    return write_jsonl(folder / name, rows)

@@ -128,7 +128,7 @@ def test_misnamed_train_file_is_reported(in_repo, tmp_path):
     assert rc == 1
     assert [(p["where"], p["reason"]) for p in report["problems"]] == [
         ("grasp_lightning/assets/sample/train/typo.jsonl", "data.train_file not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
-                                       "annotations.jsonl or the bench)")]
+                                       "annotations.jsonl, qa.jsonl or the bench)")]
 
 
 def test_missing_root_reports_the_training_file(in_repo, tmp_path):

@@ -21,16 +21,20 @@ RANKS: dict[str, int] = {
     "grasp_lightning.errors": 0,
     "grasp_lightning.parsing": 1,
     "grasp_lightning.grpo": 1,
+    "grasp_lightning.loggers": 1,  # texts, tables, histograms, images to every Lightning logger (imports none of ours)
+    "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
     "grasp_lightning.engines.config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.rewards": 3,
     "grasp_lightning.policy": 3,
+    "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
     "grasp_lightning.shared_prompt": 3,
     "grasp_lightning.generation": 3,
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,
+    "grasp_lightning.predictions": 3,  # predict's records
     "grasp_lightning.task": 4,
     "grasp_lightning.engines": 4,  # rollout engines: HF generate, the vLLM client (its server imports none of ours)
     "grasp_lightning.datamodule": 5,

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import Qwen3VLConfig
 
 from grasp_lightning.commands import plan_memory as command
@@ -295,6 +296,43 @@ def test_model_states_lora_one_gpu(tiny) -> None:
     assert plan_memory(spec(zero_stage=0, devices=2), tiny).gradients == 2 * 4 * TEXT
 
 
+# QLoRA on the tiny config: the 14 language-model Linears are quantized (vision and lm_head are not), 36864 values a
+#   layer (q 4096, k 2048, v 2048, o 4096, gate/up/down 8192 each), 73728 in all. NF4 with double quantization, blocks
+#   of 64: a 4096-value weight packs to 2048 B, 64 absmax codes of 1 B, one float32 absmax of theirs and their float32
+#   mean (8 B), 16 float32 code values (64 B) -> 2184 B; 2048 values -> 1024 + 32 + 8 + 64 = 1128 B; 8192 -> 4096 +
+#   128 + 8 + 64 = 4296 B; a layer 2 * 2184 + 2 * 1128 + 3 * 4296 = 19512 B, two 39024 B. Without double quantization
+#   float32 absmax: 2048 + 256 + 64 = 2368, 1024 + 128 + 64 = 1216, 4096 + 512 + 64 = 4672 -> 2 x 21184 = 42368 B.
+#   The rest, 246208 - 73728 = 172480 values, in bf16; the largest Linear (8192 values) dequantized in bf16: 16384 B.
+QUANT4, QUANT4_DOUBLE, QUANT4_SINGLE, WORKSPACE = 73728, 39024, 42368, 2 * 8192
+
+
+def test_model_states_qlora_one_gpu(tiny) -> None:
+    lora = LoraConfig(enabled=True, r=4, quantize="nf4")
+    plan = plan_memory(spec(zero_stage=0, lora=lora), tiny)
+    assert plan.weights == QUANT4_DOUBLE + 2 * (TOTAL - QUANT4) + 4 * LORA4 + WORKSPACE  # 433136
+    assert (plan.gradients, plan.optimizer_states, plan.reference_model) == (4 * LORA4, 8 * LORA4, 0)
+    single = plan_memory(spec(zero_stage=0, lora=replace(lora, double_quant=False)), tiny)
+    assert single.weights - plan.weights == QUANT4_SINGLE - QUANT4_DOUBLE
+    assert "nf4 double-quantized" in plan.how["weights"] and "QLoRA" in format_plan(plan)
+    with pytest.raises(GraspConfigError, match="does not run under DeepSpeed ZeRO-2"):
+        plan_memory(spec(lora=lora), tiny)
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_4bit_bytes_match_bitsandbytes(double_quant: bool) -> None:
+    """The planner's bytes of one 4-bit weight against bitsandbytes' own (``quantize_4bit`` on the CPU) for
+    Qwen3-VL-4B's MLP (9728 x 2560) and a width that leaves a partial block and a partial absmax block."""
+    import bitsandbytes.functional as F
+
+    from grasp_lightning.planning.quantized import quantized_weight_bytes
+
+    for rows, cols in ((9728, 2560), (1000, 129)):
+        packed, state = F.quantize_4bit(torch.zeros(rows, cols, dtype=torch.bfloat16).normal_(), blocksize=64,
+                                        quant_type="nf4", compress_statistics=double_quant)
+        held = [packed, state.absmax, state.code] + ([state.state2.absmax, state.offset] if double_quant else [])
+        assert sum(t.nbytes for t in held) == quantized_weight_bytes(rows * cols, double_quant=double_quant)
+
+
 def test_reference_model(tiny) -> None:
     assert plan_memory(spec(), tiny).reference_model == 2 * TOTAL
     assert plan_memory(spec(needs_reference=False), tiny).reference_model == 0  # GRPO with beta = 0
@@ -532,10 +570,13 @@ def test_cli_and_table(capsys) -> None:
     out = capsys.readouterr().out
     table = out[out.index("| Model | Setup |"):].rstrip("\n")
     lines = table.splitlines()
-    assert len([line for line in lines if line.startswith("| Qwen3-VL")]) == 12
+    assert len([line for line in lines if line.startswith("| Qwen3-VL")]) == 16  # 2B: no QLoRA rows
     qwen35 = [line.split(" | ")[1] for line in lines if line.startswith("| Qwen3.5-9B |")]
     assert qwen35 == ["SFT, full, 8 x H200 ZeRO-2", "SGR, full, 8 x H200 ZeRO-2", "SFT, LoRA r16, 1 x 24 GB",
-                      "SGR, LoRA r16, 1 x 24 GB", "SFT, LoRA r16, 1 x 48 GB", "SGR, LoRA r16, 1 x 48 GB"]
+                      "SGR, LoRA r16, 1 x 24 GB", "SFT, LoRA r16, 1 x 48 GB", "SGR, LoRA r16, 1 x 48 GB",
+                      "SFT, QLoRA r16 NF4, 1 x 24 GB", "SGR, QLoRA r16 NF4, 1 x 24 GB"]
+    qlora = [line for line in lines if line.startswith("| ") and "QLoRA" in line]
+    assert [line.split(" | ")[0] for line in qlora] == ["| Qwen3-VL-4B"] * 2 + ["| Qwen3-VL-8B"] * 2 + ["| Qwen3.5-9B"] * 2
     # README.md's memory table is this table, exactly (regenerate it with `plan-memory --table`)
     assert table in (REPO / "README.md").read_text(), "README.md's memory table is stale: paste plan-memory --table"
 

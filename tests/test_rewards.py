@@ -357,3 +357,88 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     assert ro.terms.tolist() == [[1.0, 3.0], [0.0, 0.5]]
     # rewards 1 + 0.5 * 3 = 2.5 and 0 + 0.5 * 0.5 = 0.25; centred over the group (mean 1.375)
     assert ro.rewards.tolist() == [2.5, 0.25] and ro.advantages.tolist() == [1.125, -1.125]
+
+
+# --- rewards of one's own: colon paths, files, batched functions, callables --------------------------
+
+def answers_per_batch(completions: list[str], items: list[GraspItem]) -> list[float]:
+    """A batched plugin (``tests.test_rewards:answers_per_batch``): records each call's batch size."""
+    answers_per_batch.calls.append(len(completions))
+    return [float(len(completions))] * len(completions)
+
+
+answers_per_batch.calls = []
+
+
+def wrong_length(completions: list[str], items: list[GraspItem]) -> list[float]:
+    """A batched plugin returning one value too few."""
+    return [1.0] * (len(completions) - 1)
+
+
+def one_argument(completion: str) -> float:
+    """A plugin with the wrong signature."""
+    return 1.0
+
+
+class NotAFunction:
+    """A class where a function is expected."""
+
+
+FILE_REWARD = '''
+from grasp_lightning.parsing import answer_block
+
+
+def brevity(completion, item):
+    """1 for an answer block under 40 characters of completion, else 0."""
+    return 1.0 if answer_block(completion) is not None and len(completion) < 40 else 0.0
+'''
+
+
+def test_colon_paths_files_and_callables_resolve_to_the_same_scores(tmp_path, monkeypatch) -> None:
+    item = make_item()
+    texts = ["<answer>B</answer>", "<think>" + "x" * 50 + "</think><answer>A</answer>"]
+    (tmp_path / "my_rewards.py").write_text(FILE_REWARD)
+    monkeypatch.chdir(tmp_path)  # a file path is read from the working directory
+    out = compute_rewards(texts, [item] * 2, ["tests.test_rewards:answer_is_b", "my_rewards.py:brevity", answer_is_b,
+                                              f"{tmp_path}/my_rewards.py:brevity"])
+    assert out.tolist() == [[3.0, 1.0, 3.0, 1.0], [0.5, 0.0, 0.5, 0.0]]
+
+
+def test_a_batched_reward_is_called_once_without_the_broken_rollouts() -> None:
+    item = make_item()
+    texts = ["<answer>B</answer>", "<|image_pad|><answer>B</answer>", "<answer>C</answer>"]
+    answers_per_batch.calls.clear()
+    out = compute_rewards(texts, [item] * 3, ["accuracy", "tests.test_rewards:answers_per_batch"])
+    assert answers_per_batch.calls == [2]  # one call, the placeholder row left out
+    assert out.tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 2.0]]
+    with pytest.raises(GraspConfigError, match=r"reward 'tests.test_rewards:wrong_length' returned 1 values for 2"):
+        compute_rewards(texts[:1] + texts[2:], [item] * 2, ["tests.test_rewards:wrong_length"])
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("tests.test_rewards:one_argument", r"cannot be called as fn\(completion, item\): too many positional"),
+    ("tests.test_rewards:NotAFunction", "is a class, not a function"),
+    ("missing_file.py:fn", "file 'missing_file.py' does not exist"),
+    ("broken.py:fn", "file 'broken.py' fails to load: SyntaxError"),
+    ("tests.test_rewards:", "is not an import path"),
+])
+def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_path, monkeypatch) -> None:
+    from tasks.grpo import GRPOTask
+
+    (tmp_path / "broken.py").write_text("def fn(completion, item):\n    return (\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GraspConfigError, match=says) as info:
+        GRPOTask(rewards=["accuracy", entry], reward_weights=[1.0, 1.0])
+    assert "model.task.init_args.rewards" in str(info.value) and entry in str(info.value)
+
+
+def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeypatch) -> None:
+    from tasks.grpo import GRPOTask
+
+    (tmp_path / "a.py").write_text(FILE_REWARD)
+    (tmp_path / "b.py").write_text(FILE_REWARD)
+    monkeypatch.chdir(tmp_path)
+    task = GRPOTask(rewards=["accuracy", "a.py:brevity", answer_is_b], reward_weights=[1.0, 0.5, 0.5])
+    assert task.reward_labels == ["accuracy", "brevity", "answer_is_b"]
+    with pytest.raises(GraspConfigError, match=r"share a metric name in \['brevity', 'brevity'\]"):
+        GRPOTask(rewards=["a.py:brevity", "b.py:brevity"], reward_weights=[1.0, 1.0])

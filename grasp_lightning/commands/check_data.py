@@ -9,7 +9,10 @@ only those named with ``--files``:
 - every JSONL line parses and follows the schema; every MCQ answer is one of its option letters
   (the readers of :mod:`grasp_lightning.data.formats`, with ``on_error="skip"``);
 - every RL row has ground-truth participants (``meta.gt_events`` naming at least one person);
-- ``data.train_file`` (as ``GraspDataModule`` resolves it) exists and is a GRASP training file;
+- every generic QA row of a GRPO run's ``data.train_file`` has an ``answer``;
+- ``data.train_file`` (as ``GraspDataModule`` resolves it) exists and is a GRASP training file or a
+  generic QA file (``qa.jsonl``: video and/or image rows, :mod:`grasp_lightning.data.qa`; its images
+  are decoded and encoded like its clips, with ``max_image_pixels``);
 - every clip window ends within its clip (``end_seconds`` at most 0.5 s past the clip's end);
 - warnings only (exit status unchanged): RL events with an unknown source or persons the question
   and options never name;
@@ -42,7 +45,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grasp_lightning.data.formats import READERS, bench_store, event_warnings, read_bench
+from grasp_lightning.data.formats import bench_store, event_warnings, read_bench
+from grasp_lightning.data.qa import media_present
+from grasp_lightning.data.readers import READERS
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.shards import ClipStore, clean_member_path, scan_shard
 from grasp_lightning.errors import ClipNotFoundError, GraspConfigError, GraspDataError
@@ -59,8 +64,8 @@ KNOWN_FILES = {
     "train/annotations.jsonl": ("annotations", "videos"),
     "test/annotations.jsonl": ("annotations", "bench"),
 }
-_KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations"}  # file stem -> kind
-_READERS = {kind: READERS[stem] for stem, kind in _KINDS.items()}  # data/formats.py: one reader per file
+_KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations", "qa": "qa"}  # file stem -> kind
+_READERS = {kind: READERS[stem] for stem, kind in _KINDS.items()}  # data/readers.py: one reader per file
 RECYCLE_AFTER = 256  # clips per worker process before it is replaced (native decoder memory)
 _CHUNK = 4  # clips per task sent to a worker
 
@@ -150,7 +155,7 @@ def clip_duration(data: bytes) -> float | None:
 def window_problem(item: GraspItem, duration: float | None) -> str | None:
     """The reason an item's ``end_seconds`` lies past its clip's end (training samples only up to the
     end), or ``None``."""
-    end = item.clip.end_seconds
+    end = item.clip.end_seconds if item.clip is not None else None
     if duration is None or end is None or end <= duration + END_TOLERANCE_S:
         return None
     return f"end_seconds {end:g} is beyond the clip's duration of {duration:.2f} s ({item.clip.path})"
@@ -164,10 +169,10 @@ def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | N
     data: GraspDataModule = _STATE["data"]
     store = _STATE["stores"].get(store_name)
     try:
-        if store is None or item.clip.path not in store:
-            return index, _missing(item, data.root)
+        if not all(media_present(store, path) for path in _media(item)):
+            return index, _missing(item, data.root, store)
         data.dataset([item], store, with_target).encode(item)
-        reason = window_problem(item, clip_duration(store.open(item.clip.path)))
+        reason = window_problem(item, clip_duration(_open(store, item.clip.path))) if item.clip is not None else None
         if reason:
             return index, Problem(item.origin, reason, item.uid, "window")
     except GraspDataError as err:
@@ -177,8 +182,20 @@ def _check_item(job: tuple[int, str, bool, GraspItem]) -> tuple[int, Problem | N
     return index, None
 
 
-def _missing(item: GraspItem, root: Path) -> Problem:
-    return Problem(item.origin, f"clip {item.clip.path} not found under {root}", item.uid, "ClipNotFoundError")
+def _media(item: GraspItem) -> list[str]:
+    """The clip and image paths of an item (generic QA rows may have an image, or no clip)."""
+    return [p for p in ((item.clip.path if item.clip is not None else None), item.image) if p is not None]
+
+
+def _open(store, path: str) -> bytes:
+    return Path(path).read_bytes() if Path(path).is_absolute() else store.open(path)
+
+
+def _missing(item: GraspItem, root: Path, store=None) -> Problem:
+    path = next((p for p in _media(item) if not media_present(store, p)), _media(item)[0])
+    what = "image" if path == item.image else "clip"
+    where = "" if Path(path).is_absolute() else f" under {root}"
+    return Problem(item.origin, f"{what} {path} not found{where}", item.uid, "ClipNotFoundError")
 
 
 def _scan(shard: Path) -> list[Problem]:
@@ -250,8 +267,9 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
     bench_tars = [bench_path] if bench_path is not None and bench_path.is_file() else []
     bad_shards = _scan_archives(shards + bench_tars, workers, problems)
     with tempfile.TemporaryDirectory(prefix="grasp_check_") as cache_dir:
+        qa_only = bool(wanted) and all(_file_kind(f, root / f == root / (h.train_file or ""))[0] == "qa" for f in wanted)
         stores = {"videos": _videos_store(root / h.videos, [x for x in shards if x not in bad_shards],
-                                          cache_dir, problems)}
+                                          cache_dir, [] if qa_only else problems)}
         report_files: dict[str, dict] = {}
         jobs: list[tuple[int, str, bool, GraspItem]] = []
         for rel in wanted:
@@ -273,8 +291,8 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
         if decode and jobs:
             problems.extend(_decode_all(data, stores, jobs, workers, progress))
         else:
-            problems.extend(_missing(it, root) for _, name, _, it in jobs
-                            if stores.get(name) is None or it.clip.path not in stores[name])
+            problems.extend(_missing(it, root, stores.get(name)) for _, name, _, it in jobs
+                            if not all(media_present(stores.get(name), path) for path in _media(it)))
     for name, info in report_files.items():
         prefix = str(root / name)
         info["bad"] = sum(1 for p in problems if p.where.startswith(prefix))
@@ -310,7 +328,7 @@ def _file_problem(root: Path, rel: str, kind: str | None, is_train: bool) -> Pro
     what = "data.train_file " if is_train else ""
     if kind is None:
         return Problem(str(root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
-                                        "annotations.jsonl or the bench)", check="file")
+                                        "annotations.jsonl, qa.jsonl or the bench)", check="file")
     if not (root / rel).is_file():
         return Problem(str(root / rel), "data.train_file: no such file" if is_train else "no such file", check="file")
     return None
@@ -329,7 +347,10 @@ def _read_rows(data: GraspDataModule, rel: str, kind: str, store_name: str, is_t
                                     "participants"))
         if kind == "rl":
             warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
-        with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind == "annotations"
+        if kind == "qa" and is_train and data.mode == "rl" and not item.answer:
+            problems.append(Problem(item.origin, "GRPO needs an 'answer' (the accuracy reward's target); this "
+                                                 "generic QA row has none", item.uid, "answer"))
+        with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind in ("annotations", "qa")
                                                                                 and bool(item.response)))
         jobs.append((len(jobs), store_name, with_target, item))
     return {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}

@@ -17,6 +17,12 @@
 * LoRA runs: merged into the base weights by default (``merge_and_unload``); ``--merge_lora false``
   writes the adapter only (``adapter_config.json`` naming the base model), which
   ``AutoModelForImageTextToText.from_pretrained`` also loads when peft is installed.
+* QLoRA runs (``model.lora.quantize``; the checkpoint holds the adapters only): the base is loaded in
+  4 bit as in training, the adapters into it, then every 4-bit weight is dequantized and the
+  adapters merged (:func:`grasp_lightning.quantization.dense_state_dict`) into an un-quantized copy
+  of the model in ``--dtype`` (the function that was trained and validated, not the original bf16
+  weights plus the adapters). ``--merge_lora false`` writes the adapter alone; it then loads onto
+  the original (un-quantized) base named in ``adapter_config.json``.
 
 The directory is written under a temporary name beside ``--out`` and renamed into place when
 complete (:func:`grasp_lightning.checkpointing.publish`), so a crash never leaves a half-written
@@ -36,7 +42,8 @@ import torch
 
 from grasp_lightning.checkpointing import partial_path, publish, require_complete
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy, load_processor, resolve_dtype
+from grasp_lightning.policy import LoraConfig, PolicyConfig, load_model, load_policy, load_processor, resolve_dtype
+from grasp_lightning.quantization import check_adapters_present, dense_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,47 @@ def policy_state_dict(checkpoint: dict, where: str = "checkpoint") -> dict[str, 
     return state
 
 
+def trained_model(state: dict[str, torch.Tensor], policy: PolicyConfig, lora: LoraConfig, *, merge_lora: bool,
+                  dtype: str | None, where: str) -> torch.nn.Module:
+    """The policy built as configured with the checkpoint's ``state`` loaded, LoRA merged or kept, cast to
+    ``dtype`` (see :func:`export_checkpoint`; QLoRA: the module docstring).
+
+    Raises:
+        GraspConfigError: ``state`` does not match the configured model (missing/unexpected keys; for
+            QLoRA, whose checkpoints hold the adapters only, a missing adapter).
+    """
+    build_cfg = dataclasses.replace(policy, gradient_checkpointing=False, dtype=dtype or policy.dtype)
+    model = load_policy(build_cfg, lora)
+    result = model.load_state_dict(state, strict=False)
+    quantized = lora.enabled and lora.quantize is not None
+    if quantized:  # a QLoRA checkpoint holds the adapters only: each must be there, nothing else
+        check_adapters_present(state, model, f"export: {where}")
+    if (result.missing_keys and not quantized) or result.unexpected_keys:
+        raise GraspConfigError(
+            f"export: {where} does not match {policy.name_or_path} with lora.enabled={lora.enabled}: "
+            f"missing {result.missing_keys[:5]} ({len(result.missing_keys)}), unexpected "
+            f"{result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); is --config the run's config?")
+    if quantized and merge_lora:
+        dense = dense_state_dict(model)
+        model = load_model(policy.name_or_path, dtype=build_cfg.dtype, attn_implementation=policy.attn_implementation,
+                           trust_remote_code=policy.trust_remote_code, revision=policy.revision)
+        model.load_state_dict(dense, strict=True)
+    elif lora.enabled and merge_lora:
+        model = model.merge_and_unload()
+    elif lora.enabled and Path(policy.name_or_path).is_dir():
+        # adapter_config.json names its base model: an absolute path, so the adapter loads from any directory
+        for adapter in model.peft_config.values():
+            adapter.base_model_name_or_path = str(Path(policy.name_or_path).resolve())
+    target = resolve_dtype(dtype or policy.dtype)
+    if target != "auto" and quantized and not merge_lora:  # the 4-bit base is not saved: cast the adapters
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(target)
+    elif target != "auto":
+        model = model.to(target)
+    return model
+
+
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, policy: PolicyConfig,
                       lora: LoraConfig | None = None, *, merge_lora: bool = True, dtype: str | None = None,
                       overwrite: bool = False) -> Path:
@@ -107,23 +155,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
     lora = lora or LoraConfig()
     checkpoint = load_checkpoint_state(ckpt_path)
     state = policy_state_dict(checkpoint, str(ckpt_path))
-    build_cfg = dataclasses.replace(policy, gradient_checkpointing=False, dtype=dtype or policy.dtype)
-    model = load_policy(build_cfg, lora)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise GraspConfigError(
-            f"export: {ckpt_path} does not match {policy.name_or_path} with lora.enabled={lora.enabled}: "
-            f"missing {result.missing_keys[:5]} ({len(result.missing_keys)}), unexpected "
-            f"{result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); is --config the run's config?")
-    if lora.enabled and merge_lora:
-        model = model.merge_and_unload()
-    elif lora.enabled and Path(policy.name_or_path).is_dir():
-        # adapter_config.json names its base model: an absolute path, so the adapter loads from any directory
-        for adapter in model.peft_config.values():
-            adapter.base_model_name_or_path = str(Path(policy.name_or_path).resolve())
-    target = resolve_dtype(dtype or policy.dtype)
-    if target != "auto":
-        model = model.to(target)
+    model = trained_model(state, policy, lora, merge_lora=merge_lora, dtype=dtype, where=str(ckpt_path))
     model.eval()
     processor = load_processor(policy.name_or_path, trust_remote_code=policy.trust_remote_code,
                                revision=policy.revision)
@@ -134,7 +166,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         processor.save_pretrained(tmp)
         info = {"source_checkpoint": str(ckpt_path), "global_step": checkpoint.get("global_step"),
                 "epoch": checkpoint.get("epoch"), "base_model": policy.name_or_path, "lora": lora.enabled,
-                "lora_merged": bool(lora.enabled and merge_lora), "dtype": str(dtype or policy.dtype)}
+                "lora_merged": bool(lora.enabled and merge_lora),
+                "quantize": lora.quantize if lora.enabled else None, "dtype": str(dtype or policy.dtype)}
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
         publish(tmp, out)
     finally:

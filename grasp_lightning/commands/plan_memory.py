@@ -3,7 +3,8 @@
 ``python -m grasp_lightning plan-memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
 prints the bytes of every component per GPU and whether the run fits; ``--table`` prints the
 README's scaling table (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
-24 GB GPU, and for Qwen3.5-9B on one 48 GB GPU too). ``--model`` takes a local checkpoint or a name
+24 GB GPU, and for Qwen3.5-9B on one 48 GB GPU too; QLoRA, ``configs/qlora.yaml``, on one 24 GB GPU for
+Qwen3-VL-4B/8B and Qwen3.5-9B). ``--model`` takes a local checkpoint or a name
 of :func:`~grasp_lightning.planning.architectures.known_model_names` (or its Hub id).
 
 The configs are instantiated by the one config loader (:func:`grasp_lightning.commands.config.load_run`,
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prompt tokens besides the clip (the template with its one video placeholder)")
     parser.add_argument("--response-tokens", type=int, default=None, help="SFT target tokens (default: the budget)")
     parser.add_argument("--table", action="store_true", help="print the README scaling table")
-    parser.add_argument("--configs-dir", default="configs", help="where --table finds sft/sgr/lora.yaml")
+    parser.add_argument("--configs-dir", default="configs", help="where --table finds sft/sgr/lora/qlora.yaml")
     return parser
 
 

@@ -16,11 +16,26 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import lightning as L
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from grasp_lightning.datamodule import GraspDataModule
+from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
+
+
+class GraspTrainer(L.Trainer):
+    """Lightning's ``Trainer`` whose ``log_dir`` is the run's own folder for every logger type
+    (:func:`grasp_lightning.loggers.run_dir`, broadcast from rank zero like Lightning's): the same as
+    Lightning's for TensorBoard and CSV; for W&B and MLflow the folder beside the run's checkpoints
+    instead of the store's root (every run's ``config.yaml`` there overwrote the last; with an MLflow
+    database store it is ``None`` and saving the config failed)."""
+
+    @property
+    @override
+    def log_dir(self) -> str | None:
+        return self.strategy.broadcast(run_dir(self))
 
 
 class GraspCLI(LightningCLI):
@@ -45,6 +60,15 @@ class GraspCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.policy.name_or_path", "data.processor")
         parser.link_arguments("model.policy.trust_remote_code", "data.trust_remote_code")
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
+        """LightningCLI's subcommand parser; ``predict`` defaults to ``return_predictions: false``: the
+        ``PredictionWriter`` has the answers on disk, and ``Trainer.predict``'s default would also keep
+        every batch's records in memory, growing with the dataset (lightning 2.6 ``cli.py``)."""
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "predict":
+            parser.set_defaults(return_predictions=False)
+        return parser
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         """LightningCLI's parser; a configuration-only one (``run=False``) also takes the keys of a
@@ -96,7 +120,8 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
     args = list(args)
     if run and args == sys.argv[1:]:
         args = None  # the command line itself: LightningCLI reads sys.argv (and does not warn that it sees both)
-    kwargs = dict(args=args, run=run, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+    kwargs = dict(args=args, run=run, trainer_class=GraspTrainer, save_config_kwargs={"overwrite": True},
+                  auto_configure_optimizers=False,
                   parser_kwargs={"default_env": False, **({"prog": prog} if prog else {})}, **options)
     argv = sys.argv
     if not run:  # LightningCLI warns when it sees both `args` and sys.argv (nothing is launched before fit)

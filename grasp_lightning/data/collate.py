@@ -36,8 +36,10 @@ class Batch:
 
     Attributes:
         inputs: model inputs: ``input_ids`` ``(B, L)``, ``attention_mask`` ``(B, L)``,
-            ``mm_token_type_ids`` ``(B, L)``, ``pixel_values_videos`` ``(sum N_i, D)``,
-            ``video_grid_thw`` ``(B, 3)``; plus ``labels`` ``(B, L)`` for SFT batches.
+            ``mm_token_type_ids`` ``(B, L)`` (0 text, 1 image, 2 video); ``pixel_values_videos``
+            ``(sum N_i, D)`` and ``video_grid_thw`` ``(V, 3)`` of the ``V`` rows with a clip, in row
+            order; ``pixel_values`` and ``image_grid_thw`` ``(I, 3)`` of the ``I`` rows with an image
+            (keys absent when no row has that medium); plus ``labels`` ``(B, L)`` for SFT batches.
         items: the records of the B encoded rows, in row order.
         indices: dataset indices of the B rows.
         valid: ``(B,)`` bool; ``False`` for rank padding.
@@ -98,8 +100,11 @@ def collate_samples(samples: list[Sample], pad_token_id: int, padding_side: str 
         inputs["input_ids"] = _pad(ids, pad_token_id, padding_side)
         inputs["attention_mask"] = _pad([torch.ones_like(i) for i in ids], 0, padding_side)
         inputs["mm_token_type_ids"] = _pad([e.mm_token_type_ids for e in examples], 0, padding_side)
-        inputs["pixel_values_videos"] = torch.cat([e.pixel_values_videos for e in examples])
-        inputs["video_grid_thw"] = torch.cat([e.video_grid_thw for e in examples])
+        for pixels, grid in (("pixel_values_videos", "video_grid_thw"), ("pixel_values", "image_grid_thw")):
+            carrying = [e for e in examples if getattr(e, grid) is not None]
+            if carrying:  # row order: the model pairs the k-th grid of a medium with its k-th placeholder run
+                inputs[pixels] = torch.cat([getattr(e, pixels) for e in carrying])
+                inputs[grid] = torch.cat([getattr(e, grid) for e in carrying])
         if all(e.labels is not None for e in examples):
             inputs["labels"] = _pad([e.labels for e in examples], IGNORE_INDEX, padding_side)
     return Batch(

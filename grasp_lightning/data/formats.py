@@ -158,10 +158,10 @@ def parse_options(raw: Any, where: str) -> tuple[str, ...]:
         return ()
     if not isinstance(raw, list) or not all(isinstance(o, str) for o in raw):
         raise GraspFormatError(where, "'options' must be a list of strings")
-    lettered = [bool(_OPTION_RE.match(o)) for o in raw]
-    if all(lettered):
+    has_letter = [bool(_OPTION_RE.match(o)) for o in raw]
+    if all(has_letter):
         return tuple(o.strip() for o in raw)
-    if any(lettered):
+    if any(has_letter):
         raise GraspFormatError(where, "some options start with a letter like 'A)' and some do not")
     return lettered(raw)
 
@@ -415,15 +415,6 @@ def _source_of(video_path: Any) -> str | None:
 
 
 # ------------------------------------------------------------------ GRASP-Bench
-#: The reader of each GRASP training file, by the file's stem (``data_sft.jsonl`` -> ``data_sft``).
-READERS = {"data_sft": read_sft, "data_rl": read_rl, "annotations": read_annotations}
-
-
-def reader_for(path: str | Path):
-    """The reader of a GRASP training file by its name (:data:`READERS`), or ``None`` for another name."""
-    return READERS.get(Path(path).name.split(".")[0])
-
-
 def read_bench(path: str | Path, on_error: str = "raise", *, cache_dir: str | Path | None = None) -> ReadResult:
     """Read GRASP-Bench from a folder (``json/*.json`` + ``video/*.mp4``, maybe one folder down) or
     from ``grasp_bench.tar`` (members ``json/<clip>.json``, ``video/<clip>.mp4``, maybe under one

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from grasp_lightning.data.records import GraspItem
@@ -63,11 +64,13 @@ def user_text(item: GraspItem, instruction: str = INSTRUCTION) -> str:
 
 def build_messages(item: GraspItem, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                    instruction: str = INSTRUCTION) -> list[dict]:
-    """Chat messages of the prompt (no assistant turn): system, then user with the video first."""
+    """Chat messages of the prompt (no assistant turn): system, then user with the media first: the
+    image (generic QA rows that have one), then the video, then the text (:attr:`GraspItem.media`)."""
     messages: list[dict] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user_text(item, instruction)}]})
+    media = [{"type": kind} for kind in item.media]
+    messages.append({"role": "user", "content": [*media, {"type": "text", "text": user_text(item, instruction)}]})
     return messages
 
 
@@ -124,45 +127,65 @@ class EncodedExample:
     Attributes:
         input_ids: ``(L,)`` int64, prompt ids followed by target ids.
         labels: ``(L,)`` int64, ``-100`` on prompt tokens, ``None`` for prompt-only examples.
-        mm_token_type_ids: ``(L,)`` int64 (0 text, 2 video), as the Qwen3-VL processor returns.
-        pixel_values_videos: ``(N_patches, C * T_patch * P * P)`` float32 patches of the clip.
-        video_grid_thw: ``(1, 3)`` int64 grid (temporal, height, width) in patches.
+        mm_token_type_ids: ``(L,)`` int64 (0 text, 1 image, 2 video), as the Qwen3-VL processor returns.
+        pixel_values_videos: ``(N_patches, C * T_patch * P * P)`` float32 patches of the clip, ``None``
+            for an image-only example.
+        video_grid_thw: ``(1, 3)`` int64 grid (temporal, height, width) in patches, ``None`` without a clip.
         prompt_length: number of prompt tokens (tokens).
+        pixel_values: ``(N_patches, C * T_patch * P * P)`` float32 patches of the image, ``None`` without one.
+        image_grid_thw: ``(1, 3)`` int64 grid of the image (temporal 1), ``None`` without one.
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor | None
     mm_token_type_ids: torch.Tensor
-    pixel_values_videos: torch.Tensor
-    video_grid_thw: torch.Tensor
+    pixel_values_videos: torch.Tensor | None
+    video_grid_thw: torch.Tensor | None
     prompt_length: int
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
 
 
-def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target: str | None,
+def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *, target: str | None,
                    system_prompt: str = DEFAULT_SYSTEM_PROMPT, max_prompt_tokens: int | None = None,
-                   max_target_tokens: int | None = None, instruction: str = INSTRUCTION) -> EncodedExample:
-    """Encode one example: prompt with video through the processor, target tokens appended.
+                   max_target_tokens: int | None = None, instruction: str = INSTRUCTION, image: np.ndarray | None = None,
+                   max_image_pixels: int | None = None) -> EncodedExample:
+    """Encode one example: prompt with video and/or image through the processor, target tokens appended.
 
     Args:
-        processor: a transformers processor with a chat template and a video processor.
-        item: the record (its ``origin`` names it in errors).
-        frames: ``(T, H, W, 3)`` uint8 frames already sampled at the configured fps.
+        processor: a transformers processor with a chat template and a video (and image) processor.
+        item: the record (its ``origin`` names it in errors); :attr:`GraspItem.media` says what it shows.
+        frames: ``(T, H, W, 3)`` uint8 frames already sampled at the configured fps; ``None`` for an
+            image-only item.
         metadata: video metadata for the processor (``total_num_frames``, ``fps``,
-            ``frames_indices``, ...) so the prompt carries the real timestamps in seconds.
+            ``frames_indices``, ...) so the prompt carries the real timestamps in seconds (``None``
+            without frames).
         target: assistant text to learn (SFT) or ``None`` (a prompt for generation).
         system_prompt: the system turn ("" for none).
         max_prompt_tokens: budget for the prompt in tokens, video tokens included.
         max_target_tokens: budget for the target in tokens.
         instruction: appended to questions that carry no instruction (see :func:`user_text`).
+        image: ``(H, W, 3)`` uint8 RGB image (:func:`grasp_lightning.data.qa.decode_image`), or ``None``.
+        max_image_pixels: cap on the image's pixels (height × width) after the processor's resize: its
+            ``max_pixels`` for this call (``images_kwargs={"size": {"longest_edge": ...}}`` of the
+            Qwen2-VL/Qwen3-VL image processor, whose ``size`` bounds the total pixels); ``None``: the
+            processor's own cap.
 
     Raises:
         TokenBudgetError: the prompt or target is over its budget. A multimodal prompt is never
             truncated: truncation would cut video tokens or the question.
     """
     prompt, suffix = render_texts(processor, item, target, system_prompt, instruction)
-    enc = processor(text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
-                    cap_pixels_per_frame=True,
-                    return_tensors="pt")
+    media: dict = {}
+    if frames is not None:
+        media.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False, cap_pixels_per_frame=True)
+    if image is not None:
+        media["images"] = [image]
+        if max_image_pixels is not None:
+            size = dict(getattr(processor.image_processor, "size", None) or {})
+            low = min(int(size.get("shortest_edge", 0)), max_image_pixels)
+            media["images_kwargs"] = {"size": {"shortest_edge": low, "longest_edge": max_image_pixels}}
+    enc = processor(text=[prompt], **media, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:
         raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens (video included), over the "
@@ -183,7 +206,9 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict, *, target
         input_ids=input_ids,
         labels=labels,
         mm_token_type_ids=mm_types,
-        pixel_values_videos=enc["pixel_values_videos"],
-        video_grid_thw=enc["video_grid_thw"],
+        pixel_values_videos=enc.get("pixel_values_videos"),
+        video_grid_thw=enc.get("video_grid_thw"),
         prompt_length=int(prompt_ids.numel()),
+        pixel_values=enc.get("pixel_values"),
+        image_grid_thw=enc.get("image_grid_thw"),
     )

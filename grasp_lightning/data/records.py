@@ -95,12 +95,13 @@ class ClipRef:
 
 @dataclass(frozen=True)
 class GraspItem:
-    """One question about one clip, from any GRASP file.
+    """One question about one clip (or image, or both), from any GRASP or generic QA file.
 
     Attributes:
         uid: unique id (the annotation ``id``, the bench clip stem, or ``"<file>:<line>"``).
         origin: ``"<file>:<line>"`` or ``"<archive>:<member>"``, used in every error and skip log.
-        clip: the clip to decode.
+        clip: the clip to decode; ``None`` for an image-only row of the generic QA format
+            (:mod:`grasp_lightning.data.qa`). Every GRASP file and evaluation suite gives one.
         question: the full user text shown to the model (question, options, instructions).
         options: option strings such as ``"A) Person 0"``; empty for open-ended items.
         answer: the target letter (MCQ) or the reference text (open-ended).
@@ -115,11 +116,16 @@ class GraspItem:
             reward variant to leave out people named in the question.
         reasoning: reference reasoning of a bench item, if any.
         time_range: ``(start, end)`` seconds from the clip start the question is about, if any.
+        image: path of an image shown before the clip (or alone), ``None`` for none; generic QA rows
+            only, resolved when read (:func:`grasp_lightning.data.qa.read_qa`).
+        persons: ground-truth participants given without an event (a generic QA row's
+            ``participants``); part of :attr:`participants`, matched by neither modality of the
+            released-code reward variant (which reads ``events`` only).
     """
 
     uid: str
     origin: str
-    clip: ClipRef
+    clip: ClipRef | None
     question: str
     options: tuple[str, ...] = ()
     answer: str = ""
@@ -132,11 +138,18 @@ class GraspItem:
     question_text: str | None = None
     reasoning: str | None = None
     time_range: tuple[float, float] | None = None
+    image: str | None = None
+    persons: tuple[int, ...] = ()
 
     @property
     def participants(self) -> frozenset[int]:
-        """The union of the person ids of all ground-truth events (``P_gt`` of the SGR)."""
-        return frozenset(p for e in self.events for p in e.persons)
+        """The union of the person ids of all ground-truth events and :attr:`persons` (``P_gt`` of the SGR)."""
+        return frozenset(p for e in self.events for p in e.persons) | frozenset(self.persons)
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """What the prompt shows, in prompt order: ``("image",)``, ``("video",)`` or ``("image", "video")``."""
+        return (("image",) if self.image is not None else ()) + (("video",) if self.clip is not None else ())
 
     def replace(self, **changes: object) -> "GraspItem":
         """Return a copy with some fields changed (``dataclasses.replace``)."""

@@ -38,6 +38,7 @@ from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.engines.config import VLLMConfig
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.generation import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
+from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_key
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.T
     """The policy's language-model weights under the checkpoint's names, LoRA merged, vision tower left out.
 
     LoRA layers give ``W + ΔW`` (peft ``LoraLayer.get_delta_weight``) without merging in place (merging
-    and unmerging bf16 weights would change the policy by rounding).
+    and unmerging bf16 weights would change the policy by rounding). A QLoRA policy's 4-bit weights are
+    dequantized (:func:`grasp_lightning.quantization.dense_weight`), so the engine serves dense weights.
 
     Args:
         policy: the trainer's policy (plain or peft-wrapped).
@@ -135,15 +137,17 @@ def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.T
     except ImportError:  # pragma: no cover - peft is a dependency
         LoraLayer = ()  # noqa: N806
     for name, module in base.named_modules():
+        if is_4bit(module):  # QLoRA: a 4-bit weight dequantized (adapters, if any, added below)
+            merged[f"{name}.weight"] = dense_weight(module)
         if LoraLayer and isinstance(module, LoraLayer) and hasattr(module, "base_layer"):
-            w = module.base_layer.weight.detach()
+            w = dense_weight(module.base_layer)
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     w = w + module.get_delta_weight(adapter).to(w.dtype)
             merged[f"{name}.weight"] = w
     state, seen = {}, set()
     for name, t in base.state_dict().items():
-        if "lora_" in name or ".visual." in f".{name}" or "modules_to_save" in name:
+        if "lora_" in name or ".visual." in f".{name}" or "modules_to_save" in name or is_quant_state_key(name):
             continue
         if t.data_ptr() in seen and name.startswith("lm_head"):
             continue  # tied to the embedding: the checkpoint holds it once (vLLM ties it back)
@@ -411,8 +415,18 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ sampling
     def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
-        """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids."""
+        """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
+
+        Raises:
+            EngineError: a prompt carries an image (generic QA rows: only video embeddings are sent to
+                the server; sample them with ``model.rollout.engine: hf``), or a prompt has no clip.
+        """
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
+        if prompt.get("image_grid_thw") is not None:
+            types = prompt.get("mm_token_type_ids")
+            rows = (types == 1).any(1).nonzero().flatten().tolist() if types is not None else "some"
+            raise EngineError(f"vLLM engine: prompt row(s) {rows} of this batch carry an image; the vLLM engine sends "
+                              f"only video embeddings to its server. Sample image rows with model.rollout.engine: hf")
         grid = prompt.get("video_grid_thw")
         if grid is None or grid.shape[0] != ids.shape[0]:
             raise EngineError(f"vLLM engine: every prompt needs one clip; got {ids.shape[0]} prompts and "

@@ -1,4 +1,4 @@
-"""Evaluation suites as plugins: GRASP-Bench, MMSI, Online-MMSI, TVQA+ and HumanSense.
+"""Evaluation suites as plugins: GRASP-Bench, MMSI, Online-MMSI, TVQA+, HumanSense and generic QA files.
 
 GRASP-Bench (``data.bench``) always runs; select the others in a config under ``data.eval_suites``
 by ``class_path`` (``configs/eval_suites.yaml``). ``python -m grasp_lightning validate`` then writes
@@ -11,8 +11,9 @@ from grasp_lightning.evaluation.base import EvalSuite, SuiteReport, TaskAccuracy
 from grasp_lightning.evaluation.grasp_bench import GraspBench
 from grasp_lightning.evaluation.humansense import HumanSense
 from grasp_lightning.evaluation.mmsi import MMSI, OnlineMMSI
+from grasp_lightning.evaluation.qa import QASuite
 from grasp_lightning.evaluation.suite import SuiteRunner
 from grasp_lightning.evaluation.tvqa import TVQAPlus
 
-__all__ = ["EvalSuite", "GraspBench", "HumanSense", "MMSI", "OnlineMMSI", "SuiteReport", "SuiteRunner", "TVQAPlus",
-           "TaskAccuracy", "VideoStore"]
+__all__ = ["EvalSuite", "GraspBench", "HumanSense", "MMSI", "OnlineMMSI", "QASuite", "SuiteReport", "SuiteRunner",
+           "TVQAPlus", "TaskAccuracy", "VideoStore"]

@@ -12,6 +12,10 @@ trainable and ``N`` data-parallel ranks:
   DeepSpeed keeps its trainable weights in float32 (``GraspModule`` casts them:
   ``policy.keep_float32_masters``): ``(P - P_t) x 2 B + P_t x 4 B``, and under ``*-mixed`` precision
   autocast holds a bf16 copy of them through the forward/backward (``P_t x 2 B``, with the activations).
+  QLoRA (``model.lora.quantize``): the ``Q`` values of the quantized Linears in bitsandbytes' 4-bit
+  layout (:mod:`grasp_lightning.planning.quantized`: 4.5 bits each, 4.127 with double quantization),
+  ``(P - Q) x 2 B`` for the rest, the adapters in float32, plus the largest quantized Linear
+  dequantized to the compute dtype (one at a time, in every forward and backward).
 - gradients: ZeRO-2 ``P_t x (2 B bf16 + 4 B fp32) / N``; ZeRO-1 ``P_t x (2 + 4 / N) B``; without
   ZeRO ``P_t x 4 B`` (float32 masters or adapters), twice under DDP (its buckets are a second copy).
 - optimizer states: with DeepSpeed, Adam's fp32 master copy + exp_avg + exp_avg_sq = ``12 B x P_t /
@@ -78,6 +82,7 @@ from grasp_lightning.planning.layers import (
     stack_activation_bytes,
     text_shapes,
 )
+from grasp_lightning.planning.quantized import quantized_base
 from grasp_lightning.planning.spec import RunSpec
 from grasp_lightning.planning.tokens import VideoTokens, processor_video_settings, video_tokens
 
@@ -208,6 +213,8 @@ def _model_states(spec: RunSpec, counts: ParamCounts, n_lora: int, trainable: in
         how["optimizer states"] = f"{format_count(trainable)} x 2 x {tb} B (torch AdamW exp_avg, exp_avg_sq)"
         how["ZeRO buffers"] = "no ZeRO"
         weights = wb * (counts.total - masters) + tb * masters + 4 * n_lora
+        if spec.lora.enabled and spec.lora.quantize:
+            weights = _quantized_weights(spec, counts, wb, n_lora, how)
         return dict(weights=weights, gradients=tb * trainable * (2 if n > 1 else 1),
                     optimizer_states=2 * tb * trainable, zero_buffers=0, deepspeed_model_states=None)
     # DeepSpeed casts the whole module, adapters included, to 16 bit and keeps fp32 partitions
@@ -223,6 +230,18 @@ def _model_states(spec: RunSpec, counts: ParamCounts, n_lora: int, trainable: in
                 zero_buffers=(1 + spec.overlap_comm) * spec.reduce_bucket_size * wb,
                 deepspeed_model_states=deepspeed_zero2_estimate(counts.total + n_lora, spec.devices, spec.num_nodes,
                                                                 offload))
+
+
+def _quantized_weights(spec: RunSpec, counts: ParamCounts, wb: int, n_lora: int, how: dict) -> int:
+    """Bytes of a QLoRA policy's weights: the 4-bit Linears, the rest in ``model.policy.dtype``, the
+    float32 adapters and the dequantization workspace (:func:`~grasp_lightning.planning.quantized.quantized_base`)."""
+    compute = _DTYPE_BYTES[spec.lora.quant_compute_dtype or spec.dtype]
+    q = quantized_base(counts, double_quant=spec.lora.double_quant, compute_bytes=compute)
+    dq = " double-quantized" if spec.lora.double_quant else ""
+    how["weights"] = (f"{format_count(q.params)} {spec.lora.quantize}{dq} = {format_gib(q.bytes)} GiB + "
+                      f"{format_count(counts.total - q.params)} x {wb} B + {format_count(n_lora)} adapters x 4 B + "
+                      f"{format_gib(q.workspace)} GiB dequantization workspace")
+    return q.bytes + wb * (counts.total - q.params) + 4 * n_lora + q.workspace
 
 
 def _reference(spec: RunSpec, counts: ParamCounts, how: dict) -> int:
@@ -370,10 +389,14 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
         config: the model's ``transformers`` config (default: ``architecture_config(spec.model)``).
 
     Raises:
-        GraspConfigError: unknown dtype or ZeRO stage.
+        GraspConfigError: unknown dtype or ZeRO stage; QLoRA under DeepSpeed.
     """
     if spec.zero_stage not in (0, 1, 2):
         raise GraspConfigError(f"ZeRO stage {spec.zero_stage} is not modelled (0, 1 or 2)")
+    if spec.lora.enabled and spec.lora.quantize and spec.zero_stage:
+        raise GraspConfigError(f"model.lora.quantize={spec.lora.quantize} does not run under DeepSpeed ZeRO-"
+                               f"{spec.zero_stage} (fit refuses it): plan it with trainer.strategy: auto or ddp "
+                               "(configs/qlora.yaml)")
     if spec.dtype not in _DTYPE_BYTES:
         raise GraspConfigError(f"model.policy.dtype {spec.dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
     config = config if config is not None else architecture_config(spec.model)
@@ -425,7 +448,8 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float | None = None) -> str:
     """A readable table of the plan: GiB per component per GPU, peak, GPU size and the verdict."""
     s = plan.spec
     frozen = " (vision frozen)" if s.freeze_vision else ""
-    mode = f"LoRA r={s.lora.r}" if s.lora.enabled else f"full fine-tune{frozen}"
+    qlora = f" on a {s.lora.quantize} base (QLoRA)" if s.lora.enabled and s.lora.quantize else ""
+    mode = f"LoRA r={s.lora.r}{qlora}" if s.lora.enabled else f"full fine-tune{frozen}"
     shared = ", prompts shared" if s.shares_prompt else ""
     task = f"{s.task} (K={s.num_generations}, {s.max_new_tokens} new tokens{shared})" if s.samples_rollouts else s.task
     lines = [f"Memory plan: {plan.name}, {task}, {mode}, {_strategy_label(s)}, "

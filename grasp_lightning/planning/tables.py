@@ -33,12 +33,17 @@ LORA_48_SETUPS: tuple[Setup, ...] = (
     ("SFT, LoRA r16, 1 x 48 GB", ("sft.yaml", "lora.yaml"), 48.0),
     ("SGR, LoRA r16, 1 x 48 GB", ("sgr.yaml", "lora.yaml"), 48.0),
 )
+#: QLoRA (configs/qlora.yaml: LoRA r16 on an NF4 base, double quantization) on one 24 GB GPU.
+QLORA_SETUPS: tuple[Setup, ...] = (
+    ("SFT, QLoRA r16 NF4, 1 x 24 GB", ("sft.yaml", "qlora.yaml"), 24.0),
+    ("SGR, QLoRA r16 NF4, 1 x 24 GB", ("sgr.yaml", "qlora.yaml"), 24.0),
+)
 #: The table's rows: each model (a bundled architecture) with its setups, in order.
 TABLE_ROWS: tuple[tuple[str, tuple[Setup, ...]], ...] = (
     ("Qwen3-VL-2B-Instruct", TABLE_SETUPS),
-    ("Qwen3-VL-4B-Instruct", TABLE_SETUPS),
-    ("Qwen3-VL-8B-Instruct", TABLE_SETUPS),
-    ("Qwen3.5-9B", TABLE_SETUPS + LORA_48_SETUPS),
+    ("Qwen3-VL-4B-Instruct", TABLE_SETUPS + QLORA_SETUPS),
+    ("Qwen3-VL-8B-Instruct", TABLE_SETUPS + QLORA_SETUPS),
+    ("Qwen3.5-9B", TABLE_SETUPS + LORA_48_SETUPS + QLORA_SETUPS),
 )
 #: The table's models.
 TABLE_MODELS = tuple(model for model, _ in TABLE_ROWS)
@@ -110,6 +115,8 @@ def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds:
               "data.max_frames / fps, whose peak fits, and every shorter clip's too (the processor caps a clip's "
               "pixels, so past a minute its frames shrink in 32-pixel steps and the count is not monotonic: at most "
               f"{most[0]:,} video tokens, at {most[1]} s). Token counts follow the Qwen3-VL processor exactly, "
-              "timestamps included (Qwen3.5 uses the same processor and settings). "
+              "timestamps included (Qwen3.5 uses the same processor and settings). QLoRA: the language model's "
+              "Linears in bitsandbytes' NF4 layout with double quantization (4.127 bits per weight), the vision "
+              "tower, embeddings and LM head in bf16, plus one Linear dequantized to bf16 at a time. "
               "Computed by `python -m grasp_lightning plan-memory --table`."]
     return "\n".join(lines)

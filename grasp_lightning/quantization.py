@@ -1,0 +1,182 @@
+"""QLoRA: the policy's language-model Linears in 4 bit (bitsandbytes NF4), LoRA adapters trained on top.
+
+``model.lora.quantize: nf4`` loads the base through ``transformers``' ``BitsAndBytesConfig``
+(:func:`bnb_config`): every ``nn.Linear`` becomes a ``bitsandbytes.nn.Linear4bit`` except those of
+:data:`SKIP_MODULES` (the vision tower and its mergers, and ``lm_head``), which stay in
+``model.policy.dtype``, as do the embeddings and norms (not Linears). A 4-bit weight is packed two
+values a byte with one absmax per block of 64 (float32, or with ``double_quant`` 8-bit, themselves
+quantized per 256 with a float32 absmax); each matrix product dequantizes one layer's weight to
+``quant_compute_dtype`` (bitsandbytes ``MatMul4Bit``) and adds the adapter's float32 ``B A x``.
+
+What peft's ``prepare_model_for_kbit_training`` does and what is kept: freezing every base weight
+(``get_peft_model`` does it), gradient checkpointing with ``use_reentrant: False`` plus input
+gradients (``model.policy.gradient_checkpointing``, as for LoRA). Not kept: its cast of every
+non-quantized parameter (embeddings, ``lm_head``, vision tower, norms) to float32, which would
+double their memory (2.5 GB more for Qwen3-VL-8B's untied embedding and head) while Qwen's RMSNorm
+already computes in float32 and ``bf16-mixed`` autocasts the rest.
+
+Source: Dettmers et al. 2023, "QLoRA" (NF4, double quantization); bitsandbytes 0.50
+``functional.quantize_4bit``; transformers' ``Bnb4BitHfQuantizer``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from grasp_lightning.errors import GraspConfigError
+
+#: ``model.lora.quantize`` values: bitsandbytes' 4-bit data types.
+QUANT_TYPES = ("nf4", "fp4")
+#: Modules kept un-quantized (transformers' ``llm_int8_skip_modules``, matched from the start of a
+#: module's name or as its suffix): the vision tower with its mergers, and the LM head.
+SKIP_MODULES = ("model.visual", "visual", "lm_head")
+#: Names a quantized Linear adds to its ``weight`` in a state dict (bitsandbytes' ``QuantState.as_dict``).
+QUANT_STATE_SUFFIXES = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                        ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4")
+_INSTALL = "pip install 'bitsandbytes>=0.50,<0.51' (or pip install -e '.[qlora]')"
+
+
+def check_quantize(lora: Any) -> None:
+    """Validate the 4-bit settings of a :class:`~grasp_lightning.policy.LoraConfig`.
+
+    Raises:
+        GraspConfigError: an unknown ``quantize`` type or ``quant_compute_dtype``; 4 bit without LoRA
+            (a 4-bit base cannot be trained in full: only adapters learn on top of it).
+    """
+    if lora.quantize is None:
+        return
+    if lora.quantize not in QUANT_TYPES:
+        raise GraspConfigError(f"model.lora.quantize={lora.quantize!r}: choose one of {list(QUANT_TYPES)} or null")
+    if not lora.enabled:
+        raise GraspConfigError(f"model.lora.quantize={lora.quantize} needs model.lora.enabled: true: a 4-bit base "
+                               "cannot be trained in full, only LoRA adapters on top of it (use configs/qlora.yaml)")
+    if lora.quant_compute_dtype not in (None, "bfloat16", "float16", "float32"):
+        raise GraspConfigError(f"model.lora.quant_compute_dtype={lora.quant_compute_dtype!r}: choose bfloat16, "
+                               "float16, float32 or null (the policy's dtype)")
+
+
+def check_strategy(lora: Any, strategy: Any) -> None:
+    """Refuse 4-bit weights under DeepSpeed: ZeRO flattens and casts every parameter of the module it
+    wraps, which breaks bitsandbytes' packed ``Params4bit`` (uint8 data plus a ``quant_state``);
+    QLoRA runs on one GPU or under DDP.
+
+    Raises:
+        GraspConfigError: ``model.lora.quantize`` is set and ``strategy`` is a ``DeepSpeedStrategy``.
+    """
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    if lora.quantize and isinstance(strategy, DeepSpeedStrategy):
+        raise GraspConfigError(f"model.lora.quantize={lora.quantize} does not run under DeepSpeed (ZeRO casts and "
+                               "flattens the packed 4-bit weights): use trainer.strategy: auto (one GPU) or ddp, as "
+                               "configs/qlora.yaml does")
+
+
+def bnb_config(lora: Any, policy_dtype: str):
+    """The ``transformers.BitsAndBytesConfig`` of ``model.lora``'s 4-bit settings.
+
+    Args:
+        lora: a LoRA config with ``quantize`` set (``nf4`` or ``fp4``).
+        policy_dtype: ``model.policy.dtype``: the compute dtype when ``quant_compute_dtype`` is null
+            (``auto`` computes in bfloat16).
+
+    Raises:
+        GraspConfigError: bitsandbytes is not installed (naming the install command).
+    """
+    from transformers import BitsAndBytesConfig
+
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise GraspConfigError(f"model.lora.quantize={lora.quantize} needs bitsandbytes: {_INSTALL}") from err
+    name = lora.quant_compute_dtype or (policy_dtype if policy_dtype != "auto" else "bfloat16")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=lora.quantize,
+                              bnb_4bit_compute_dtype=getattr(torch, name),
+                              bnb_4bit_use_double_quant=bool(lora.double_quant),
+                              llm_int8_skip_modules=list(SKIP_MODULES))
+
+
+def is_4bit(module: nn.Module) -> bool:
+    """Whether ``module`` is a bitsandbytes 4-bit Linear (``bitsandbytes.nn.Linear4bit``; not peft's LoRA
+    wrapper of one, whose ``base_layer`` it is). ``False`` while bitsandbytes is not imported (then no
+    module can be one), so plain runs never import it."""
+    if "bitsandbytes" not in sys.modules:
+        return False
+    from bitsandbytes.nn import Linear4bit
+
+    return isinstance(module, Linear4bit)
+
+
+def dense_weight(linear: nn.Module) -> torch.Tensor:
+    """A Linear's weight as a dense ``(out, in)`` tensor: a 4-bit weight dequantized to its compute
+    dtype (bitsandbytes ``functional.dequantize_4bit``), any other weight as it is (detached)."""
+    if not is_4bit(linear):
+        return linear.weight.detach()
+    import bitsandbytes.functional as F
+
+    weight = linear.weight
+    out = F.dequantize_4bit(weight.data, weight.quant_state)
+    return out.to(linear.compute_dtype or torch.bfloat16)
+
+
+def is_quant_state_key(name: str) -> bool:
+    """Whether a state-dict key is a quantized weight's bookkeeping (absmax, quant map, packed state)."""
+    return name.endswith(QUANT_STATE_SUFFIXES)
+
+
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The un-quantized model's state dict of a (peft-wrapped) 4-bit model: every 4-bit weight
+    dequantized, active LoRA adapters merged in (``W + B A alpha / r``, peft's ``get_delta_weight``),
+    names as ``save_pretrained`` writes them (no ``base_layer``, ``lora_`` or quant-state keys).
+
+    What was trained and validated is the 4-bit base plus the adapters, so this, not the original
+    bf16 weights plus the adapters, is the function the run learnt (up to bf16 rounding)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dense: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and hasattr(module, "base_layer"):
+            w = dense_weight(module.base_layer)
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    w = w + module.get_delta_weight(adapter).to(w.dtype)
+            dense[f"{name}.weight"] = w
+        elif is_4bit(module):
+            dense[f"{name}.weight"] = dense_weight(module)
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name or is_quant_state_key(name):
+            continue
+        name = name.replace(".base_layer.", ".")
+        state[name] = dense.get(name, tensor).detach()
+    return state
+
+
+def trainable_keys(module: nn.Module) -> set[str]:
+    """State-dict names of ``module``'s trainable parameters (with a QLoRA policy: its adapters)."""
+    return {name for name, param in module.named_parameters() if param.requires_grad}
+
+
+def adapters_only(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+    """``state`` reduced to ``module``'s trainable parameters: a QLoRA checkpoint holds the adapters,
+    not the frozen 4-bit base, which reloads from ``model.policy.name_or_path`` (re-quantizing is
+    deterministic)."""
+    keep = trainable_keys(module)
+    return {name: tensor for name, tensor in state.items() if name in keep}
+
+
+def check_adapters_present(state: dict[str, torch.Tensor], module: nn.Module, where: str) -> None:
+    """Refuse a checkpoint that lacks a trainable parameter of ``module`` (loaded without strictness,
+    since the frozen 4-bit base is not in it).
+
+    Raises:
+        GraspConfigError: naming the first missing keys.
+    """
+    missing = sorted(trainable_keys(module) - set(state))
+    if missing:
+        raise GraspConfigError(f"{where}: {len(missing)} trainable parameter(s) missing, e.g. {missing[:3]}; "
+                               "is it a checkpoint of this QLoRA run (same model.lora settings)?")

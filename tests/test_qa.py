@@ -1,0 +1,298 @@
+"""The generic QA format (grasp_lightning/data/qa.py) and mixed image/video batches.
+
+Reader errors name ``file:line`` and are counted in skip mode; images go through the processor's
+image path with ``data.max_image_pixels``; a batch mixing image rows, video rows and a row with both
+gives each row what it gives alone: SFT logits, greedy generation, and the group-shared prefill and
+scoring against the naive K repeated rows, on both tiny families. A GRPO fit through the CLI, a
+validation suite and ``check-data`` run on a generated QA file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from grasp_lightning.data.qa import read_qa
+from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
+from grasp_lightning.generation import sample_completions
+from grasp_lightning.shared_prompt import (
+    completion_logps,
+    concat_prompts,
+    full_sequences,
+    grids_per_row,
+    prefill_for_generation,
+    repeat_prompts,
+    select_prompts,
+    shared_completion_logps,
+)
+
+from .conftest import FAMILIES, TINY, TINY_MODELS, run_cli, scalars
+from .data_fixtures import make_qa_dataset, qa_row, write_jsonl
+from .test_rollout_sharing import GRAD_TOLS, LOGP_TOLS, load_model
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+K = 2
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tmp_path_factory) -> Path:
+    """A QA file of four rows: image, video, image, image + video (two categories)."""
+    folder = tmp_path_factory.mktemp("qa")
+    make_qa_dataset(folder)
+    return folder
+
+
+def _datamodule(folder: Path, mode: str, model: Path = TINY, **over):
+    from grasp_lightning.datamodule import GraspDataModule
+
+    args = dict(root=str(folder), train_file="qa.jsonl", mode=mode, processor=str(model), max_frames=8,
+                max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
+    args.update(over)
+    dm = GraspDataModule(**args)
+    dm.setup("fit")
+    return dm
+
+
+def _batch(folder: Path, mode: str, model: Path = TINY):
+    dm = _datamodule(folder, mode, model)
+    return next(iter(dm.train_dataloader())), dm
+
+
+# ------------------------------------------------------------------ reading
+def test_rows_become_items_with_resolved_media_and_participants(qa_dir):
+    items = read_qa(qa_dir / "qa.jsonl")
+    assert [i.media for i in items] == [("image",), ("video",), ("image",), ("image", "video")]
+    first, video = items[0], items[1]
+    assert first.image == str((qa_dir / "media/img0.png").resolve()) and first.clip is None
+    assert first.options == ("A) Person 0", "B) Person 1", "C) Person 2", "D) No one") and first.answer == "B"
+    assert first.question.splitlines()[1:] == list(first.options) and first.format == "mcq"
+    assert first.participants == frozenset({0, 1}) and first.events == () and first.category == "gaze"
+    assert video.clip.path == str((qa_dir / "media/clip.mp4").resolve()) and video.clip.end_seconds == 1.5
+    assert video.origin == f"{qa_dir / 'qa.jsonl'}:2"
+    row = read_qa(write_jsonl(qa_dir / "qa.defaults.jsonl", [{"image": "media/img0.png", "question": "Who?",
+                                                               "category": "c2"}]))[0]
+    assert (row.uid, row.format, row.answer, row.response, row.category) == ("qa:1", "open_ended", "", None, "J2")
+
+
+BAD_ROWS = [
+    (qa_row(image="media/nope.png"), ClipNotFoundError, r"image file media/nope\.png not found"),
+    (qa_row(image="", video=None), GraspFormatError, "neither 'video' nor 'image'"),
+    (qa_row(image="https://example.com/x.png"), GraspFormatError, r"'image' is a URL \(https://example\.com/x\.png\); nothing is downloaded"),
+    (qa_row(options="A, B"), GraspFormatError, "'options' must be a list of strings"),
+    (qa_row(answer="E"), GraspFormatError, "MCQ answer 'E' is not among the option letters ABCD"),
+    (qa_row(participants=["Person 0"]), GraspFormatError, "'participants' must be a list of person ids"),
+    (qa_row(question=""), GraspFormatError, "'question' is empty"),
+    (qa_row(start=2.0, end=1.0, video="media/clip.mp4"), GraspFormatError, r"'end' \(1 s\) must be after"),
+    ("[1, 2]", GraspFormatError, "expected a JSON object"),
+]
+
+
+@pytest.mark.parametrize("row, error, message", BAD_ROWS, ids=["missing", "no_media", "url", "options", "answer",
+                                                                  "participants", "question", "window", "not_object"])
+def test_bad_rows_name_file_and_line(qa_dir, tmp_path, row, error, message):
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    path = write_jsonl(tmp_path / "qa.jsonl", [qa_row(), row])
+    with pytest.raises(error, match=rf"^{tmp_path / 'qa.jsonl'}:2: {message}"):
+        read_qa(path)
+    skipped = read_qa(path, on_error="skip")
+    assert len(skipped) == 1 and [s.where for s in skipped.skipped] == [f"{path}:2"]
+
+
+def test_skip_mode_counts_bad_lines_and_unreadable_images(qa_dir, tmp_path):
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    (tmp_path / "garbage.jpg").write_bytes(b"not a jpeg at all")
+    rows = [qa_row(), qa_row(image="media/none.png"), qa_row(id="bad_img", image="garbage.jpg"),
+            qa_row(image=None), *[qa_row(id=f"ok{i}") for i in range(3)]]
+    write_jsonl(tmp_path / "qa.jsonl", rows)
+    dm = _datamodule(tmp_path, "sft", on_bad_item="skip", max_skip_fraction=0.5)
+    assert len(dm.train_items) == 5 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2", "4"]
+    dataset = dm.dataset(dm.train_items, None, with_target=True)
+    sample = dataset[1]
+    assert sample.example is None and sample.skip.uid == "bad_img"
+    assert sample.skip.where == f"{tmp_path / 'qa.jsonl'}:3 ({tmp_path / 'garbage.jpg'})"
+    assert sample.skip.reason.startswith("unreadable image")
+    dataset.skip_bad = False
+    with pytest.raises(ClipDecodeError, match=r"qa\.jsonl:3 .*unreadable image"):
+        dataset[1]
+
+
+def test_image_pixel_cap_and_unknown_names_are_refused(qa_dir):
+    from grasp_lightning.errors import GraspConfigError
+
+    small = _datamodule(qa_dir, "rl", max_image_pixels=1024)
+    large = _datamodule(qa_dir, "rl", max_image_pixels=4096)
+    grid = lambda dm: dm.dataset(dm.train_items[:1], None, False)[0].example.image_grid_thw  # noqa: E731
+    patch = small.processor.image_processor.patch_size
+    assert int(grid(small).prod()) * patch**2 <= 1024 < int(grid(large).prod()) * patch**2 <= 4096
+    with pytest.raises(GraspConfigError, match="max_image_pixels must be an integer >= 1"):
+        _datamodule(qa_dir, "rl", max_image_pixels=0)
+    with pytest.raises(GraspConfigError, match="or qa.jsonl"):
+        _datamodule(qa_dir, "rl", train_file="mine.jsonl")
+
+
+# ------------------------------------------------------------------ mixed batches
+def test_mixed_batch_assigns_grids_per_row_and_selects_repeats_and_concatenates(qa_dir):
+    batch, _ = _batch(qa_dir, "rl")
+    inputs = batch.inputs
+    media = [i.media for i in batch.items]
+    assert grids_per_row(inputs, "image_grid_thw") == [int("image" in m) for m in media]
+    assert grids_per_row(inputs, "video_grid_thw") == [int("video" in m) for m in media]
+    video_rows = [b for b, m in enumerate(media) if m == ("video",)]
+    only_video = select_prompts(inputs, video_rows)
+    assert "image_grid_thw" not in only_video and only_video["video_grid_thw"].shape[0] == 1
+    rep = repeat_prompts(inputs, K)
+    assert grids_per_row(rep, "image_grid_thw") == [g for g in grids_per_row(inputs, "image_grid_thw") for _ in range(K)]
+    image_rows = [b for b, m in enumerate(media) if m == ("image",)]
+    both = concat_prompts([select_prompts(inputs, image_rows), only_video], pad_token_id=0)
+    assert grids_per_row(both, "image_grid_thw") == [1, 1, 0] and grids_per_row(both, "video_grid_thw") == [0, 0, 1]
+    from grasp_lightning.errors import GraspConfigError
+
+    with pytest.raises(GraspConfigError, match=r"image_grid_thw has 1 rows for 3 prompts with its placeholders"):
+        repeat_prompts(dict(inputs, image_grid_thw=inputs["image_grid_thw"][:1]), K)
+    back = select_prompts(both, [2])
+    assert torch.equal(back["pixel_values_videos"], only_video["pixel_values_videos"])
+    assert torch.equal(back["input_ids"], only_video["input_ids"])
+
+
+def _row_inputs(inputs: dict, b: int, side: str) -> dict:
+    """Row ``b`` alone (its padding removed), as collating it alone gives."""
+    if side == "left":
+        return select_prompts(inputs, [b])
+    one = select_prompts({k: v for k, v in inputs.items() if k != "labels"}, [b])
+    keep = int(inputs["attention_mask"][b].sum())
+    one = {k: (v[:, :keep] if v.dim() == 2 and k in ("input_ids", "attention_mask", "mm_token_type_ids") else v)
+           for k, v in one.items()}
+    one["labels"] = inputs["labels"][b: b + 1, :keep]
+    return one
+
+
+def test_sft_on_a_mixed_batch_gives_each_row_its_own_logits_and_loss(qa_dir):
+    from tasks.sft import response_cross_entropy
+
+    batch, _ = _batch(qa_dir, "sft")
+    model = load_model("qwen3_vl", noise=0.1).eval()
+    inputs = batch.inputs
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
+        losses = []
+        for b in range(len(batch)):
+            one = _row_inputs(inputs, b, "right")
+            alone = model(**{k: v for k, v in one.items() if k != "labels"}).logits
+            n = alone.shape[1]
+            torch.testing.assert_close(logits[b, :n], alone[0], rtol=1e-4, atol=1e-4)
+            losses.append(response_cross_entropy(alone, one["labels"]))
+    loss, tokens = response_cross_entropy(logits, inputs["labels"])
+    per_row = torch.stack([row_loss for row_loss, _ in losses])
+    weights = torch.stack([torch.as_tensor(t, dtype=per_row.dtype) for _, t in losses])
+    assert int(tokens) == int(weights.sum())
+    torch.testing.assert_close(loss, (per_row * weights).sum() / weights.sum(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_on_a_mixed_batch_equals_each_row_alone(qa_dir, family):
+    batch, dm = _batch(qa_dir, "rl", TINY_MODELS[family])
+    tok = dm.processor.tokenizer
+    model = load_model(family)
+    greedy = dict(max_new_tokens=8, do_sample=False, stop_strings=())
+    together = sample_completions(model, tok, batch.inputs, **greedy)
+    for b in range(len(batch)):
+        alone = sample_completions(model, tok, select_prompts(batch.inputs, [b]), **greedy)
+        assert together.texts[b] == alone.texts[0], (b, batch.items[b].media)
+    assert len(set(together.texts)) > 1
+    shared = sample_completions(model, tok, batch.inputs, num_return_sequences=K, share_prompt=True, **greedy)
+    plain = sample_completions(model, tok, repeat_prompts(batch.inputs, K), **greedy)
+    assert shared.texts == plain.texts == [t for t in together.texts for _ in range(K)]
+    outs = []  # sampling: transformers' own expansion of a mixed batch (num_return_sequences) and the shared prefill
+    for share in (False, True):
+        torch.manual_seed(5)
+        outs.append(sample_completions(model, tok, batch.inputs, num_return_sequences=K, max_new_tokens=8,
+                                       temperature=0.9, stop_strings=(), share_prompt=share))
+    assert outs[0].texts == outs[1].texts and torch.equal(outs[0].ids, outs[1].ids)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_prefill_and_scoring_on_a_mixed_batch_equal_the_naive_rows(qa_dir, family):
+    batch, dm = _batch(qa_dir, "rl", TINY_MODELS[family])
+    inputs, tok = batch.inputs, dm.processor.tokenizer
+    model = load_model(family)
+    greedy = dict(max_new_tokens=6, pad_token_id=tok.pad_token_id, do_sample=False, temperature=None, top_p=None,
+                  top_k=None)
+    plain = model.generate(**repeat_prompts(inputs, K), **greedy)
+    text, cache = prefill_for_generation(model, inputs, K)
+    assert torch.equal(model.generate(**text, cache=cache, **greedy), plain)
+
+    model = load_model(family, train=True, noise=0.1)
+    n, lc = len(batch) * K, 7
+    ids = torch.randint(0, 500, (n, lc), generator=torch.Generator().manual_seed(1))
+    mask = torch.arange(lc)[None] < torch.tensor([lc, 3, 5, 1, lc, 4, 2, 6])[:n, None]
+    ids = ids.masked_fill(~mask, tok.pad_token_id)
+    naive, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, 1.0)
+    naive_grads = torch.autograd.grad((naive * mask).sum(), [p for p in model.parameters() if p.requires_grad],
+                                      allow_unused=True)
+    shared, _ = shared_completion_logps(model, inputs, ids, mask, K, 1.0)
+    shared_grads = torch.autograd.grad((shared * mask).sum(), [p for p in model.parameters() if p.requires_grad],
+                                       allow_unused=True)
+    torch.testing.assert_close(shared[mask], naive[mask], **LOGP_TOLS[family])
+    for got, want in zip(shared_grads, naive_grads):
+        if want is not None:
+            assert float((got - want).abs().max()) <= GRAD_TOLS[family] * float(want.abs().max()) + 1e-9
+
+
+# ------------------------------------------------------------------ the CLI: GRPO, validation, check-data
+def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path, capsys):
+    suite = json.dumps([{"class_path": "grasp_lightning.evaluation.QASuite",
+                         "init_args": {"path": str(qa_dir / "qa.jsonl"), "name": "my_qa"}}])
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+                   "--trainer.enable_progress_bar=false", f"--data.root={qa_dir}", "--data.train_file=qa.jsonl",
+                   "--data.bench=null", f"--data.eval_suites={suite}", "--data.max_image_pixels=2048",
+                   "--data.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
+                   "--model.evaluation.max_new_tokens=4", "--trainer.limit_val_batches=1"], tmp_path)
+    series = scalars(cli.trainer.log_dir)
+    assert len(series["train/loss"]) == 2 and series["train/rollout/shared_prompt"][0][1] == 1.0
+    assert all(v == v for _, v in series["train/loss"])  # finite
+    assert {"val/my_qa/acc/gaze", "val/my_qa/acc/gesture", "val/my_qa/acc/overall"} <= set(series)
+    rows = [json.loads(line) for line in open(f"{cli.trainer.log_dir}/rollouts.jsonl")]
+    assert rows and "participants_named" in rows[0]  # data.batch_size=4: each step's batch mixes all four rows
+    table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
+    assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
+
+
+def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo, tmp_path):
+    from grasp_lightning.commands.check_data import main
+
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
+    path = write_jsonl(tmp_path / "qa.jsonl", [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None),
+                                               qa_row(image="media/gone.png"),
+                                               qa_row(image=None, video="media/clip.mp4", end=30.0),
+                                               qa_row(answer=None)])
+    report_path = tmp_path / "report.json"
+    rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
+               f"--report={report_path}", f"--data.root={tmp_path}", "--data.train_file=qa.jsonl", "--data.bench=null"])
+    report = json.loads(report_path.read_text())
+    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 6 and report["files"]["qa.jsonl"]["bad"] == 5
+    reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
+    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6)}, reasons
+    assert reasons[f"{path}:6"].startswith("GRPO needs an 'answer'")
+    assert reasons[f"{path}:2"].startswith("unreadable image")
+    assert "neither 'video' nor 'image'" in reasons[f"{path}:3"]
+    assert "media/gone.png not found" in reasons[f"{path}:4"]
+    assert reasons[f"{path}:5"].startswith("end_seconds 30 is beyond the clip's duration")
+
+
+def test_vllm_engine_refuses_image_rows_naming_them(qa_dir, tmp_path):
+    from grasp_lightning.engines.config import VLLMConfig
+    from grasp_lightning.engines.vllm import EngineError, VLLMEngine
+
+    batch, dm = _batch(qa_dir, "rl")
+    python = tmp_path / "python"
+    python.write_text("")
+    engine = VLLMEngine(VLLMConfig(python=str(python)), model_path="m")  # never started: refused before the server
+    rows = [b for b, item in enumerate(batch.items) if item.image is not None]
+    with pytest.raises(EngineError, match=rf"prompt row\(s\) {re.escape(str(rows))} of this batch carry an image.*engine: hf"):
+        engine.requests(None, dm.processor.tokenizer, batch.inputs)

@@ -28,8 +28,8 @@ class PredictionWriter(BasePredictionWriter):
     Args:
         output: the JSONL file; ``None``: ``predictions.jsonl`` in the run directory
             (``trainer.log_dir``). Under several processes each rank writes ``<stem>.rank<N>.jsonl``.
-        resume: when the file (any rank's) already holds lines, leave their ``id``\\ s out of this run
-            and append; ``False``: start the file afresh.
+        resume: when the file (any rank's) already holds lines, leave their items (by ``origin``) out
+            of this run and append; ``False``: start the file afresh.
 
     Raises:
         GraspDataError: with ``resume``, an existing line is not JSON (the file and line are named).
@@ -51,7 +51,7 @@ class PredictionWriter(BasePredictionWriter):
 
     @override
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Pick the file; with ``resume``, tell the DataModule which ids are done (``predict_done``)."""
+        """Pick the file; with ``resume``, tell the DataModule which items are done (``predict_done``)."""
         if stage != "predict":
             return
         self.path, every = self._paths(trainer)
@@ -84,7 +84,8 @@ class PredictionWriter(BasePredictionWriter):
 
 
 def _ids(path: Path) -> set[str]:
-    """The ``id`` of every answered line of an earlier run's file (skipped items are tried again)."""
+    """The ``origin`` (``<file>:<line>`` or ``<archive>:<member>``: one per question, even where two rows
+    share an ``id``) of every answered line of an earlier run's file; skipped items are tried again."""
     if not path.exists():
         return set()
     text = path.read_text(encoding="utf-8")
@@ -102,5 +103,5 @@ def _ids(path: Path) -> set[str]:
             raise GraspDataError(f"{path}:{lineno}", f"not a JSON line of predictions ({exc.msg}); remove it "
                                                      f"or set resume: false to start afresh") from None
         if "skipped" not in record:
-            ids.add(str(record.get("id")))
+            ids.add(str(record.get("origin")))
     return ids

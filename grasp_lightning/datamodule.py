@@ -253,7 +253,7 @@ class GraspDataModule(L.LightningDataModule):
         self.train_items: list[GraspItem] = []
         self.val_items: list[GraspItem] = []
         self.predict_items: list[GraspItem] = []
-        self.predict_done: set[str] = set()  # ids answered by an earlier run (PredictionWriter), left out
+        self.predict_done: set[str] = set()  # origins answered by an earlier run (PredictionWriter), left out
         self._epoch = 0
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
@@ -338,6 +338,8 @@ class GraspDataModule(L.LightningDataModule):
             GraspConfigError: the file is none of these.
         """
         path = self.root / self.hparams.predict_file
+        if not path.exists():
+            raise GraspConfigError(f"data.predict_file {path}: no such file or folder")
         if path.is_dir() or path.suffix == ".tar":
             result = read_bench(path, on_error=self.hparams.on_bad_item)
         else:
@@ -449,7 +451,10 @@ class GraspDataModule(L.LightningDataModule):
 
         Raises:
             GraspConfigError: windowed, and this rank's epoch has fewer micro-batches than one window.
+            GraspDataError: RL batches, and a row has no ``answer`` (:meth:`_check_rl_answers`).
         """
+        if self.mode == "rl":
+            self._check_rl_answers()
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
                                    world_size=world, pad="wrap")
@@ -486,6 +491,31 @@ class GraspDataModule(L.LightningDataModule):
         return WindowLoader(loader, self._window, self._repeat, skip=skip, first_window=first, exclude=exclude,
                             on_draw=self._count_drawn)
 
+    def _check_rl_answers(self) -> None:
+        """GRPO rows need the ``answer`` the accuracy reward compares with (a generic QA row may have
+        none; it would train on a reward of 0). ``on_bad_item: raise``: an error naming the first such
+        row; ``skip``: those rows are counted, logged and written to ``skipped.jsonl``.
+
+        Raises:
+            GraspDataError: the first row without an answer (``raise``), or (``skip``) more than
+                ``data.max_skip_fraction`` of the rows have none.
+        """
+        missing = [item for item in self.train_items if not item.answer.strip()]
+        if not missing:
+            return
+        reason = "GRPO needs an `answer` (the accuracy reward's target); this row has none"
+        if self.hparams.on_bad_item == "raise":
+            raise GraspDataError(missing[0].origin, f"{reason} ({len(missing)} of {len(self.train_items)} rows "
+                                                    f"like it; data.on_bad_item=skip leaves them out)")
+        self._record_skips([SkipRecord(item.origin, reason, item.uid) for item in missing])
+        if len(missing) / len(self.train_items) > self.hparams.max_skip_fraction:
+            raise GraspDataError(missing[0].origin, f"{len(missing)} of {len(self.train_items)} rows have no "
+                                                    f"`answer`, over data.max_skip_fraction="
+                                                    f"{self.hparams.max_skip_fraction}")
+        log.warning("train: %d rows without an answer are left out of GRPO", len(missing))
+        dropped = {id(item) for item in missing}
+        self.train_items = [item for item in self.train_items if id(item) not in dropped]
+
     def _suite_loader(self, suite: EvalSuite) -> DataLoader:
         rank, world = self._rank()
         sampler = ResumableSampler(len(suite.items), shuffle=False, rank=rank, world_size=world, pad="mark")
@@ -510,7 +540,7 @@ class GraspDataModule(L.LightningDataModule):
         """Prompts to answer, left-padded, ``data.val_batch_size`` per step; ranks padded with
         ``valid=False`` rows. ``data.predict_file``'s items (read from ``data.videos``; a bench file
         from its own archive), else one loader per evaluation suite as for validation. Items whose
-        ``uid`` is in :attr:`predict_done` (answered by an earlier run) are left out."""
+        ``origin`` is in :attr:`predict_done` (answered by an earlier run) are left out."""
         if not self.hparams.predict_file:
             suites = [s for s in self.val_suites if s.items]
             for suite in suites:
@@ -528,7 +558,7 @@ class GraspDataModule(L.LightningDataModule):
 
     def _not_done(self, items: list[GraspItem]) -> list[GraspItem]:
         if self.predict_done:
-            left = [item for item in items if item.uid not in self.predict_done]
+            left = [item for item in items if item.origin not in self.predict_done]
             log.info("predict: %d of %d items already answered, %d left", len(items) - len(left), len(items), len(left))
             return left
         return items

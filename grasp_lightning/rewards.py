@@ -135,7 +135,18 @@ class Reward:
                 raise GraspConfigError(f"{name} cannot be called as {call}: {exc}") from None
 
     def _call(self, completion, item, flag):
-        return self.fn(completion, item, opened_think=flag) if self.takes_flag else self.fn(completion, item)
+        """``fn`` on one completion (or, batched, on lists); an exception it raises names the entry and item.
+
+        Raises:
+            GraspConfigError: ``fn`` raised (the exception is chained).
+        """
+        try:
+            return self.fn(completion, item, opened_think=flag) if self.takes_flag else self.fn(completion, item)
+        except Exception as exc:  # noqa: BLE001 - the user's reward: name it and the item instead of a bare traceback
+            first = item[0] if isinstance(item, list) and item else item
+            which = f"a batch of {len(item)} completions, the first of item" if isinstance(item, list) else "item"
+            raise GraspConfigError(f"reward {self.name!r} raised {type(exc).__name__}: {exc} on {which} "
+                                   f"{getattr(first, 'uid', '?')} ({getattr(first, 'origin', '?')})") from exc
 
     def __call__(self, completion: str, item: GraspItem, *, opened_think: bool = False) -> float:
         """The term's value for one completion (0 for a vision placeholder)."""
@@ -394,7 +405,7 @@ def _finite(value: object, name: str, item: GraspItem) -> float:
         GraspConfigError: the reward returned something that is not a finite number (NaN, inf, a string).
     """
     try:
-        out = float(value)
+        out = None if isinstance(value, (str, bytes)) else float(value)  # "1.0" is a bug, not a value
     except (TypeError, ValueError):
         out = None
     if out is None or not math.isfinite(out):

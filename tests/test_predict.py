@@ -102,3 +102,21 @@ def test_predict_file_with_a_missing_clip_writes_the_skip(tmp_path, in_repo) -> 
     assert len(skipped) == 1 and "missing_qa0000.mp4" in skipped[0]["origin"], skipped
     assert skipped[0]["skipped"].startswith("clip not found") and skipped[0]["id"] == "data_rl:2"
     assert all(r["completion"] is not None for r in records if "skipped" not in r)
+
+
+def test_predict_on_generic_qa_rows_with_images_and_a_rerun_after_the_end(tmp_path, in_repo) -> None:
+    from tests.data_fixtures import make_qa_dataset
+
+    make_qa_dataset(tmp_path / "mine")
+    out = tmp_path / "qa_predictions.jsonl"
+    args = [*README_PREDICT, "--config", "configs/predict.yaml", f"--trainer.callbacks.init_args.output={out}",
+            f"--data.root={tmp_path / 'mine'}", "--data.predict_file=qa.jsonl", "--data.val_batch_size=3"]
+    run_cli(args, tmp_path)
+    records = lines(out)
+    assert [r["id"] for r in records] == ["qa_0001", "qa_0002", "qa_0003", "qa_0004"]  # 3 + 1 rows, none lost
+    assert [(r["image"] is not None, r["video"] is not None) for r in records] == [
+        (True, False), (False, True), (True, False), (True, True)]
+    assert [r["target"] for r in records] == ["B", "A", "C", "D"] and records[0]["category"] == "gaze"
+    before = out.read_text()
+    run_cli(args, tmp_path)  # everything answered: the rerun has nothing to do, and says so
+    assert out.read_text() == before

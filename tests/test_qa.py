@@ -111,11 +111,12 @@ def test_skip_mode_counts_bad_lines_and_unreadable_images(qa_dir, tmp_path):
     write_jsonl(tmp_path / "qa.jsonl", rows)
     dm = _datamodule(tmp_path, "sft", on_bad_item="skip", max_skip_fraction=0.5)
     assert len(dm.train_items) == 5 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2", "4"]
+    assert [s.uid for s in dm.skipped] == ["qa_0001", "qa_0001"]  # a row's own id travels with its skip
     dataset = dm.dataset(dm.train_items, None, with_target=True)
     sample = dataset[1]
     assert sample.example is None and sample.skip.uid == "bad_img"
     assert sample.skip.where == f"{tmp_path / 'qa.jsonl'}:3 ({tmp_path / 'garbage.jpg'})"
-    assert sample.skip.reason.startswith("unreadable image")
+    assert sample.skip.reason.startswith("unreadable image") and "<_io." not in sample.skip.reason, sample.skip.reason
     dataset.skip_bad = False
     with pytest.raises(ClipDecodeError, match=r"qa\.jsonl:3 .*unreadable image"):
         dataset[1]
@@ -267,10 +268,9 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
 
     (tmp_path / "media").symlink_to(qa_dir / "media")
     (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
-    path = write_jsonl(tmp_path / "qa.jsonl", [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None),
-                                               qa_row(image="media/gone.png"),
-                                               qa_row(image=None, video="media/clip.mp4", end=30.0),
-                                               qa_row(answer=None)])
+    rows = [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None), qa_row(image="media/gone.png"),
+            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None)]
+    path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
     report_path = tmp_path / "report.json"
     rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
                f"--report={report_path}", f"--data.root={tmp_path}", "--data.train_file=qa.jsonl", "--data.bench=null"])
@@ -296,3 +296,39 @@ def test_vllm_engine_refuses_image_rows_naming_them(qa_dir, tmp_path):
     rows = [b for b, item in enumerate(batch.items) if item.image is not None]
     with pytest.raises(EngineError, match=rf"prompt row\(s\) {re.escape(str(rows))} of this batch carry an image.*engine: hf"):
         engine.requests(None, dm.processor.tokenizer, batch.inputs)
+
+
+# ------------------------------------------------------------------ found by a new user's session
+def test_repeated_ids_and_rl_rows_without_answers_are_named_or_counted(qa_dir, tmp_path):
+    from grasp_lightning.data.qa import LocalFiles, store_for
+    from grasp_lightning.errors import GraspDataError
+
+    rows = [json.loads(line) for line in (qa_dir / "qa.jsonl").read_text().splitlines()]
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    twice = write_jsonl(tmp_path / "qa.twice.jsonl", [rows[0], rows[1], {**rows[2], "id": rows[0]["id"]}])
+    with pytest.raises(GraspFormatError, match=rf"qa.twice.jsonl:3: id '{rows[0]['id']}' is already the id of "
+                                               rf".*qa.twice.jsonl:1"):
+        read_qa(twice)
+    result = read_qa(twice, on_error="skip")
+    assert [item.uid for item in result] == [rows[0]["id"], rows[1]["id"]] and len(result.skipped) == 1
+    write_jsonl(tmp_path / "qa.noans.jsonl", [rows[0], {**rows[1], "answer": None, "options": None}, rows[2], rows[3]])
+    with pytest.raises(GraspDataError, match=r"qa.noans.jsonl:2: GRPO needs an `answer`.*\(1 of 4 rows"):
+        _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl").train_dataloader()
+    dm = _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl", on_bad_item="skip", max_skip_fraction=0.5)
+    dm.train_dataloader()
+    assert len(dm.train_items) == 3 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2"]
+    assert len(_datamodule(tmp_path, "sft", train_file="qa.noans.jsonl").train_items) == 4  # SFT needs no answer
+    assert isinstance(store_for([], tmp_path / "no_videos"), LocalFiles)  # nothing left to answer: nothing to open
+
+
+@pytest.mark.parametrize("height, width", [(1, 150), (3, 50), (150, 1)])
+def test_thin_images_are_read_channels_last(height, width, processor):
+    import numpy as np
+
+    from grasp_lightning.data.prompts import encode_example
+    from grasp_lightning.data.records import GraspItem
+
+    image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    item = GraspItem(uid="thin", origin="t:1", clip=None, image="thin.png", question="Who?")
+    grid = encode_example(processor, item, None, {}, target=None, image=image).image_grid_thw[0].tolist()
+    assert (grid[1] < grid[2]) == (height < width), grid  # the long side stays the long side

@@ -442,3 +442,29 @@ def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeyp
     assert task.reward_labels == ["accuracy", "brevity", "answer_is_b"]
     with pytest.raises(GraspConfigError, match=r"share a metric name in \['brevity', 'brevity'\]"):
         GRPOTask(rewards=["a.py:brevity", "b.py:brevity"], reward_weights=[1.0, 1.0])
+
+
+def numeric_string(completion: str, item: GraspItem) -> float:
+    """A broken plugin: a number written as a string."""
+    return "1.0"
+
+
+def raises(completion: str, item: GraspItem) -> float:
+    """A broken plugin: raises."""
+    raise KeyError("boom")
+
+
+def raises_batched(completions: list[str], items: list[GraspItem]) -> list[float]:
+    """A broken batched plugin: raises."""
+    raise RuntimeError("model down")
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("tests.test_rewards:numeric_string", r"returned '1.0' for item t \(test:1\); a reward must return a finite"),
+    ("tests.test_rewards:raises", r"reward 'tests.test_rewards:raises' raised KeyError: 'boom' on item t \(test:1\)"),
+    ("tests.test_rewards:raises_batched", r"raised RuntimeError: model down on a batch of 2 completions, the first "
+                                          r"of item t \(test:1\)"),
+])
+def test_a_reward_that_raises_or_returns_a_string_is_named_with_its_item(entry, says) -> None:
+    with pytest.raises(GraspConfigError, match=says):
+        compute_rewards(["<answer>B</answer>", "<answer>A</answer>"], [make_item()] * 2, [entry])

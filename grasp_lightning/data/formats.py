@@ -71,12 +71,12 @@ class Collector:
         self.on_error = on_error
         self.result = ReadResult()
 
-    def fail(self, err: GraspDataError) -> None:
-        """Handle one bad line or member."""
+    def fail(self, err: GraspDataError, uid: str = "") -> None:
+        """Handle one bad line or member (``uid``: the row's own id, when it gives one)."""
         if self.on_error == "raise":
             raise err
         log.warning("skipping %s: %s", err.where, err.reason)
-        self.result.skipped.append(SkipRecord(err.where, err.reason))
+        self.result.skipped.append(SkipRecord(err.where, err.reason, uid))
 
 
 def _jsonl(path: str | Path) -> Iterator[tuple[int, str, Any]]:
@@ -96,7 +96,13 @@ def _jsonl(path: str | Path) -> Iterator[tuple[int, str, Any]]:
                 yield lineno, where, GraspFormatError(where, f"malformed JSON line ({e})")
 
 
-def _read_lines(path: str | Path, on_error: str, parse: Callable[[Any, str, int], GraspItem]) -> ReadResult:
+def read_lines(path: str | Path, on_error: str, parse: Callable[[Any, str, int], GraspItem]) -> ReadResult:
+    """Every line of a JSONL file through ``parse(row, "<file>:<line>", line)``, with the ``on_error``
+    policy of :class:`Collector` (the one line loop of every JSONL reader: GRASP rows and generic QA).
+
+    Raises:
+        GraspFormatError: missing file; with ``on_error="raise"``, the first bad line (JSON or schema).
+    """
     col = Collector(on_error)
     for lineno, where, value in _jsonl(path):
         try:
@@ -104,7 +110,7 @@ def _read_lines(path: str | Path, on_error: str, parse: Callable[[Any, str, int]
                 raise value
             col.result.items.append(parse(value, where, lineno))
         except GraspDataError as e:
-            col.fail(e)
+            col.fail(e, str(value.get("id") or "") if isinstance(value, dict) else "")
     return col.result
 
 
@@ -279,7 +285,7 @@ def read_annotations(path: str | Path, on_error: str = "raise") -> ReadResult:
             (id, video, category, format, question, answer), unknown category/difficulty/format,
             an MCQ answer not among the option letters; always when ``path`` does not exist.
     """
-    return _read_lines(path, on_error, _annotation)
+    return read_lines(path, on_error, _annotation)
 
 
 def _annotation(row: Any, where: str, lineno: int) -> GraspItem:
@@ -314,7 +320,7 @@ def read_sft(path: str | Path, on_error: str = "raise") -> ReadResult:
     Raises:
         GraspFormatError: see :func:`read_rl`.
     """
-    return _read_lines(path, on_error, lambda row, where, n: _spec_row(row, where, f"{Path(path).stem}:{n}", rl=False))
+    return read_lines(path, on_error, lambda row, where, n: _spec_row(row, where, f"{Path(path).stem}:{n}", rl=False))
 
 
 def read_rl(path: str | Path, on_error: str = "raise") -> ReadResult:
@@ -326,7 +332,7 @@ def read_rl(path: str | Path, on_error: str = "raise") -> ReadResult:
             no or several video specs, no ``output: true`` target, bad meta (difficulty, events,
             category), an answer not among the options; always when ``path`` does not exist.
     """
-    return _read_lines(path, on_error, lambda row, where, n: _spec_row(row, where, f"{Path(path).stem}:{n}", rl=True))
+    return read_lines(path, on_error, lambda row, where, n: _spec_row(row, where, f"{Path(path).stem}:{n}", rl=True))
 
 
 def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:

@@ -185,11 +185,16 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
             size = dict(getattr(processor.image_processor, "size", None) or {})
             low = min(int(size.get("shortest_edge", 0)), max_image_pixels)
             media["images_kwargs"] = {"size": {"shortest_edge": low, "longest_edge": max_image_pixels}}
+        # (H, W, 3) always: without it a 1- or 3-pixel-tall image is read as channels-first
+        media.setdefault("images_kwargs", {})["input_data_format"] = "channels_last"
     enc = processor(text=[prompt], **media, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:
-        raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens (video included), over the "
-                                            f"budget of {max_prompt_tokens}; lower fps/max_pixels or raise the budget")
+        knobs = "/".join(k for k, on in (("data.fps", frames is not None), ("data.max_pixels", frames is not None),
+                                         ("data.max_image_pixels", image is not None)) if on)
+        raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens (vision included), over the "
+                                            f"budget of {max_prompt_tokens}; lower {knobs or 'the question'} or raise "
+                                            f"data.max_prompt_tokens")
     mm_types = enc.get("mm_token_type_ids")
     mm_types = mm_types[0] if mm_types is not None else torch.zeros_like(prompt_ids)
     labels = None

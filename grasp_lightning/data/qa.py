@@ -25,6 +25,7 @@ the item is encoded (:func:`decode_image`), as an undecodable clip is.
 from __future__ import annotations
 
 import io
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,18 @@ import numpy as np
 
 from grasp_lightning.data.formats import (
     ReadResult,
-    _read_lines,
+    SkipRecord,
     check_mcq_answer,
     parse_difficulty,
     parse_options,
+    read_lines,
     text_field,
     user_text,
 )
 from grasp_lightning.data.records import CATEGORIES, ClipRef, GraspItem, normalise_category
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
+
+log = logging.getLogger(__name__)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -56,10 +60,26 @@ def read_qa(path: str | Path, on_error: str = "raise") -> ReadResult:
             neither ``video`` nor ``image``, a URL, bad ``options``/``answer``/``participants``/
             ``start``/``end``; always when ``path`` does not exist.
         ClipNotFoundError: (``on_error="raise"``) a ``video`` or ``image`` file that does not exist.
+
+    An ``id`` given twice is an error at its second line (``on_error="skip"``: that line is skipped).
     """
     base = Path(path).parent
     stem = Path(path).name.split(".")[0]
-    return _read_lines(path, on_error, lambda row, where, n: parse_qa_row(row, where, base, f"{stem}:{n}"))
+    result = read_lines(path, on_error, lambda row, where, n: parse_qa_row(row, where, base, f"{stem}:{n}"))
+    first: dict[str, str] = {}
+    kept = []
+    for item in result.items:  # an id names one question: predict's resume and the reports key on it
+        if item.uid in first:
+            err = GraspFormatError(item.origin, f"id {item.uid!r} is already the id of {first[item.uid]}")
+            if on_error == "raise":
+                raise err
+            log.warning("skipping %s: %s", err.where, err.reason)
+            result.skipped.append(SkipRecord(err.where, err.reason, item.uid))
+            continue
+        first[item.uid] = item.origin
+        kept.append(item)
+    result.items = kept
+    return result
 
 
 def parse_qa_row(row: Any, where: str, base: Path, default_id: str) -> GraspItem:
@@ -200,7 +220,8 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
             img.load()
             return np.array(img.convert("RGB"))  # a writable copy (torch.from_numpy in the processor)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise ClipDecodeError(where, f"unreadable image ({type(err).__name__}: {err})") from None
+        reason = str(err).replace(repr(getattr(err, "filename", None) or ""), "").split(" <_io.")[0]
+        raise ClipDecodeError(where, f"unreadable image ({type(err).__name__}: {reason})") from None
 
 
 class LocalFiles:
@@ -234,6 +255,6 @@ def store_for(items, videos: Path):
     from grasp_lightning.data.shards import ClipStore
 
     paths = [p for item in items for p in (item.clip.path if item.clip is not None else None, item.image) if p]
-    if paths and all(Path(p).is_absolute() for p in paths):
+    if all(Path(p).is_absolute() for p in paths):  # (no items at all: nothing to open either)
         return LocalFiles()
     return ClipStore(videos)

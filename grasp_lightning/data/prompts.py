@@ -192,7 +192,9 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
     if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:
         knobs = "/".join(k for k, on in (("data.fps", frames is not None), ("data.max_pixels", frames is not None),
                                          ("data.max_image_pixels", image is not None)) if on)
-        raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens (vision included), over the "
+        media_in = " and ".join(m for m, on in (("image", image is not None), ("video", frames is not None)) if on)
+        what = f"{media_in} included" if media_in else "text only"
+        raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens ({what}), over the "
                                             f"budget of {max_prompt_tokens}; lower {knobs or 'the question'} or raise "
                                             f"data.max_prompt_tokens")
     mm_types = enc.get("mm_token_type_ids")

@@ -1,21 +1,36 @@
-"""End-to-end learning benchmark on the synthetic social world: SFT, then plain GRPO and GRPO-SGR.
+"""End-to-end learning benchmark on the synthetic social world, on every seed: SFT from scratch, and the
+paper's ordering (plain GRPO < GRPO-SGR) on a world with a language shortcut, plus a temporal grounding arm.
 
-1. Generates the world (:mod:`grasp_lightning.generators.world`) and its random-initialised tiny Qwen3-VL.
-2. Trains SFT (``configs/world_sft.yaml``) from scratch, validating on the world's bench every
-   ``--val-every`` steps and checkpointing at the same steps.
-3. Takes the earliest SFT checkpoint whose bench accuracy reached ``--handoff-acc`` (a partially
-   trained policy, as the paper's SFT warm-up), exports it as a Hugging Face directory, and from it
-   trains plain GRPO (``configs/world_grpo.yaml``: accuracy + format) and GRPO-SGR
-   (``configs/world_sgr.yaml``: + grounding presence + Social Grounding Reward) with equal budgets.
-   The exported policy is also each run's reference model.
-4. Prints one JSON line: held-out bench accuracy and grounding precision (paper, Figure 5) of the
-   hand-off SFT policy, the fully trained SFT policy, GRPO and SGR, with wall-clock seconds per stage;
-   writes ``world_seed<N>.json`` and the learning curves ``world_seed<N>.png`` under ``--results``.
+For each seed of ``--seeds``:
+
+1. **Base world SFT** (:mod:`grasp_lightning.generators.world`, categories T1 T4 T6 G1 G2): generates the
+   world and its random-initialised tiny Qwen3-VL, trains SFT (``configs/world_sft.yaml``) from scratch,
+   validating on the held-out bench every ``--val-every`` steps. Reported: the last validation and the last
+   one within 10 minutes (``within_10_min``), seconds and steps to 0.90, every category's accuracy.
+
+For each seed of ``--rl-seeds`` (default: the first three):
+
+2. **Shortcut world** (``WorldOptions(shortcut=0.7, temporal=True)``: J3 "When Person p points at x, who
+   or what does Person g look at?", where the gaze follows the point in 70 % of the training clips and in
+   none of the bench's, and T3 time questions on 4-s clips): SFT for ``--rl-sft-steps``, the first
+   checkpoint at ``--handoff-acc`` exported (a partially trained policy, as the paper's SFT warm-up), the
+   shortcut prior's accuracy measured on the training and bench J3 clips.
+3. From that one checkpoint, with equal budgets (``--rl-steps`` of 16 prompts x K=8): plain GRPO
+   (``configs/world_grpo.yaml``: accuracy + format), GRPO-SGR (``configs/world_sgr.yaml``: + grounding
+   presence + Social Grounding Reward) and GRPO-SGR + temporal (``configs/world_temporal.yaml``: + the
+   temporal IoU term). The exported policy is each run's reference model. Reported per arm: bench
+   accuracy, J3 accuracy (the shortcut-breaking split), T3 accuracy, grounding precision (paper, Figure 5),
+   enumeration rate (completions naming every person the item shows) and temporal IoU.
+
+Prints one JSON line ``{"per_seed": {...}, "summary": {...}}``; the summary holds min / median / max over
+seeds, with ``sft_acc_min`` (lowest held-out SFT accuracy within 10 minutes) and ``sgr_minus_grpo_acc_min``
+(lowest per-seed gap in J3 accuracy). Writes ``world_seed<N>.json`` and the curves ``world_seed<N>.png`` per
+seed and ``world.json`` under ``--results``.
 
 Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP_NUM_THREADS`` set to
 ``--threads``; seconds are wall-clock and include validation. Usage (from the repository root)::
 
-    python benchmarks/world.py --seed 0 [--sft-steps 900] [--rl-steps 150] [--work /tmp/grasp_world_bench]
+    python benchmarks/world.py --seeds 0 1 2 3 4 [--sft-steps 900] [--rl-steps 100] [--work /tmp/grasp_world_bench]
 """
 
 from __future__ import annotations
@@ -23,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -58,8 +75,8 @@ def scalars(log_dir: Path, tag: str) -> list[tuple[int, float, float]]:
     return [(e.step, float(e.value), e.wall_time) for e in acc.Scalars(tag)]
 
 
-def fit(name: str, recipe: str, overrides: dict, work: Path, threads: int) -> tuple[Path, float, float]:
-    """Run ``python -m grasp_lightning fit`` with a recipe plus an override file.
+def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, threads: int) -> tuple[Path, float, float]:
+    """Run ``python -m grasp_lightning fit`` with a recipe (or several, in order: overlays last) plus an override file.
 
     Returns:
         ``(log dir, wall-clock seconds, start time as a Unix timestamp)``.
@@ -72,7 +89,8 @@ def fit(name: str, recipe: str, overrides: dict, work: Path, threads: int) -> tu
     override.write_text(yaml.safe_dump(overrides, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", GRASP_LOG_LEVEL="WARNING",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", str(ROOT / "configs" / recipe),
+    recipes = (recipe,) if isinstance(recipe, str) else recipe
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", *(a for r in recipes for a in ("--config", str(ROOT / "configs" / r))),
            "--config", str(override)]
     log.info("%s: %s", name, " ".join(cmd))
     started, t0 = time.time(), time.perf_counter()
@@ -97,19 +115,30 @@ def run_overrides(name: str, world: Path, policy: Path, work: Path, seed: int, s
 
 
 def summary(run: Path, started: float, at_step: int | None = None) -> dict:
-    """Bench accuracy and grounding precision of a run at validation step ``at_step`` (default: the last),
-    with the seconds from the run's start (``started``, a Unix timestamp) to that validation's end.
+    """Bench accuracy, grounding precision, enumeration rate and temporal IoU of a run at validation step
+    ``at_step`` (default: the last), every category's accuracy (``categories``), and the seconds from the run's
+    start (``started``, a Unix timestamp) to that validation's end. A metric the run did not log is ``None``.
 
     Raises:
         RuntimeError: the run logged no bench accuracy.
     """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = scalars(run, "val/acc/overall")
-    prec = {s: v for s, v, _ in scalars(run, "val/grounding/precision")}
     if not acc:
         raise RuntimeError(f"{run}: no val/acc/overall logged")
     step, value, wall = next(a for a in acc if a[0] == at_step) if at_step is not None else acc[-1]
-    return {"step": step + 1, "acc": round(value, 4), "grounding_precision": round(prec.get(step, float("nan")), 4),
-            "seconds": round(wall - started, 1)}
+
+    def at(tag: str) -> float | None:
+        value = {s: v for s, v, _ in scalars(run, tag)}.get(step)
+        return None if value is None or math.isnan(value) else round(value, 4)
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    cats = sorted(t.split("/", 1)[1] for t in events.Tags()["scalars"] if t.startswith("val_category/"))
+    return {"step": step + 1, "acc": round(value, 4), "grounding_precision": at("val/grounding/precision"),
+            "enumeration_rate": at("val/grounding/enumeration_rate"), "temporal_iou": at("val/grounding/temporal_iou"),
+            "categories": {c: at(f"val_category/{c}") for c in cats}, "seconds": round(wall - started, 1)}
 
 
 def save_figure(fig, axes, path: Path) -> None:
@@ -125,39 +154,57 @@ def save_figure(fig, axes, path: Path) -> None:
     plt.close(fig)
 
 
-def plot(path: Path, sft: Path, sft_started: float, grpo: Path, sgr: Path, handoff: dict, seed: int) -> None:
-    """Learning curves: SFT bench accuracy over wall-clock seconds; GRPO vs SGR bench accuracy and
-    grounding precision over RL steps (starting from the hand-off SFT checkpoint's values)."""
+def _curve(ax, run: Path, tag: str, start: float | None, label: str) -> None:
+    """Plot a run's validation scalar over RL steps, from the hand-off value ``start`` at step 0."""
+    pts = scalars(run, tag)
+    xs, ys = [p[0] + 1 for p in pts], [p[1] for p in pts]
+    if start is not None:
+        xs, ys = [0] + xs, [start] + ys
+    ax.plot(xs, ys, "o-", label=label)
+
+
+def plot(path: Path, seed: int, sft: tuple[Path, float] | None, rl: dict | None) -> None:
+    """Learning curves of one seed: base-world SFT bench accuracy (and T4) over wall-clock seconds; on the
+    shortcut world, accuracy on the shortcut-breaking split (J3), grounding precision and T3 accuracy over RL
+    steps of every RL arm, from the hand-off checkpoint's values (``rl``: ``{"handoff": summary, "runs":
+    {name: run dir}}``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    acc = scalars(sft, "val/acc/overall")
-    prec = scalars(sft, "val/grounding/precision")
-    axes[0].plot([a[2] - sft_started for a in acc], [a[1] for a in acc], "o-", label="SFT accuracy")
-    axes[0].plot([a[2] - sft_started for a in prec], [a[1] for a in prec], "s--", label="SFT grounding precision")
-    axes[0].axvline(handoff["seconds"], color="grey", ls="--", label=f"hand-off (step {handoff['step']})")
-    axes[0].axhline(0.25, color="k", lw=0.5, ls=":", label="chance")
-    axes[0].set(title=f"SFT from scratch (seed {seed})", xlabel="wall-clock seconds", ylabel="bench", ylim=(0, 1.02))
-    for ax, tag, label in ((axes[1], "val/acc/overall", "bench accuracy"),
-                           (axes[2], "val/grounding/precision", "grounding precision")):
-        start = handoff["acc"] if tag.endswith("overall") else handoff["grounding_precision"]
-        for run, name in ((grpo, "GRPO (accuracy + format)"), (sgr, "GRPO + SGR")):
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    if sft is not None:
+        run, started = sft
+        for tag, style, label in (("val/acc/overall", "o-", "SFT accuracy"), ("val_category/T4", "s--", "T4 (mutual gaze)"),
+                                  ("val/grounding/precision", "^:", "grounding precision")):
             pts = scalars(run, tag)
-            ax.plot([0] + [p[0] + 1 for p in pts], [start] + [p[1] for p in pts], "o-", label=name)
-        ax.set(title=f"from SFT step {handoff['step']}", xlabel="RL step", ylabel=label, ylim=(0, 1.02))
+            axes[0].plot([p[2] - started for p in pts], [p[1] for p in pts], style, label=label)
+        axes[0].axhline(0.9, color="grey", lw=0.8, ls="--", label="target 0.90")
+        axes[0].axvline(600, color="k", lw=0.5, ls=":", label="10 minutes")
+    axes[0].set(title=f"SFT from scratch, base world (seed {seed})", xlabel="wall-clock seconds", ylabel="bench",
+                ylim=(0, 1.02))
+    panels = ((axes[1], "val_category/J3", "J3: shortcut-breaking split"),
+              (axes[2], "val/grounding/precision", "grounding precision"), (axes[3], "val_category/T3", "T3: time questions"))
+    if rl is not None:
+        hand = rl["handoff"]
+        starts = {"val_category/J3": hand["categories"].get("J3"), "val_category/T3": hand["categories"].get("T3"),
+                  "val/grounding/precision": hand["grounding_precision"]}
+        for ax, tag, title in panels:
+            for name, run in rl["runs"].items():
+                _curve(ax, run, tag, starts[tag], ARMS[name][1])
+    for ax, _, title in panels:
+        ax.set(title=f"shortcut world: {title}", xlabel="RL step (from the SFT hand-off)", ylim=(0, 1.02))
     save_figure(fig, axes, path)
 
 
-def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path) -> None:
+def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path, val_every: int = 100) -> None:
     """The options of :func:`sft_handoff` (shared with ``benchmarks/dynamic_sampling.py``)."""
     p.add_argument("--seed", type=int, default=0, help="seed of the world, the initial weights and training")
     p.add_argument("--train", type=int, default=8000, help="SFT clips (and as many RL clips)")
     p.add_argument("--bench", type=int, default=200, help="held-out bench clips")
     p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch 32)")
-    p.add_argument("--val-every", type=int, default=100, help="validate and checkpoint SFT every N steps")
+    p.add_argument("--val-every", type=int, default=val_every, help="validate and checkpoint SFT every N steps")
     p.add_argument("--handoff-acc", type=float, default=0.5, help="hand off the first SFT checkpoint at this accuracy")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each stage")
     p.add_argument("--reuse-sft", action="store_true",
@@ -166,21 +213,30 @@ def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path) -> N
     p.add_argument("--work", type=Path, default=work, help="scratch directory")
 
 
-def sft_handoff(args: argparse.Namespace) -> dict:
+def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps: int | None = None,
+                n_bench: int | None = None, n_train: int | None = None) -> dict:
     """Stages 1-3 of the module docstring up to the hand-off: the world, its initial model, the SFT run from
     scratch (or those of an earlier call, ``args.reuse_sft``), and the export of the first SFT checkpoint
     whose bench accuracy reached ``args.handoff_acc`` (the last one if none did).
 
     ``args`` holds ``seed, train, bench, sft_steps, val_every, handoff_acc, threads, reuse_sft, work``
-    (:func:`main`'s options). Returns a dict with ``work, data, init, sft_run, sft_started`` (Unix time),
-    ``sft_seconds, world_seconds``, the ``handoff`` summary (:func:`summary`) and the ``export`` directory.
+    (:func:`main`'s options); ``options`` the world's :class:`~grasp_lightning.generators.world.WorldOptions`
+    (default: the base world), ``tag`` the suffix of its scratch directory ``<work>/seed<N><tag>``,
+    ``sft_steps``, ``n_bench`` and ``n_train`` override ``args.sft_steps``, ``args.bench`` and ``args.train``. Returns a dict with
+    ``work, data, init, sft_run, sft_started`` (Unix time), ``sft_seconds, world_seconds``, the ``handoff``
+    summary (:func:`summary`), the ``export`` directory and the shortcut prior's accuracy on the training
+    and bench splits (``prior_acc``; ``None`` without J3).
 
     Raises:
         RuntimeError: the SFT run failed or logged no bench accuracy.
     """
     from grasp_lightning.generators import world as world_mod
 
-    work = args.work / f"seed{args.seed}"
+    options = options or world_mod.WorldOptions()
+    steps = args.sft_steps if sft_steps is None else sft_steps
+    n_bench = args.bench if n_bench is None else n_bench
+    n_train = args.train if n_train is None else n_train
+    work = args.work / f"seed{args.seed}{tag}"
     work.mkdir(parents=True, exist_ok=True)
     data, init, stage = work / "world", work / "init", work / "sft_stage.json"
     if args.reuse_sft and stage.exists():
@@ -190,17 +246,17 @@ def sft_handoff(args: argparse.Namespace) -> dict:
         log.info("reusing the world and the SFT run of %s", stage)
     else:
         t0 = time.perf_counter()
-        world_mod.generate_world(data, seed=args.seed, n_train=args.train, n_bench=args.bench)
-        world_mod.build_world_model(init, seed=args.seed)
+        world_mod.generate_world(data, seed=args.seed, n_train=n_train, n_bench=n_bench, options=options)
+        world_mod.build_world_model(init, seed=args.seed, options=options)
         gen_seconds = time.perf_counter() - t0
         ckpt_cb = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                     "init_args": {"filename": "{step}", "every_n_train_steps": args.val_every, "save_top_k": -1,
                                   "save_weights_only": True}},
                    {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
-        sft_overrides = run_overrides("sft", data, init, work, args.seed, args.sft_steps, args.val_every, ckpt_cb)
+        sft_overrides = run_overrides("sft", data, init, work, args.seed, steps, args.val_every, ckpt_cb)
         sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
         if not scalars(sft_run, "val/acc/overall"):  # before the stage is recorded for --reuse-sft
-            raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall (--sft-steps {args.sft_steps} must be "
+            raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall (--sft-steps {steps} must be "
                                f">= --val-every {args.val_every})")
         stage.write_text(json.dumps({"world_seconds": gen_seconds, "seconds": sft_s, "started": sft_started}))
     acc = scalars(sft_run, "val/acc/overall")
@@ -210,48 +266,186 @@ def sft_handoff(args: argparse.Namespace) -> dict:
     hand = next((a for a in acc if a[1] >= args.handoff_acc - TOL), acc[-1])
     handoff = summary(sft_run, sft_started, at_step=hand[0])
     export = export_policy(sft_run / "checkpoints" / f"step={hand[0] + 1}.ckpt", init, work / "sft_export")
+    prior = None
+    if options.shortcut is not None:
+        entries = {split: [world_mod.make_world_entry(args.seed, split, k, options) for k in range(n)
+                           if options.category(split, k) == "J3"]
+                   for split, n in (("t", n_train), ("b", n_bench))}
+        prior = {"train": world_mod.prior_accuracy(entries["t"]), "bench": world_mod.prior_accuracy(entries["b"])}
     return {"work": work, "data": data, "init": init, "sft_run": sft_run, "sft_started": sft_started,
-            "sft_seconds": sft_s, "world_seconds": gen_seconds, "handoff": handoff, "export": export}
+            "sft_seconds": sft_s, "world_seconds": gen_seconds, "handoff": handoff, "export": export,
+            "prior_acc": prior}
+
+
+#: The RL arms of the shortcut world: name -> (recipes, label); equal budgets, the same SFT hand-off.
+ARMS = {
+    "grpo": (("world_grpo.yaml",), "GRPO (accuracy + format)"),
+    "sgr": (("world_sgr.yaml",), "GRPO + SGR"),
+    "sgr_temporal": (("world_sgr.yaml", "world_temporal.yaml"), "GRPO + SGR + temporal"),
+}
+
+
+def base_sft(args: argparse.Namespace) -> dict:
+    """The base world's SFT from scratch (target: held-out accuracy >= 0.90, T4 >= 0.85, within 10 minutes)."""
+    stage = sft_handoff(args)
+    run, started = stage["sft_run"], stage["sft_started"]
+    acc = scalars(run, "val/acc/overall")
+    out = summary(run, started)
+    out["run_seconds"] = round(stage["sft_seconds"], 1)
+    out["world_seconds"] = round(stage["world_seconds"], 1)
+    reached = [a for a in acc if a[1] >= 0.9 - TOL]
+    out["seconds_to_90"] = round(reached[0][2] - started, 1) if reached else None
+    out["steps_to_90"] = reached[0][0] + 1 if reached else None
+    within = [a for a in acc if a[2] - started <= 600.0]  # the last validation within 10 minutes
+    out["within_10_min"] = summary(run, started, at_step=within[-1][0]) if within else None
+    return {"stage": stage, "summary": out}
+
+
+def shortcut_rl(args: argparse.Namespace) -> dict:
+    """On the shortcut (and temporal) world: SFT to the hand-off, then every arm of :data:`ARMS` from it."""
+    from grasp_lightning.generators.world import WorldOptions
+
+    options = WorldOptions(shortcut=args.shortcut, temporal=not args.no_temporal)
+    stage = sft_handoff(args, options, tag="_shortcut", sft_steps=args.rl_sft_steps, n_bench=args.rl_bench,
+                        n_train=args.rl_train)
+    work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
+    out = {"prior_acc": stage["prior_acc"], "sft_handoff": handoff, "sft": summary(stage["sft_run"], stage["sft_started"])}
+    runs = {}
+    for name, (recipes, _) in ARMS.items():
+        if name == "sgr_temporal" and args.no_temporal:
+            continue
+        overrides = run_overrides(name, data, export, work, args.seed, args.rl_steps, args.rl_val_every)
+        run, secs, started = fit(name, recipes, overrides, work, args.threads)
+        out[name] = summary(run, started)
+        out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
+        runs[name] = run
+    return {"summary": out, "runs": runs, "handoff": handoff}
+
+
+def spread(values: list[float | None]) -> dict:
+    """``{"min", "median", "max"}`` of the values that are not ``None`` (all ``None`` when there are none)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"min": None, "median": None, "max": None}
+    return {"min": round(min(present), 4), "median": round(statistics.median(present), 4), "max": round(max(present), 4)}
+
+
+def _gap(a: dict, b: dict, key: str) -> float | None:
+    """``a[key] - b[key]`` with ``key`` a top-level metric or ``"J3"``/``"T3"`` (a category), ``None`` if absent."""
+    va = a["categories"].get(key) if key in ("J3", "T3") else a.get(key)
+    vb = b["categories"].get(key) if key in ("J3", "T3") else b.get(key)
+    return None if va is None or vb is None else round(va - vb, 4)
+
+
+def summarise(per_seed: dict) -> dict:
+    """The summary over seeds (min / median / max), with ``sft_acc_min`` and ``sgr_minus_grpo_acc_min``."""
+    sft = [r["sft"] for r in per_seed.values() if "sft" in r]
+    rl = [r["shortcut"] for r in per_seed.values() if "shortcut" in r]
+    out = {"seeds": sorted(per_seed), "sft_acc": spread([s["acc"] for s in sft]),
+           "sft_acc_within_10_min": spread([s["within_10_min"]["acc"] if s["within_10_min"] else None for s in sft]),
+           "sft_T4_within_10_min": spread([s["within_10_min"]["categories"].get("T4") if s["within_10_min"] else None
+                                           for s in sft]),
+           "sft_seconds_to_90": spread([s["seconds_to_90"] for s in sft]),
+           "sft_reached_90_within_10_min": sum(s["seconds_to_90"] is not None and s["seconds_to_90"] <= 600 for s in sft)}
+    out["sft_acc_min"] = out["sft_acc_within_10_min"]["min"]
+    if rl:
+        out["prior_acc_train"] = spread([r["prior_acc"]["train"] for r in rl if r["prior_acc"]])
+        out["prior_acc_bench"] = spread([r["prior_acc"]["bench"] for r in rl if r["prior_acc"]])
+        for arm in ARMS:
+            if all(arm in r for r in rl):
+                out[f"{arm}_shortcut_acc"] = spread([r[arm]["categories"].get("J3") for r in rl])
+                out[f"{arm}_grounding_precision"] = spread([r[arm]["grounding_precision"] for r in rl])
+                out[f"{arm}_enumeration_rate"] = spread([r[arm]["enumeration_rate"] for r in rl])
+        out["sgr_minus_grpo_acc"] = spread([_gap(r["sgr"], r["grpo"], "J3") for r in rl])
+        out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
+        out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
+        out["sgr_minus_grpo_precision"] = spread([_gap(r["sgr"], r["grpo"], "grounding_precision") for r in rl])
+        if all("sgr_temporal" in r for r in rl):
+            out["temporal_minus_sgr_T3_acc"] = spread([_gap(r["sgr_temporal"], r["sgr"], "T3") for r in rl])
+            out["temporal_minus_sgr_temporal_iou"] = spread([_gap(r["sgr_temporal"], r["sgr"], "temporal_iou")
+                                                             for r in rl])
+    return out
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(out: dict) -> str:
+    """README's tables of a :func:`main` result: base-world SFT per seed, then the shortcut world's arms per seed."""
+    lines = ["| seed | SFT accuracy at 10 min (step, s) | T4 | T1 | G2 | last validation (step, s) | first ≥ 0.90 (step, s) |",
+             "|---|---|---:|---:|---:|---|---|"]
+    for seed, r in out["per_seed"].items():
+        if "sft" not in r:
+            continue
+        sft, ten = r["sft"], r["sft"]["within_10_min"] or {"acc": None, "step": "–", "seconds": "–", "categories": {}}
+        first = f"{sft['steps_to_90']}, {sft['seconds_to_90']:.0f}" if sft["steps_to_90"] else "not reached"
+        lines.append(f"| {seed} | **{_f(ten['acc'])}** ({ten['step']}, {ten['seconds']}) | {_f(ten['categories'].get('T4'))} "
+                     f"| {_f(ten['categories'].get('T1'))} | {_f(ten['categories'].get('G2'))} "
+                     f"| {_f(sft['acc'])} ({sft['step']}, {sft['seconds']}) | {first} |")
+    rl_rows = [(seed, r["shortcut"]) for seed, r in out["per_seed"].items() if "shortcut" in r]
+    if rl_rows:
+        lines += ["", "| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | overall | grounding "
+                      "precision | enumeration rate | T3 time questions | temporal IoU |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for seed, r in rl_rows:
+            prior = r["prior_acc"] or {}
+            lines.append(f"| {seed} | shortcut prior (\"the gaze follows the point\"): train {_f(prior.get('train'))}, "
+                         f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} | | | | | |")
+            for name, label in (("sft_handoff", f"SFT hand-off (step {r['sft_handoff']['step']})"),
+                                *((arm, f"+ {ARMS[arm][1]}") for arm in ARMS if arm in r)):
+                a = r[name]
+                lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a['acc'])} "
+                             f"| {_f(a['grounding_precision'])} | {_f(a['enumeration_rate'])} "
+                             f"| {_f(a['categories'].get('T3'))} | {_f(a['temporal_iou'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sft_options(p, sft_steps=900, work=Path("/tmp/grasp_world_bench"))
-    p.add_argument("--rl-steps", type=int, default=150, help="GRPO and SGR optimizer steps each (16 prompts x K=8)")
-    p.add_argument("--rl-val-every", type=int, default=25, help="validate GRPO and SGR every N steps")
+    add_sft_options(p, sft_steps=560, work=Path("/tmp/grasp_world_bench"), val_every=70)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: --seed)")
+    p.add_argument("--rl-seeds", type=int, nargs="*", default=None,
+                   help="seeds of the shortcut-world RL comparison (default: the first three of --seeds)")
+    p.add_argument("--rl-steps", type=int, default=80, help="optimizer steps of every RL arm (16 prompts x K=8)")
+    p.add_argument("--rl-val-every", type=int, default=20, help="validate the RL arms every N steps")
+    p.add_argument("--rl-train", type=int, default=4000, help="SFT clips (and as many RL clips) of the shortcut world")
+    p.add_argument("--rl-sft-steps", type=int, default=300, help="SFT steps on the shortcut world (hand-off from them)")
+    p.add_argument("--rl-bench", type=int, default=280, help="bench clips of the shortcut world (7 categories)")
+    p.add_argument("--shortcut", type=float, default=0.7,
+                   help="share of the shortcut world's training J3 clips in which the gaze follows the point")
+    p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
+    p.add_argument("--skip-sft", action="store_true", help="run only the shortcut-world RL comparison")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
     args = p.parse_args(argv)
-    if args.sft_steps < args.val_every:
-        p.error(f"--sft-steps {args.sft_steps} < --val-every {args.val_every}: SFT would never be validated")
+    if args.sft_steps < args.val_every or args.rl_sft_steps < args.val_every:
+        p.error(f"--sft-steps {args.sft_steps} and --rl-sft-steps {args.rl_sft_steps} must be >= --val-every "
+                f"{args.val_every}: SFT would never be validated")
+    seeds = args.seeds if args.seeds is not None else [args.seed]
+    rl_seeds = seeds[:3] if args.rl_seeds is None else args.rl_seeds
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stage = sft_handoff(args)
-    work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
-    sft_run, sft_started, sft_s, gen_seconds = (stage["sft_run"], stage["sft_started"], stage["sft_seconds"],
-                                                stage["world_seconds"])
-    acc = scalars(sft_run, "val/acc/overall")
-    from transformers import AutoModelForImageTextToText
-
-    params = sum(t.numel() for t in AutoModelForImageTextToText.from_pretrained(export).parameters())
-    result = {"seed": args.seed, "params": params, "threads": args.threads,
-              "world": {"train": args.train, "bench": args.bench, "seconds": round(gen_seconds, 1)},
-              "sft_handoff": handoff, "sft": summary(sft_run, sft_started)}
-    result["sft"]["run_seconds"] = round(sft_s, 1)
-    reached = [a for a in acc if a[1] >= 0.9 - TOL]
-    result["sft"]["seconds_to_90"] = round(reached[0][2] - sft_started, 1) if reached else None
-    result["sft"]["steps_to_90"] = reached[0][0] + 1 if reached else None
-    for name, recipe in (("grpo", "world_grpo.yaml"), ("sgr", "world_sgr.yaml")):
-        run, secs, started = fit(name, recipe, run_overrides(name, data, export, work, args.seed, args.rl_steps,
-                                                             args.rl_val_every), work, args.threads)
-        result[name] = summary(run, started)
-        result[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
+    per_seed: dict[int, dict] = {}
     args.results.mkdir(parents=True, exist_ok=True)
-    png = args.results / f"world_seed{args.seed}.png"
-    plot(png, sft_run, sft_started, work / "runs" / "grpo" / "version_0", work / "runs" / "sgr" / "version_0",
-         handoff, args.seed)
-    result["curves_png"] = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
-    (args.results / f"world_seed{args.seed}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    for seed in dict.fromkeys(seeds + rl_seeds):
+        args.seed = seed
+        result: dict = {"seed": seed, "threads": args.threads, "train": args.train}
+        sft = rl = None
+        if seed in seeds and not args.skip_sft:
+            base = base_sft(args)
+            result["sft"], sft = base["summary"], (base["stage"]["sft_run"], base["stage"]["sft_started"])
+        if seed in rl_seeds:
+            rl = shortcut_rl(args)
+            result["shortcut"] = rl["summary"]
+        png = args.results / f"world_seed{seed}.png"
+        plot(png, seed, sft, rl)
+        result["curves_png"] = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
+        (args.results / f"world_seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+        per_seed[seed] = result
+    out = {"per_seed": {str(k): v for k, v in per_seed.items()}, "summary": summarise(per_seed)}
+    (args.results / "world.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.results / "world.md").write_text(markdown(out))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Text parsing of model completions: answer letters, tag blocks, reasoning and named participants.
+"""Text parsing of model completions: answer letters, tag blocks, reasoning, named participants and time spans.
 
 Pure functions on strings, shared by the rewards (:mod:`grasp_lightning.rewards`), the GRPO task and
 GRASP-Bench scoring. The formats follow ``docs/data-format.md``: a completion looks like
@@ -21,8 +21,10 @@ __all__ = [
     "extract_participants_released",
     "has_format",
     "opens_think",
+    "parse_time_spans",
     "reasoning_text",
     "tag_contents",
+    "temporal_iou",
 ]
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -38,6 +40,17 @@ _RELEASED_PERSON_RE = re.compile(r"(?:Person\s+|\bP)(\d+)")
 # A prompt that ends inside an opened think block: ``<think>`` then only whitespace.
 _OPENS_THINK_RE = re.compile(r"<think>\s*\Z")
 _STRICT_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
+# A time in seconds: a non-negative decimal not glued to a digit, dot, comma, minus or word character
+# before it, then an optional unit (longest spelling first) ending on a word boundary.
+_NUMBER = r"(?<![\w.,\-])(\d+(?:\.\d+)?)"
+_UNIT = r"(?:\s*(?:seconds|second|secs|sec|s)\b)"
+# "from <t> to <t>" / "between <t> and <t>": the unit is optional on the start, required on the end;
+# a start without a unit must be followed by whitespace (so "1.s", "1..5s", "1,5s" never read as "1").
+_SPAN_RE = re.compile(
+    rf"\b(?:from\s+{_NUMBER}(?:{_UNIT}|(?=\s))\s+to|between\s+{_NUMBER}(?:{_UNIT}|(?=\s))\s+and)"
+    rf"\s+{_NUMBER}{_UNIT}",
+    re.IGNORECASE,
+)
 
 
 @functools.lru_cache(maxsize=16)
@@ -219,3 +232,55 @@ def has_format(text: str, strict: bool = False, opened_think: bool = False) -> b
         return False
     match = _STRICT_RE.fullmatch(text)
     return bool(match) and match.group(1).strip() != "" and match.group(2).strip() != ""
+
+
+def parse_time_spans(text: str) -> list[tuple[float, float]]:
+    """Return the time spans ``(start, end)`` in seconds named in ``text``, in order of appearance.
+
+    Grammar (keywords and units case-insensitive, any whitespace, newlines included, between words)::
+
+        span  := "from" t "to" t_end | "between" t "and" t_end
+        t     := number [unit]          # the unit is optional on the start ...
+        t_end := number unit            # ... and required on the end
+        number:= digits ["." digits]    # non-negative decimal: 2, 2.5, 0.25
+        unit  := "s" | "sec" | "secs" | "second" | "seconds"   (optionally after whitespace)
+
+    A number must stand alone: nothing of a word, digit, ``.``, ``,`` or ``-`` right before it, and a
+    unit (then a word boundary) or whitespace right after it. So the ``0.5s`` inside ``10.5s`` is never
+    read alone, and ``1..5s``, ``1.s``, ``-1s``, ``1,5s`` and ``.5s`` are not times. ``from 1 to 2``
+    (no unit on the end) is not a span: it may count persons or options. A span whose end is not after
+    its start (``from 3s to 1s``, ``from 2s to 2s``) is malformed and skipped. Tags are not special:
+    ``<gaze>from 1.0s to 2.5s</gaze>`` gives ``(1.0, 2.5)``. Source: the project's own format for the
+    ``temporal_grounding`` reward (:mod:`grasp_lightning.rewards`), written to match the bench
+    questions' wording ("Between 1.5s and 3.5s, ...", ``docs/data-format.md``).
+
+    Args:
+        text: any text (usually the reasoning of a completion).
+
+    Returns:
+        ``(start, end)`` pairs of floats (seconds, ``0 <= start < end``); empty when none is named.
+    """
+    spans = []
+    for match in _SPAN_RE.finditer(text):
+        start = float(match.group(1) if match.group(1) is not None else match.group(2))
+        end = float(match.group(3))
+        if end > start:
+            spans.append((start, end))
+    return spans
+
+
+def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Temporal intersection over union of two spans ``(start, end)`` (seconds, or any one unit).
+
+    ``|a ∩ b| / |a ∪ b|`` with ``|a ∪ b| = |a| + |b| - |a ∩ b|``: 1.0 for identical spans, 0.0 for
+    disjoint or merely touching ones (``(0, 1)`` and ``(1, 2)``) and whenever the union has no length
+    (spans with ``end <= start``). Range ``[0, 1]``. Source: the usual temporal IoU of
+    temporal-grounding benchmarks (e.g. Charades-STA's R@IoU).
+
+    Args:
+        a: ``(start, end)``.
+        b: ``(start, end)``.
+    """
+    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    union = max(0.0, a[1] - a[0]) + max(0.0, b[1] - b[0]) - inter
+    return inter / union if union > 0 else 0.0

@@ -5,7 +5,7 @@ Every term is a function ``(completion: str, item: GraspItem) -> float`` registe
 Registered terms also take a keyword ``opened_think`` (default ``False``): true when the prompt
 ended with an opened ``<think>`` (a Thinking template's generation prompt), so the completion
 starts inside the think block (``...</think><answer>B</answer>``) and the terms that read the think
-block (``format_strict``, ``social_grounding``) account for it.
+block (``format_strict``, ``social_grounding``, ``temporal_grounding``) account for it.
 
 **Rewards of one's own.** A ``rewards:`` entry of ``GRPOTask`` (and an entry given to
 :func:`compute_rewards`) is a registry name, an import path (``my_pkg.rewards:length_bonus``,
@@ -33,7 +33,10 @@ takes ``(completion, item)``), and every value when it is returned (a finite num
 completion), each error naming the entry. A completion holding a vision placeholder gets 0 on every
 term without any function being called (:func:`compute_rewards` checks once for all terms). The
 paper's recipe uses ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with
-weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards).
+weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards). The
+project's own ``temporal_grounding`` (event time spans named in the reasoning against the events'
+``start_seconds``/``end_seconds``) composes with them by weight, e.g. ``rewards: [accuracy, format,
+grounding_presence, social_grounding, temporal_grounding]``, ``reward_weights: [1.0, 0.1, 0.05, 0.2, 0.2]``.
 
 Rewards are never NaN: every ratio with an empty denominator is defined as 0. A row without
 ground-truth participants therefore gets 0 from both grounding terms; the GRPO task layer counts
@@ -63,8 +66,10 @@ from grasp_lightning.parsing import (
     extract_participants,
     extract_participants_released,
     has_format,
+    parse_time_spans,
     reasoning_text,
     tag_contents,
+    temporal_iou,
 )
 from grasp_lightning.plugins import load_object
 
@@ -74,6 +79,7 @@ __all__ = [
     "RewardFn",
     "VISION_PLACEHOLDERS",
     "compute_rewards",
+    "enumerates",
     "grounding_precision_recall",
     "has_vision_placeholder",
     "resolve_reward",
@@ -251,6 +257,22 @@ def grounding_precision_recall(pred: set[int] | frozenset[int], gt: set[int] | f
     return precision, recall
 
 
+def enumerates(named: set[int] | frozenset[int], shown: set[int] | frozenset[int]) -> bool:
+    """Whether ``named`` covers every person ``shown`` (the item shows at least two): an enumeration.
+
+    The failure the Social Grounding Reward's precision penalises ("enumerating every visible person
+    lowers P", ``docs/data-format.md``): instead of naming the people of the events, the reasoning
+    lists everyone. ``shown`` is what the item shows
+    (:func:`grasp_lightning.data.formats.persons_shown`: the people of the question, its options and the
+    ground truth). Read by the ``grounding/enumeration_rate`` metrics of validation and training.
+
+    Args:
+        named: person ids named in the reasoning.
+        shown: person ids the item shows.
+    """
+    return len(shown) >= 2 and set(shown) <= set(named)
+
+
 @_register("accuracy")
 def accuracy(completion: str, item: GraspItem) -> float:
     """1.0 if the stripped content of the first ``<answer>`` block equals ``item.answer`` exactly, else 0.0.
@@ -304,6 +326,35 @@ def social_grounding(completion: str, item: GraspItem, opened_think: bool = Fals
         return 0.0
     precision, recall = grounding_precision_recall(pred, gt)
     return (1.0 + recall) * precision
+
+
+@_register("temporal_grounding")
+def temporal_grounding(completion: str, item: GraspItem, opened_think: bool = False) -> float:
+    """How well the time spans named in the reasoning match the events' time spans, in ``[0, 1]``.
+
+    ``gt`` = the spans of ``item.events`` that have one (:attr:`SocialEvent.span
+    <grasp_lightning.data.records.SocialEvent>`, seconds from the clip start); ``named`` =
+    :func:`~grasp_lightning.parsing.parse_time_spans` of
+    :func:`~grasp_lightning.parsing.reasoning_text` (``opened_think`` as for ``social_grounding``),
+    e.g. ``from 1.0s to 2.5s`` or ``between 1.5 and 3.5 seconds``. Then::
+
+        r_tmp = sum_{g in gt} max_{n in named} IoU(g, n) / max(|gt|, |named|)
+
+    with :func:`~grasp_lightning.parsing.temporal_iou`. The ``max(|gt|, |named|)`` denominator means
+    enumerating many spans does not pay: each extra span beyond the number of events lowers the score.
+    Empty ``gt`` (no event gives ``start_seconds``/``end_seconds``) or empty ``named`` gives 0.0; spans
+    in the ``<answer>`` block do not count, malformed ones (end not after start) are ignored.
+    Source: the GRASP paper's Discussion names temporal alignment as future work; this term is the
+    project's own.
+    """
+    gt = [event.span for event in item.events if event.span is not None]
+    if not gt:
+        return 0.0
+    named = parse_time_spans(reasoning_text(completion, opened_think))
+    if not named:
+        return 0.0
+    hits = sum(max(temporal_iou(g, n) for n in named) for g in gt)
+    return hits / max(len(gt), len(named))
 
 
 def _question_people(item: GraspItem) -> frozenset[int]:

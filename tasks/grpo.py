@@ -45,11 +45,13 @@ from typing_extensions import override
 
 from grasp_lightning import grpo
 from grasp_lightning.data.collate import Batch
+from grasp_lightning.data.formats import persons_shown
+from grasp_lightning.data.records import GraspItem
 from grasp_lightning.engines import engine_of
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import RolloutConfig
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
-from grasp_lightning.rewards import compute_rewards, grounding_precision_recall, resolve_reward
+from grasp_lightning.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
     completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
     prompt_tokens_forwarded,
@@ -584,26 +586,46 @@ class GRPOTask(Task):
         self.zero_variance_groups_total += n_zero
         m["zero_variance_groups/fraction"] = n_zero / max(1, ro.zero_variance.numel())
         m["zero_variance_groups/count"] = float(n_zero)
-        precisions, recalls, no_gt = [], [], 0
-        items = ro.items or batch.items
         k = ro.num_generations
-        for text, item in zip(ro.completions.texts, [it for it in items for _ in range(k)]):
-            gt = item.participants
-            if not gt:
-                no_gt += 1
-                continue
-            p, r = grounding_precision_recall(extract_participants(reasoning_text(text)), gt)
-            precisions.append(p)
-            recalls.append(r)
-        if precisions:
-            m["grounding/precision"] = sum(precisions) / len(precisions)
-            m["grounding/recall"] = sum(recalls) / len(recalls)
+        grounding, no_gt = _grounding_metrics(ro.completions.texts, ro.items or batch.items, k)
+        m.update(grounding)
         rows_no_gt = no_gt // k
         self.rows_without_participants_total += rows_no_gt
         m["grounding/rows_without_participants"] = float(rows_no_gt)
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
         m["answer/parsed_fraction"] = sum(parsed) / len(parsed)
         return m
+
+
+def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tuple[dict[str, float], int]:
+    """Grounding of ``N = len(items) * k`` completions (``k`` per item, in item order) and how many have
+    no ground-truth participants.
+
+    ``grounding/precision`` and ``grounding/recall``: means over the completions with ground truth
+    (naming nobody counts as 0); ``grounding/enumeration_rate``: among those naming at least one
+    person, the share naming every person the item shows (at least two;
+    :func:`grasp_lightning.rewards.enumerates`), as ``val/grounding/enumeration_rate``. A key is left
+    out when nothing is averaged.
+    """
+    precisions, recalls, enumerating, no_gt = [], [], [], 0
+    for text, item in zip(texts, [it for it in items for _ in range(k)]):
+        gt = item.participants
+        if not gt:
+            no_gt += 1
+            continue
+        named = extract_participants(reasoning_text(text))
+        p, r = grounding_precision_recall(named, gt)
+        precisions.append(p)
+        recalls.append(r)
+        if named:
+            enumerating.append(enumerates(named, persons_shown(item)))
+    out = {}
+    if precisions:
+        out["grounding/precision"] = sum(precisions) / len(precisions)
+        out["grounding/recall"] = sum(recalls) / len(recalls)
+    if enumerating:
+        out["grounding/enumeration_rate"] = sum(enumerating) / len(enumerating)
+    return out, no_gt
 
 
 def _check_batching(max_resample: int, rollout_batch_prompts: int | None, importance_sampling_cap: float | None) -> None:

@@ -19,9 +19,10 @@ from grasp_lightning.errors import GraspDataError
 from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
 
 # (category, difficulty, target, completion, gt participants). Comments: extraction route ->
-# predicted letter, correct?, named people, precision |named ∩ gt| / |named|.
+# predicted letter, correct?, named people, precision |named ∩ gt| / |named|. Every item shows
+# Person 0, 1 and 2 (its options) plus its gt; items 0, 3 and 13 have a gt event span (SPANS).
 GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
-    ("T1", "easy", "B", "<think>Person 0 looks at Person 2.</think><answer>B</answer>", (0, 2)),  # 0 answer B ok {0,2} 1
+    ("T1", "easy", "B", "<think>Person 0 looks at Person 2 from 1s to 2s.</think><answer>B</answer>", (0, 2)),  # 0 ok 1
     ("T1", "easy", "A", "<think>Person 1 looks at P3.</think><answer>C</answer>", (1, 2)),  # 1 answer C x {1,3} 1/2
     ("T2", "easy", "C", "<think>Mutual gaze between Person 0 and Person 1.</think>\\boxed{C}", (0, 1, 2, 3)),  # 2 boxed ok 1
     ("T3", "medium", "D", "D because the glance lasts longest.", (0,)),  # 3 leading D ok; names nobody
@@ -34,7 +35,8 @@ GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
     ("G4", "medium", "D", "\\boxed{D}", ()),  # 10 boxed ok; no gt
     ("G5", "hard", "C", "B. Person 2 gives the cup.", (2, 3)),  # 11 marker B. x {2} 1
     ("G6", "hard", "A", "A", (0,)),  # 12 leading A ok; names nobody
-    ("J1", "medium", "B", "<think>Person 0 looks while Person 1 points.</think><answer>B</answer>", (0, 1)),  # 13 ok 1
+    ("J1", "medium", "B", "<think>Person 0 looks while Person 1 points, from 2s to 4s.</think><answer>B</answer>",
+     (0, 1)),  # 13 ok {0,1} 1
     ("C2", "medium", "C", "", (0, 1)),  # 14 bench spelling C2 = J2; empty: unparseable; names nobody
     ("J3", "hard", "D", "<answer>maybe</answer>", ()),  # 15 unparseable; no gt
     ("J4", "hard", "A", "<think>P2 reacts to P0.</think><answer>A</answer>", (0, 1)),  # 16 ok {0,2} 1/2
@@ -44,6 +46,9 @@ GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
     ("T4", "easy", "A", "<answer>A</answer>", ()),  # 20 ok; no gt
 ]
 N = len(GOLDEN)  # 21: odd, so a 2-rank DistributedSampler pads rank 1 with one repeated item
+# gt event spans (seconds): item 0 names (1, 2) exactly -> 1; item 3 names none -> 0; item 13 names
+# (2, 4) against (0, 4) -> 2/4.
+SPANS: dict[int, tuple[float, float]] = {0: (1.0, 2.0), 3: (0.5, 1.5), 13: (0.0, 4.0)}
 
 # Hand-computed expectations (correct / items).
 # Categories: T1 {0 ok, 1 x, 17 ok} 2/3; T2 1/1; T3 1/1; T4 {4 x, 20 ok} 1/2; T5 1/1; T6 1/1;
@@ -73,6 +78,10 @@ EXPECTED.update({
     # grounding-eligible (gt non-empty): 0,1,2,3,5,6,7,9,11,12,13,14,16,17,19 = 15 items; of these
     # 3,7,12,14 name nobody -> 11 naming items with precisions 1,1/2,1,1/4,1,1,1,1,1/2,1,1/4 (sum 8.5)
     "grounding/precision": 8.5 / 11, "grounding/named_rate": 11 / 15, "grounding/n": 11.0,
+    # of the 11 naming items only item 5 ({0,1,2,3}) covers all it shows ({0,1,2} ∪ gt {1}) -> 1/11
+    "grounding/enumeration_rate": 1 / 11,
+    # items 0, 3, 13 with spans: (1 + 0 + 0.5) / 3
+    "grounding/temporal_iou": 1.5 / 3,
 })
 _MACRO = {k for k in EXPECTED if k.startswith("acc_macro/")}
 
@@ -82,7 +91,7 @@ def golden_items() -> list[GraspItem]:
     return [
         GraspItem(uid=f"clip{i:02d}", origin=f"golden:{i}", clip=ClipRef(f"video/clip{i:02d}.mp4"), question="q",
                   options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer=target,
-                  category=cat, difficulty=diff, events=(SocialEvent("gaze", gt),) if gt else ())
+                  category=cat, difficulty=diff, events=(SocialEvent("gaze", gt, span=SPANS.get(i)),) if gt else ())
         for i, (cat, diff, target, _, gt) in enumerate(GOLDEN)
     ]
 
@@ -120,7 +129,10 @@ def test_score_completion_records() -> None:
     r1 = records[1]
     assert r1 == {"uid": "clip01", "category": "T1", "difficulty": "easy", "target": "A", "predicted": "C",
                   "correct": False, "participants_named": [1, 3], "participants_gt": [1, 2], "precision": 0.5,
-                  "completion": GOLDEN[1][3]}
+                  "participants_visible": [0, 1, 2], "temporal_iou": None, "completion": GOLDEN[1][3]}
+    assert [(n, r["temporal_iou"]) for n, r in enumerate(records) if r["temporal_iou"] is not None] == [
+        (0, 1.0), (3, 0.0), (13, 0.5)]
+    assert records[19]["participants_visible"] == [0, 1, 2, 3]  # options {0,1,2} ∪ gt {3}
     assert records[14]["category"] == "J2"  # C2 is the bench's spelling of J2
     assert records[3]["precision"] is None and records[4]["precision"] is None
     json.dumps(records)  # JSON-ready
@@ -167,11 +179,74 @@ def test_empty_categories_are_nan_and_keys_stable() -> None:
     assert math.isnan(out["acc/gesture"]) and math.isnan(out["acc_macro/joint"])
     assert out["acc_macro/gaze"] == 1.0 and out["acc_macro/overall"] == 1.0
     assert math.isnan(out["grounding/precision"]) and math.isnan(out["grounding/named_rate"])
+    assert math.isnan(out["grounding/enumeration_rate"]) and math.isnan(out["grounding/temporal_iou"])
     empty = BenchAccuracy()
     with pytest.warns(UserWarning):
         keys = set(empty.compute())
     assert keys == set(out)
     assert {f"acc/{c}" for c in CATEGORIES} <= keys
+
+
+def _shown_item(uid: str, gt: tuple[int, ...], span: tuple[float, float] | None = None) -> GraspItem:
+    """A T1 item whose question and options show Person 0, 1 and 2 (and 3 through the question)."""
+    return GraspItem(uid=uid, origin=f"hand:{uid}", clip=ClipRef(f"video/{uid}.mp4"),
+                     question="Whom does Person 3 look at?\nA) Person 0\nB) Person 1\nC) Person 2\nD) No one",
+                     options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer="A", category="T1",
+                     difficulty="easy", events=(SocialEvent("gaze", gt, span=span),))
+
+
+def test_enumeration_rate_and_temporal_iou_by_hand() -> None:
+    """3 naming items, one enumerating -> 1/3; temporal IoU: the mean over the 2 items with spans."""
+    items = [_shown_item("a", (3, 0), (1.0, 3.0)), _shown_item("b", (3, 1), (0.0, 2.0)), _shown_item("c", (3, 2)),
+             _shown_item("d", (3, 0))]
+    texts = [
+        "<think>Person 3 looks at Person 0 from 1s to 3s.</think><answer>A</answer>",  # {0,3}; exact span: 1
+        # {0,1,2,3}: everyone shown -> enumerates; (0,1) vs (0,2) IoU 1/2, (5,6) 0 -> 1/2 / max(1, 2) = 1/4
+        "<think>P0, P1, P2 and P3 from 0s to 1s, from 5s to 6s.</think><answer>B</answer>",
+        "<think>Person 3 looks at Person 2.</think><answer>C</answer>",  # {2,3}; no span in gt
+        "<answer>A</answer>",  # names nobody: not in the rate's denominator
+    ]
+    records = [score_completion(t, it) for t, it in zip(texts, items)]
+    assert [r["participants_visible"] for r in records] == [[0, 1, 2, 3]] * 4
+    assert [r["temporal_iou"] for r in records] == [1.0, 0.25, None, None]
+    metric = BenchAccuracy()
+    metric.update_from_records(records)
+    out = metric.compute()
+    assert (out["grounding/n"], out["grounding/enumeration_rate"], out["grounding/temporal_iou"]) == (3.0, 1 / 3, 0.625)
+    # a results.json written before these keys existed: counted in neither metric, the rest unchanged
+    old = [{k: v for k, v in r.items() if k not in ("participants_visible", "temporal_iou")} for r in records]
+    before = BenchAccuracy()
+    before.update_from_records(old)
+    legacy = before.compute()
+    assert math.isnan(legacy["grounding/enumeration_rate"]) and math.isnan(legacy["grounding/temporal_iou"])
+    assert legacy["grounding/precision"] == out["grounding/precision"] and set(legacy) == set(out)
+
+
+def test_the_new_grounding_keys_are_logged_like_precision() -> None:
+    """``val/grounding/enumeration_rate`` and ``val/grounding/temporal_iou`` beside ``val/grounding/precision``;
+    a NaN (undefined) value is left out, as for every logged key."""
+    from grasp_lightning.evaluation.grasp_bench import GraspBench
+
+    metric = BenchAccuracy()
+    metric.update_from_records(golden_records())
+    logged = GraspBench("unused/grasp_bench.tar").log_values(metric.compute())
+    assert (logged["val/grounding/precision"], logged["val/grounding/enumeration_rate"],
+            logged["val/grounding/temporal_iou"]) == (8.5 / 11, 1 / 11, 0.5)
+    other = GraspBench("unused/grasp_bench.tar", name="copy")
+    assert other.log_values(metric.compute())["val/copy/grounding/temporal_iou"] == 0.5
+    without_spans = BenchAccuracy()
+    without_spans.update(["A"], ["A"], ["T1"], ["easy"], [frozenset({0, 1})], [frozenset({0})], None, None,
+                         [frozenset({0, 1})], [None])
+    logged = GraspBench("unused/grasp_bench.tar").log_values(without_spans.compute())
+    assert logged["val/grounding/enumeration_rate"] == 1.0 and "val/grounding/temporal_iou" not in logged
+
+
+def test_enumeration_needs_two_people_shown() -> None:
+    """An item showing one person cannot be enumerated: naming that one person is just right."""
+    metric = BenchAccuracy()
+    metric.update(["A"], ["A"], ["T1"], ["easy"], [frozenset({0})], [frozenset({0})], None, None,
+                  [frozenset({0})], [None])
+    assert metric.compute()["grounding/enumeration_rate"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -126,15 +126,35 @@ def test_faults_quick_recovers_every_training_fault() -> None:
     assert out["samples_lost"] == 0 and out["samples_repeated"] == 0
 
 
-def test_world_runs_sft_grpo_and_sgr_end_to_end(tmp_path: Path) -> None:
-    out = run_script(["benchmarks/world.py", "--seed", "0", "--train", "16", "--bench", "8", "--sft-steps", "2",
-                      "--rl-steps", "1", "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0",
-                      "--threads", "1", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
-                     timeout=1200)
-    assert out["world"] == {"train": 16, "bench": 8, "seconds": out["world"]["seconds"]}
-    for stage in ("sft_handoff", "sft", "grpo", "sgr"):
-        assert stage in out, stage
-    assert (tmp_path / "results" / "world_seed0.json").is_file() and (tmp_path / "results" / "world_seed0.png").is_file()
+def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path) -> None:
+    """Base-world SFT on two seeds, the shortcut-world RL comparison (GRPO, SGR, SGR + temporal) on one; the
+    summary's keys hold the per-seed values (a smoke size: the figures themselves are README's)."""
+    out = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14", "--bench", "7",
+                      "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
+                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                      "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")], timeout=1500)
+    per_seed, summary = out["per_seed"], out["summary"]
+    assert sorted(per_seed) == ["0", "1"] and summary["seeds"] == [0, 1]
+    assert "shortcut" not in per_seed["0"] and set(per_seed["1"]["shortcut"]) >= {"grpo", "sgr", "sgr_temporal",
+                                                                                   "sft_handoff", "prior_acc"}
+    sft_accs = [per_seed[s]["sft"]["within_10_min"]["acc"] for s in ("0", "1")]
+    assert summary["sft_acc_min"] == min(sft_accs) and summary["sft_acc"]["max"] == max(
+        per_seed[s]["sft"]["acc"] for s in ("0", "1"))
+    assert set(per_seed["0"]["sft"]["categories"]) == {"T1", "T4", "T6", "G1", "G2"}
+    rl = per_seed["1"]["shortcut"]
+    assert set(rl["sgr"]["categories"]) == {"T1", "T4", "T6", "G1", "G2", "J3", "T3"}
+    assert rl["prior_acc"]["bench"] == 0.0 and 0.0 <= rl["prior_acc"]["train"] <= 1.0  # 2 training J3 clips
+    gap = round(rl["sgr"]["categories"]["J3"] - rl["grpo"]["categories"]["J3"], 4)
+    assert summary["sgr_minus_grpo_acc_min"] == gap == summary["sgr_minus_grpo_acc"]["max"]
+    for arm in ("grpo", "sgr", "sgr_temporal"):
+        assert rl[arm]["step"] == 1 and rl[arm]["from_sft_step"] == rl["sft_handoff"]["step"]
+        assert rl[arm]["temporal_iou"] is None or 0.0 <= rl[arm]["temporal_iou"] <= 1.0
+    for seed in (0, 1):
+        assert (tmp_path / "results" / f"world_seed{seed}.json").is_file()
+        assert (tmp_path / "results" / f"world_seed{seed}.png").is_file()
+    assert json.loads((tmp_path / "results" / "world.json").read_text()) == out
+    table = (tmp_path / "results" / "world.md").read_text()
+    assert table.count("\n| 0 | ") == 1 and "+ GRPO + SGR + temporal" in table
 
 
 def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:

@@ -239,6 +239,44 @@ def test_unknown_event_source_and_unnamed_person_are_warnings_not_errors(tmp_pat
     assert event_warnings(good) == []  # gaze + pointing, every person named in the question or options
 
 
+def test_event_time_spans_rl_and_bench(tmp_path):
+    """``start_seconds``/``end_seconds`` of an event become its span; an event without them keeps ``None``."""
+    events = [{"source": "gaze", "persons": [0, 3], "start_seconds": 1, "end_seconds": 2.5},
+              {"source": "pointing", "persons": [1, 2]},
+              {"source": "gaze", "persons": [1], "start_seconds": None, "end_seconds": None, "extra": 1}]
+    item = read_rl(write_jsonl(tmp_path / "data_rl.jsonl", [rl_row(meta=_events_meta(events))]))[0]
+    assert item.events == (SocialEvent("gaze", (0, 3), "gaze", span=(1.0, 2.5)),
+                           SocialEvent("gesture", (1, 2), "pointing"),
+                           SocialEvent("gaze", (1,), "gaze", span=None))  # null counts as not given
+    assert item.events[0].span == (1.0, 2.5) and isinstance(item.events[0].span[0], float)
+    assert SocialEvent("gaze", (0,), "gaze").span is None  # positional construction unchanged
+    clip = "s_qa0001"
+    tar = make_tar(tmp_path / "grasp_bench.tar", bench_members({clip: VIDEO}, jsons={clip: bench_json(
+        clip, events=[{"source": "gaze", "persons": [3, 0], "start_seconds": 1.5, "end_seconds": 3.5}])}))
+    assert read_bench(tar, cache_dir=tmp_path / "cache")[0].events == (SocialEvent("gaze", (3, 0), "gaze", (1.5, 3.5)),)
+
+
+@pytest.mark.parametrize("times, reason", [
+    ({"start_seconds": 2.5, "end_seconds": 1.0}, "event 1: 'end_seconds' 1.0 must be greater than 'start_seconds' 2.5"),
+    ({"start_seconds": 2, "end_seconds": 2}, "event 1: 'end_seconds' 2.0 must be greater than 'start_seconds' 2.0"),
+    ({"start_seconds": -0.5, "end_seconds": 1}, "event 1: 'start_seconds' -0.5 must be >= 0"),
+    ({"start_seconds": 1.0}, "event 1: 'start_seconds' given without 'end_seconds' (give both or neither)"),
+    ({"end_seconds": 1.0}, "event 1: 'end_seconds' given without 'start_seconds' (give both or neither)"),
+    ({"start_seconds": True, "end_seconds": 2}, "event 1: 'start_seconds' must be a finite number of seconds, got True"),
+    ({"start_seconds": 0, "end_seconds": "2s"}, "event 1: 'end_seconds' must be a finite number of seconds, got '2s'"),
+    ({"start_seconds": 0, "end_seconds": float("inf")},
+     "event 1: 'end_seconds' must be a finite number of seconds, got inf"),
+    ({"start_seconds": float("nan"), "end_seconds": 1},
+     "event 1: 'start_seconds' must be a finite number of seconds, got nan"),
+])
+def test_bad_event_time_spans_name_the_row_and_the_event(tmp_path, times, reason):
+    events = [{"source": "gaze", "persons": [0]}, {"source": "gaze", "persons": [1], **times}]
+    path = write_jsonl(tmp_path / "data_rl.jsonl", [rl_row(), rl_row(meta=_events_meta(events))])
+    with pytest.raises(GraspFormatError) as err:
+        read_rl(path)
+    assert err.value.where == f"{path}:2" and err.value.reason == reason
+
+
 @pytest.mark.parametrize("target", ["", "   \n"])
 def test_sft_empty_target_names_file_and_line(tmp_path, target):
     path = write_jsonl(tmp_path / "data_sft.jsonl", [sft_row(), sft_row(target)])

@@ -53,6 +53,8 @@ def test_markdown_table_rows_and_references(scored: tuple[dict[str, float], list
     assert "|  | **Overall** | 61.9 | 38.3 | 50.4 | 21 |" in lines  # 13/21
     assert "Unparseable answers: 19.0% of 21 items." in table  # 4/21
     assert "Figure 5): 77.3% over 11 items naming someone; named rate 73.3%." in table  # 8.5/11, 11/15
+    # enumeration 1/11, temporal IoU (1 + 0 + 0.5) / 3
+    assert "Enumeration rate (naming every person shown): 9.1%; temporal IoU of the named event spans: 50.0%." in table
     assert len([line for line in lines if line.startswith("|")]) == 2 + 16 + 4
 
 
@@ -62,6 +64,8 @@ def test_markdown_table_dashes_for_missing() -> None:
     assert "| T1 | Gaze target identification | 50.0 | – | – | 2 |" in table
     assert "|  | **Joint** | – | 38.0 | 48.1 | 0 |" in table
     assert "| T1 | Gaze target identification | – |" in markdown_table({})
+    assert "Enumeration rate (naming every person shown): –%; temporal IoU of the named event spans: –%." in \
+        markdown_table(_partial_metrics())
 
 
 def test_paper_reference_has_every_row() -> None:

@@ -468,3 +468,31 @@ def raises_batched(completions: list[str], items: list[GraspItem]) -> list[float
 def test_a_reward_that_raises_or_returns_a_string_is_named_with_its_item(entry, says) -> None:
     with pytest.raises(GraspConfigError, match=says):
         compute_rewards(["<answer>B</answer>", "<answer>A</answer>"], [make_item()] * 2, [entry])
+
+
+# --- enumeration: naming every person the item shows ------------------------------------------------
+
+def test_enumerates_and_the_training_enumeration_rate() -> None:
+    """``enumerates`` against ``persons_shown`` (question, options, gt), and ``grounding/enumeration_rate``
+    of the GRPO step metrics: among completions with gt that name someone, the share naming all shown."""
+    from grasp_lightning.data.formats import persons_shown
+    from grasp_lightning.rewards import enumerates
+    from tasks.grpo import _grounding_metrics
+
+    item = make_item(events=(("gaze", (0, 1)),))  # the question names Person 3; options 0, 1, 2
+    assert persons_shown(item) == {0, 1, 2, 3}
+    assert persons_shown(make_item(events=(("gaze", (5,)),))) == {0, 1, 2, 3, 5}
+    assert enumerates({0, 1, 2, 3}, {0, 1, 2, 3}) and enumerates({0, 1, 2, 3, 7}, {0, 1, 2, 3})
+    assert not enumerates({0, 1, 2}, {0, 1, 2, 3}) and not enumerates({0}, {0}) and not enumerates(set(), set())
+    no_gt = make_item(events=())
+    texts = [think("Person 0, P1, Person 2 and Person 3."),  # enumerates; P = 2/4, R = 1
+             think("Person 0 looks at Person 1."),  # does not; P = 1, R = 1
+             think("Someone looks."),  # names nobody: P = R = 0, not in the rate
+             think("P0 P1 P2 P3"),  # enumerates; P = 2/4, R = 1
+             think("Person 0, Person 1, Person 2, Person 3"), think("P0")]  # no gt: left out of everything
+    out, without = _grounding_metrics(texts, [item, item, no_gt], k=2)
+    assert without == 2
+    assert out == {"grounding/precision": (0.5 + 1.0 + 0.0 + 0.5) / 4, "grounding/recall": 3 / 4,
+                   "grounding/enumeration_rate": 2 / 3}
+    assert _grounding_metrics([think("Someone.")] * 2, [item], k=2)[0] == {"grounding/precision": 0.0,
+                                                                           "grounding/recall": 0.0}

@@ -17,11 +17,13 @@ from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
 from grasp_lightning.generators import world
 from grasp_lightning.generators.sample.drawing import OBJECT, Action
+from grasp_lightning.generators.sample.questions import participants
 from grasp_lightning.parsing import extract_participants
 
 pytestmark = pytest.mark.timeout(120)
 
 N_TRAIN, N_RL, N_BENCH = 10, 10, 15
+FULL = world.WorldOptions(shortcut=0.7, temporal=True)  #: both options: categories T1 T4 T6 G1 G2 J3 T3
 TARGET_RE = re.compile(r"^<(gaze|gesture)>(?P<sentence>[^<]+)</\1><answer>(?P<letter>[A-D])</answer>$")
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -62,6 +64,15 @@ def solve(category: str, question: str, actions: tuple[Action, ...]) -> str:
     if category == "G2":
         (kind,) = [g.kind for g in gestures if g.actor == _person(question)]
         return kind.capitalize()
+    if category == "J3":  # "When Person p points at x, who or what does Person g look at?": g's gaze, not x
+        g = int(re.search(r"does Person (\d) look at", question).group(1))
+        (target,) = [t for s, t in gazes if s == g]
+        return "An object" if target == OBJECT else f"Person {target}"
+    if category == "T3":  # "Between w0s and w1s, who or what does Person a look at?": the gaze covering the window
+        w0, w1 = map(float, re.match(r"Between (\d+\.\d)s and (\d+\.\d)s", question).groups())
+        a = int(re.search(r"does Person (\d) look at", question).group(1))
+        (target,) = [x.target for x in actions if x.kind == "gaze" and x.actor == a and x.start <= w0 and w1 <= x.end]
+        return "An object" if target == OBJECT else f"Person {target}"
     raise AssertionError(f"unexpected category {category}")
 
 
@@ -106,7 +117,7 @@ def test_answers_follow_from_the_drawn_actions(out: Path) -> None:
             answer = solve(q.category, q.text, q.actions)
             assert f"{item.answer}) {answer}" in item.options, (e.clip.name, item.options, answer)
             assert q.text in item.question
-            gt = {p for _, persons in q.events for p in persons}
+            gt = {p for ev in q.events for p in ev[1]}
             assert {p for ev in item.events for p in ev.persons} == (gt if split != "t" else set())
             m = TARGET_RE.match(e.response)
             assert m and m.group("letter") == e.letter, e.response
@@ -212,7 +223,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
     from grasp_lightning.generators.sample.drawing import HELD
 
     seen, white = set(), {"pointing": [], "reaching": []}
-    for k in range(4, 400, 5):  # the G2 clips
+    for k in [k for k in range(360) if world.WorldOptions().category("t", k) == "G2"]:  # the G2 clips
         e, scene = world.make_world_item(3, "t", k)
         (g,) = e.question.actions
         frames = world.render_world_clip(scene, e.question.actions)
@@ -247,3 +258,115 @@ def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Pat
     text = dm.processor.tokenizer.decode(batch.inputs["input_ids"][0], skip_special_tokens=False)
     assert text.count(world.INSTRUCTION) == 1 and INSTRUCTION not in text
     assert world.SYSTEM_PROMPT in text
+
+
+# ------------------------------------------------------------------ the shortcut and temporal options
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("world_full")
+    world.generate_world(root, seed=5, n_train=14, n_bench=14, n_rl=14, options=FULL, clips_per_shard=20)
+    return root
+
+
+def test_options_add_j3_and_t3_and_every_file_reads_back(full: Path) -> None:
+    assert FULL.categories == ("T1", "T4", "T6", "G1", "G2", "J3", "T3")
+    files = {"t": read_sft(full / "train" / "data_sft.jsonl"), "r": read_rl(full / "train" / "data_rl.jsonl"),
+             "b": read_bench(full / "test" / "grasp_bench.tar")}
+    assert collections.Counter(i.category for i in files["b"]) == {c: 2 for c in FULL.categories}
+    store, bench = ClipStore(full / "train" / "videos"), bench_store(full / "test" / "grasp_bench.tar")
+    for split, items in files.items():
+        by_clip = {Path(i.clip.path).name: i for i in items}
+        for k in range(14):
+            e = world.make_world_entry(5, split, k, FULL)
+            item, q = by_clip[e.clip.name], e.question
+            assert f"{item.answer}) {solve(q.category, q.text, q.actions)}" in item.options, (e.clip.name, item.options)
+            assert set(extract_participants(TARGET_RE.match(e.response).group("sentence"))) == {
+                p for ev in q.events for p in ev[1]}
+            if split == "t":
+                continue
+            # the T3 gaze carries its own time span; the other events last the whole clip and carry none
+            spans = [ev.span for ev in item.events]
+            assert spans == ([q.events[0][2]] if q.category == "T3" else [None] * len(q.events)), (e.clip.name, spans)
+        t3 = [i for i in files["b"] if i.category == "T3"]
+        frames = decode_clip(bench.open(t3[0].clip.path), fps=2.0)
+        assert frames.frames.shape[0] == 8 and np.allclose(frames.timestamps, np.arange(8) / 2.0)
+    assert all(it.clip.path in store for it in list(files["t"]) + list(files["r"]))
+    readme = (full / "README.md").read_text()
+    assert "--shortcut 0.7 --shortcut-bench 0 --temporal" in readme
+
+
+def test_shortcut_prior_accuracy_is_as_configured_on_both_splits() -> None:
+    """The prior "the gaze follows the point" (read from the question text) is right in about 70 % of the
+    training J3 clips, never in the bench's (the shortcut-breaking split), and in half of them with
+    ``shortcut_bench=0.5``; the answer always follows the drawn gaze, never the text."""
+    def j3(split: str, n: int, options: world.WorldOptions) -> list:
+        out = []
+        for k in range(n):
+            rng = __import__("random").Random(f"world:9:{split}:{k}")
+            out.append(world._question("J3", rng, False, options.follow(split)).question)
+        return out
+
+    train, bench = j3("t", 600, FULL), j3("b", 300, FULL)
+    prior_train = sum(world.shortcut_prior(q) == q.answer_text for q in train) / len(train)
+    prior_bench = sum(world.shortcut_prior(q) == q.answer_text for q in bench) / len(bench)
+    assert abs(prior_train - 0.7) < 0.06, prior_train  # 600 draws: 3 standard deviations are 0.056
+    assert prior_bench == 0.0
+    half = j3("b", 400, world.WorldOptions(shortcut=0.7, shortcut_bench=0.5))
+    assert abs(sum(world.shortcut_prior(q) == q.answer_text for q in half) / len(half) - 0.5) < 0.08
+    for q in train + bench:
+        assert q.answer_text == solve("J3", q.text, q.actions)
+        pointing = [a for a in q.actions if a.kind == "pointing"]
+        assert len(pointing) == 1 and world.shortcut_prior(q) == ("An object" if pointing[0].target == OBJECT
+                                                                  else f"Person {pointing[0].target}")
+        (gaze,) = [a for a in q.actions if a.kind == "gaze"]  # the event is the gaze alone: naming the
+        assert q.events == (("gaze", participants(gaze.actor, gaze.target)),)  # pointed-at target costs precision
+    entries = [world.make_world_entry(9, "b", k, FULL) for k in range(5, 5 + 7 * 6, 7)]  # the bench's J3 clips
+    assert {e.question.category for e in entries} == {"J3"} and world.prior_accuracy(entries) == 0.0
+    assert world.prior_accuracy([world.make_world_entry(9, "b", 0, FULL)]) is None  # no J3 entry
+
+
+def test_shortcut_prior_refuses_other_questions() -> None:
+    with pytest.raises(ValueError, match="not a world J3 question: T1"):
+        world.shortcut_prior(world.make_world_entry(0, "b", 0).question)
+
+
+def test_t3_clips_show_each_gaze_during_its_span_and_the_target_states_it() -> None:
+    """A T3 clip is 8 frames (4 s); the gazer's white dot is in the first target's square before the switch and
+    in the second's after it (from the first frame of each gaze on); the asked window lies inside the span the
+    SFT target states (``from 2.0s to 4.0s``), which is the ground-truth event's span."""
+    span_re = re.compile(r"from (\d\.\d)s to (\d\.\d)s")
+    seen_switch = set()
+    for k in range(6, 6 + 7 * 12, 7):
+        e, scene = world.make_world_item(4, "b", k, FULL)
+        q = e.question
+        assert q.category == "T3" and e.clip.duration == world.TEMPORAL_DURATION
+        frames = world.render_world_clip(scene, q.actions, world.TEMPORAL_DURATION, None)
+        assert len(frames) == 8
+        first, second = q.actions
+        assert first.end == second.start and second.end == world.TEMPORAL_DURATION
+        seen_switch.add(first.end)
+        for i, frame in enumerate(frames):
+            light = frame.astype(float) @ np.array([0.299, 0.587, 0.114]) > 225
+            gaze = first if i / world.FPS < first.end else second
+            x, y = np.round(_tip(scene.point(gaze.actor), scene.point(gaze.target))).astype(int)
+            assert light[y - 1:y + 2, x - 1:x + 2].any(), (e.clip.name, i, gaze)
+        (lo, hi) = map(float, span_re.search(e.response).groups())
+        assert q.events[0][2] == (lo, hi) and lo <= q.time_range[0] < q.time_range[1] <= hi
+        assert q.time_range[1] - q.time_range[0] == 1.0
+    assert seen_switch == set(world.TEMPORAL_SWITCH)
+
+
+def test_world_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="shortcut must be a share in"):
+        world.WorldOptions(shortcut=1.5)
+    with pytest.raises(ValueError, match=r"train_mix \('T1', 'J3'\).*unknown: \['J3'\]"):
+        world.WorldOptions(train_mix=("T1", "J3"))
+    assert world.WorldOptions().train_cycle == world.TRAIN_MIX
+    assert FULL.train_cycle == world.TRAIN_MIX + ("J3", "J3", "T3", "T3")
+    counts = collections.Counter(world.WorldOptions().category("t", k) for k in range(900))
+    assert counts == {"T4": 300, "T1": 200, "G2": 200, "T6": 100, "G1": 100}
+    mix = world.WorldOptions(train_mix=("T4", "T4", "T1"))
+    assert [mix.category("t", k) for k in range(4)] == ["T4", "T4", "T1", "T4"]
+    assert [mix.category("b", k) for k in range(6)] == list(world.CATEGORIES) + ["T1"]  # the bench stays balanced
+    with pytest.raises(SystemExit):
+        world.main(["/tmp/unused", "--shortcut", "2"])

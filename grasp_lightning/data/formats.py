@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -222,29 +223,73 @@ def _person_id(p: Any) -> int | None:
 def parse_events(raw: Any, where: str) -> tuple[SocialEvent, ...]:
     """``[{"source": "gaze", "persons": [0, 3]}, ...]`` -> events; any non-gaze source is a gesture.
 
+    An event may also give its time as ``"start_seconds"`` and ``"end_seconds"`` (seconds from the
+    clip start; both or neither): it then gets ``span=(start, end)``, else ``span=None``.
+
     Raises:
-        GraspFormatError: not a list of ``{source: str, persons: list}``, or a person that is not a
-            non-negative integer id (``Person N`` ids are 0-based).
+        GraspFormatError: naming ``where``: not a list of ``{source: str, persons: list}``, a person
+            that is not a non-negative integer id (``Person N`` ids are 0-based), or a bad time span
+            (:func:`_event_span`).
     """
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise GraspFormatError(where, "events must be a list of {source, persons}")
     events = []
-    for ev in raw:
+    for n, ev in enumerate(raw):
         if not isinstance(ev, dict) or not isinstance(ev.get("source"), str) or not isinstance(ev.get("persons"), list):
             raise GraspFormatError(where, f"bad event {ev!r} (expected {{'source': str, 'persons': [int, ...]}})")
         persons = tuple(_person_id(p) for p in ev["persons"])
         if any(p is None for p in persons):
             raise GraspFormatError(where, f"event persons must be non-negative integer ids, got {ev['persons']!r}")
         kind = ev["source"].strip()
-        events.append(SocialEvent("gaze" if kind.lower() == "gaze" else "gesture", persons, kind))
+        events.append(SocialEvent("gaze" if kind.lower() == "gaze" else "gesture", persons, kind,
+                                  span=_event_span(ev, n, where)))
     return tuple(events)
+
+
+def _event_span(ev: dict, n: int, where: str) -> tuple[float, float] | None:
+    """``(start_seconds, end_seconds)`` of event number ``n`` (0-based), ``None`` when it gives neither key
+    (a key set to ``null`` counts as not given, as for the other optional numbers of the format).
+
+    Raises:
+        GraspFormatError: naming ``where`` and the event: only one of the two keys, a value that is not
+            a finite number (``bool`` is not a number), a negative start, or an end not after the start.
+    """
+    has_start, has_end = ev.get("start_seconds") is not None, ev.get("end_seconds") is not None
+    if not has_start and not has_end:
+        return None
+    if has_start != has_end:
+        given, missing = ("start_seconds", "end_seconds") if has_start else ("end_seconds", "start_seconds")
+        raise GraspFormatError(where, f"event {n}: {given!r} given without {missing!r} (give both or neither)")
+    times = []
+    for key in ("start_seconds", "end_seconds"):
+        value = ev[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GraspFormatError(where, f"event {n}: {key!r} must be a finite number of seconds, got {value!r}")
+        times.append(float(value))
+    start, end = times
+    if start < 0:
+        raise GraspFormatError(where, f"event {n}: 'start_seconds' {start} must be >= 0")
+    if end <= start:
+        raise GraspFormatError(where, f"event {n}: 'end_seconds' {end} must be greater than 'start_seconds' {start}")
+    return start, end
 
 
 def persons_named(text: str) -> set[int]:
     """The person ids mentioned in ``text`` as ``Person N`` or a standalone ``PN``."""
     return {int(a or b) for a, b in _PERSON_RE.findall(text or "")}
+
+
+def persons_shown(item: GraspItem) -> frozenset[int]:
+    """The people an item shows: those :func:`persons_named` in its question text (which our readers
+    build with the options, :func:`user_text`) and in its options, plus its ground-truth participants.
+
+    What ``grounding/enumeration_rate`` compares the named people with
+    (:func:`grasp_lightning.rewards.enumerates`).
+    """
+    named = persons_named(item.question) | persons_named("\n".join(item.options))
+    return frozenset(named) | item.participants
 
 
 def event_warnings(item: GraspItem) -> list[str]:

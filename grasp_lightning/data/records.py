@@ -66,11 +66,15 @@ class SocialEvent:
             (``docs/data-format.md``, data_rl.jsonl).
         persons: 0-based person ids taking part, in the order given by the data.
         kind: the source string as written in the data (e.g. ``"pointing"``), for reports.
+        span: ``(start, end)`` seconds from the clip start when the data gives the event's time
+            (optional keys ``start_seconds``/``end_seconds``; ``0 <= start < end``), else ``None``.
+            Read by the ``temporal_grounding`` reward (:mod:`grasp_lightning.rewards`).
     """
 
     source: str
     persons: tuple[int, ...]
     kind: str = ""
+    span: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

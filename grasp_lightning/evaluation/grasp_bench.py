@@ -27,7 +27,7 @@ from .base import EvalSuite, SuiteReport
 
 #: The values logged as ``val/<key>`` (the category accuracies go to ``val_category/<code>``).
 LOGGED_KEYS = ("acc/overall", "acc/gaze", "acc/gesture", "acc/joint", "acc_macro/overall", "unparseable_rate",
-               "grounding/precision")
+               "grounding/precision", "grounding/enumeration_rate", "grounding/temporal_iou")
 
 
 class GraspBench(EvalSuite):

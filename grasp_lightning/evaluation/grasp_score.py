@@ -18,6 +18,16 @@ Definitions (the contract of :meth:`BenchAccuracy.compute`):
   are not grounding-eligible. An eligible item naming nobody has no defined precision: it is left
   out of the ``grounding/precision`` mean and lowers ``grounding/named_rate`` (eligible items
   naming at least one person / eligible items) instead.
+- ``grounding/enumeration_rate``: among the naming eligible items (those in ``grounding/n``) whose
+  shown people are known, the share that *enumerate*: the named set covers every person the item
+  shows, and it shows at least two (:func:`grasp_lightning.rewards.enumerates`). The people an item
+  shows are those named in its question and options plus its ground-truth participants
+  (:func:`grasp_lightning.data.formats.persons_shown`). It counts directly the failure that the
+  SGR's precision penalises ("enumerating every visible person lowers P").
+- ``grounding/temporal_iou``: the mean, over the items with at least one ground-truth event span
+  (``start_seconds``/``end_seconds``), of the ``temporal_grounding`` score of the completion
+  (:func:`grasp_lightning.rewards.temporal_grounding`; 0 when it names no span). The project's own
+  metric: the paper names temporal alignment as future work.
 - A value with nothing to average over (a category, difficulty or group without items, precision
   without any naming item) is ``NaN``; the key set of :meth:`BenchAccuracy.compute` is always the
   same, so logs and reports line up across runs. Reports print ``NaN`` as "–".
@@ -33,6 +43,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from grasp_lightning import parsing
+from grasp_lightning.data.formats import persons_shown
 from grasp_lightning.data.records import (
     CATEGORIES,
     DIFFICULTIES,
@@ -41,6 +52,7 @@ from grasp_lightning.data.records import (
     normalise_category,
 )
 from grasp_lightning.errors import GraspDataError
+from grasp_lightning.rewards import enumerates, temporal_grounding
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 _DIFF_INDEX = {d: i for i, d in enumerate(DIFFICULTIES)}
@@ -74,7 +86,10 @@ def score_completion(completion: str, item: GraspItem) -> dict[str, Any]:
         ``None`` when unparseable), ``correct`` (bool), ``participants_named`` (sorted person ids
         mentioned in the reasoning), ``participants_gt`` (sorted ids of the ground-truth events),
         ``precision`` (``|named ∩ gt| / |named|`` or ``None`` when there is no ground truth or
-        nobody is named) and ``completion`` (the text). :meth:`BenchAccuracy.update_from_records`
+        nobody is named), ``participants_visible`` (sorted ids the item shows:
+        :func:`~grasp_lightning.data.formats.persons_shown`), ``temporal_iou`` (the
+        ``temporal_grounding`` score in ``[0, 1]``, ``None`` when no event of the item has a time
+        span) and ``completion`` (the text). :meth:`BenchAccuracy.update_from_records`
         consumes a list of these.
 
     Raises:
@@ -102,6 +117,7 @@ def make_record(completion: str, item: GraspItem, *, target: str, predicted: str
     category = normalise_category(item.category, item.origin)
     named = frozenset(parsing.extract_participants(parsing.reasoning_text(completion)))
     gt = item.participants
+    has_spans = any(event.span is not None for event in item.events)
     return {
         "uid": item.uid,
         "category": category,
@@ -112,6 +128,8 @@ def make_record(completion: str, item: GraspItem, *, target: str, predicted: str
         "participants_named": sorted(named),
         "participants_gt": sorted(gt),
         "precision": _precision(named, gt),
+        "participants_visible": sorted(persons_shown(item)),
+        "temporal_iou": temporal_grounding(completion, item) if has_spans else None,
         "completion": completion,
     }
 
@@ -123,9 +141,10 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 
 
 class BenchAccuracy(Metric):
-    """GRASP-Bench accuracy per category, group, difficulty and overall, plus grounding precision.
+    """GRASP-Bench accuracy per category, group, difficulty and overall, plus grounding precision,
+    enumeration rate and temporal IoU.
 
-    All states are sum-reduced tensors (counts as int64, the precision sum as float64), so
+    All states are sum-reduced tensors (counts as int64, the precision and IoU sums as float64), so
     ``compute()`` under DDP, and :meth:`merge_state` of per-rank metrics, give the same numbers as
     one process scoring every item. Rows with ``valid=False`` (padding that a distributed sampler
     adds to even out ranks) are not counted. Definitions: module docstring; source: GRASP paper,
@@ -147,6 +166,10 @@ class BenchAccuracy(Metric):
     precision_sum: Tensor
     precision_count: Tensor
     grounding_eligible: Tensor
+    enumerating: Tensor
+    enumeration_count: Tensor
+    temporal_sum: Tensor
+    temporal_count: Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -159,6 +182,10 @@ class BenchAccuracy(Metric):
         self.add_state("precision_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("precision_count", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("grounding_eligible", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("enumerating", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("enumeration_count", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("temporal_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("temporal_count", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(
         self,
@@ -170,6 +197,8 @@ class BenchAccuracy(Metric):
         gt: list[frozenset[int]],
         valid: Tensor | None = None,
         correct: list[bool] | None = None,
+        visible: list[frozenset[int] | None] | None = None,
+        temporal: list[float | None] | None = None,
     ) -> None:
         """Count one batch of B scored items.
 
@@ -184,6 +213,10 @@ class BenchAccuracy(Metric):
             valid: bool ``(B,)``; ``False`` marks sampler padding, which is skipped. ``None``: all valid.
             correct: B verdicts decided by the caller (an evaluation protocol's rule, which may score
                 open-ended items); ``None``: a row is correct when its prediction equals its target letter.
+            visible: B sets of person ids the item shows (:func:`~grasp_lightning.data.formats.persons_shown`;
+                ``gt`` is added), ``None`` where unknown; ``None``: all unknown (no enumeration counted).
+            temporal: B ``temporal_grounding`` scores in ``[0, 1]``, ``None`` for an item without event
+                time spans; ``None``: none has spans.
 
         Raises:
             ValueError: if the lists and ``valid`` differ in length.
@@ -191,15 +224,17 @@ class BenchAccuracy(Metric):
                 when ``correct`` is ``None``.
         """
         size = len(predictions)
-        lengths = {len(targets), len(categories), len(difficulties), len(named), len(gt),
+        visible = [None] * size if visible is None else visible
+        temporal = [None] * size if temporal is None else temporal
+        lengths = {len(targets), len(categories), len(difficulties), len(named), len(gt), len(visible), len(temporal),
                    *(() if correct is None else (len(correct),))}
         if lengths != {size} or (valid is not None and tuple(valid.shape) != (size,)):
             raise ValueError(f"BenchAccuracy.update: inputs differ in length (predictions {size}, others {sorted(lengths)}, "
                              f"valid {None if valid is None else tuple(valid.shape)})")
         keep = [True] * size if valid is None else [bool(v) for v in valid.tolist()]
         cat_idx, cat_ok, diff_idx, diff_ok = [], [], [], []
-        unparseable = eligible = n_prec = 0
-        prec_sum = 0.0
+        unparseable = eligible = n_prec = n_enum = enum_hits = n_tmp = 0
+        prec_sum = tmp_sum = 0.0
         for row in range(size):
             if not keep[row]:
                 continue
@@ -217,18 +252,30 @@ class BenchAccuracy(Metric):
                 diff_idx.append(_DIFF_INDEX[diff])
                 diff_ok.append(ok)
             unparseable += predictions[row] is None
-            if named[row] is not None and gt[row]:
-                eligible += 1
-                p = _precision(named[row], gt[row])
-                if p is not None:
-                    n_prec += 1
-                    prec_sum += p
+            if temporal[row] is not None:
+                n_tmp += 1
+                tmp_sum += float(temporal[row])
+            if named[row] is None or not gt[row]:
+                continue
+            eligible += 1
+            p = _precision(named[row], gt[row])
+            if p is None:
+                continue
+            n_prec += 1
+            prec_sum += p
+            if visible[row] is not None:
+                n_enum += 1
+                enum_hits += enumerates(named[row], frozenset(visible[row]) | gt[row])
         self._tally(self.cat_correct, self.cat_total, cat_idx, cat_ok)
         self._tally(self.diff_correct, self.diff_total, diff_idx, diff_ok)
         self.unparseable += unparseable
         self.grounding_eligible += eligible
         self.precision_count += n_prec
         self.precision_sum += prec_sum
+        self.enumeration_count += n_enum
+        self.enumerating += enum_hits
+        self.temporal_count += n_tmp
+        self.temporal_sum += tmp_sum
 
     @staticmethod
     def _tally(correct: Tensor, total: Tensor, index: list[int], ok: list[bool]) -> None:
@@ -242,7 +289,9 @@ class BenchAccuracy(Metric):
 
     def update_from_records(self, records: list[dict[str, Any]], valid: Tensor | None = None) -> None:
         """:meth:`update` from records of :func:`score_completion` or :func:`make_record` (``valid``: bool
-        ``(B,)`` or ``None``); each record's ``correct`` is the verdict counted."""
+        ``(B,)`` or ``None``); each record's ``correct`` is the verdict counted. A record without
+        ``participants_visible`` or ``temporal_iou`` (a results.json written before they existed) counts
+        in neither of those metrics."""
         self.update(
             [r["predicted"] for r in records],
             [r["target"] for r in records],
@@ -252,6 +301,8 @@ class BenchAccuracy(Metric):
             [frozenset(r["participants_gt"]) for r in records],
             valid,
             [bool(r["correct"]) for r in records],
+            [None if r.get("participants_visible") is None else frozenset(r["participants_visible"]) for r in records],
+            [r.get("temporal_iou") for r in records],
         )
 
     def compute(self) -> dict[str, float]:
@@ -261,7 +312,9 @@ class BenchAccuracy(Metric):
         ``acc_macro/<group>`` and ``n/<group>`` for gaze/gesture/joint; ``acc/<difficulty>`` and
         ``n/<difficulty>``; ``acc/overall``, ``acc_macro/overall``, ``n/overall``;
         ``unparseable_rate`` (unparseable / items); ``grounding/precision`` (mean over naming
-        items), ``grounding/named_rate`` (naming / eligible items), ``grounding/n`` (naming items).
+        items), ``grounding/named_rate`` (naming / eligible items), ``grounding/n`` (naming items);
+        ``grounding/enumeration_rate`` (enumerating / naming items whose shown people are known) and
+        ``grounding/temporal_iou`` (mean ``temporal_grounding`` over the items with event time spans).
         """
         out: dict[str, float] = {}
         cat_acc = _ratio(self.cat_correct, self.cat_total)
@@ -285,6 +338,8 @@ class BenchAccuracy(Metric):
         out["grounding/precision"] = float(_ratio(self.precision_sum, self.precision_count))
         out["grounding/named_rate"] = float(_ratio(self.precision_count, self.grounding_eligible))
         out["grounding/n"] = float(self.precision_count)
+        out["grounding/enumeration_rate"] = float(_ratio(self.enumerating, self.enumeration_count))
+        out["grounding/temporal_iou"] = float(_ratio(self.temporal_sum, self.temporal_count))
         return out
 
 

@@ -150,7 +150,7 @@ def markdown_table(metrics: dict[str, float], label: str = "ours") -> str:
     Rows: the 16 categories, then Gaze, Gesture, Joint (count-weighted) and Overall. Columns: code,
     name, our accuracy in % (header ``label``), each model of :data:`PAPER_REFERENCE` in %, and the
     item count n. Missing or NaN values print "–". Below the table: accuracy by difficulty,
-    unparseable-answer rate and grounding precision (Figure 5).
+    unparseable-answer rate, grounding precision (Figure 5), enumeration rate and temporal IoU.
     """
     refs = list(PAPER_REFERENCE)
     lines = [
@@ -172,6 +172,8 @@ def markdown_table(metrics: dict[str, float], label: str = "ours") -> str:
         f"Grounding precision `|named ∩ gt| / |named|` (Figure 5): {_pct(metrics.get('grounding/precision'))}% "
         f"over {_count(metrics, 'grounding/n')} items naming someone; "
         f"named rate {_pct(metrics.get('grounding/named_rate'))}%.",
+        f"Enumeration rate (naming every person shown): {_pct(metrics.get('grounding/enumeration_rate'))}%; "
+        f"temporal IoU of the named event spans: {_pct(metrics.get('grounding/temporal_iou'))}%.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -21,6 +21,29 @@ Questions (each with four options, one answer letter, balanced letters):
 - ``G1`` who points: "Who is pointing?" (Person 0-3), half with a distractor gaze.
 - ``G2`` gesture type: "What kind of gesture does Person a make?" (Pointing, Showing, Giving, Reaching).
 
+The training rows (SFT and RL) follow the category cycle :data:`TRAIN_MIX` (a third of them T4, the
+hardest; T6 and G1, learnt first, a ninth each); the bench has every category in turn.
+
+Two options of :class:`WorldOptions` add categories:
+
+- ``J3`` gaze response to gesture, the **language shortcut** (``shortcut=p``; the paper's Figure 1
+  item): "When Person p points at Person x, who or what does Person g look at?". The text names the
+  pointed-at target, and in a share ``p`` of the training clips (say 0.7) Person g's gaze does follow
+  the point, so answering the pointed-at target (:func:`shortcut_prior`) is right that often without
+  looking at the gaze. In the bench the gaze follows the point in a share ``shortcut_bench`` of the
+  clips (default 0: the bench's J3 items are the **shortcut-breaking split**, where the prior is
+  always wrong). The ground-truth event is the gaze alone, so a reasoning that names the pointed-at
+  target instead of the gaze's (the shortcut) loses grounding precision.
+- ``T3`` temporal gaze reasoning (``temporal=True``): 4-s clips (8 frames) in which Person a looks at
+  one target and then, from a whole second ``s`` in 1-3, at another; "Between 2.0s and 3.0s, who or
+  what does Person a look at?" asks about a one-second window inside one of the two gazes, and the
+  SFT target states when that gaze happens: ``<gaze>Person a looks at Person y from 2.0s to
+  4.0s.</gaze>``, the span the temporal grounding reward (``temporal_grounding``) scores.
+
+The ``T3`` events carry their time spans (``start_seconds`` / ``end_seconds`` in ``gt_events`` and
+``qa.events``); the other categories' events last the whole clip and carry none, so the temporal reward
+and ``val/grounding/temporal_iou`` score the time questions only.
+
 Every question ends with the short :data:`INSTRUCTION`, and the world's tokenizer is trained on the
 world's own prompts (:func:`world_corpus`): a language model trained from scratch must learn to find
 the few video tokens that matter among the prompt's tokens, and it learns that faster in a short
@@ -33,7 +56,8 @@ then the non-person option) unless ``shuffle_options`` puts the answer at a rand
 Usage::
 
     python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
-        [--shuffle-options] [--model-dir DIR]
+        [--shuffle-options] [--shortcut 0.7] [--shortcut-bench 0.0] [--temporal] [--train-mix T1,T4,...]
+        [--model-dir DIR]
 
 Deterministic for a given seed (mp4 bytes for a given libx264 build, like the sample data).
 """
@@ -43,6 +67,7 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -95,7 +120,14 @@ DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
 NO_ONE_P = 0.5
 SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the seven the format allows)
 COLOUR_NAMES = ("red", "green", "blue", "yellow")
-CATEGORIES = ("T1", "T4", "T6", "G1", "G2")
+CATEGORIES = ("T1", "T4", "T6", "G1", "G2")  #: the base world's categories (no option set)
+#: The category cycle of the base world's training rows (the bench stays balanced): 3 of 9 rows T4, 2 T1,
+#: 2 G2, 1 T6, 1 G1. With every category in turn, T4 was at 0.55-0.70 after 900 SFT steps on seeds 0-2
+#: while T6 and G1 were at 1.00 from step 600 on; with 3 of 8 rows T4 (seed 0) T4 reached 0.88 at step 700,
+#: and G2, down to 1 of 8, was the weakest (0.73).
+TRAIN_MIX = ("T1", "T4", "G2", "T4", "T1", "T6", "T4", "G2", "G1")
+TEMPORAL_DURATION = 4.0  #: length of a ``T3`` clip in seconds (8 frames: four 1-s temporal patches)
+TEMPORAL_SWITCH = (1.0, 2.0, 3.0)  #: the seconds at which a ``T3`` gazer may switch targets
 #: The system prompt of every world recipe (``data.system_prompt`` in ``configs/world_*.yaml``).
 #: Short on purpose (24 tokens of the world's tokenizer): every prompt token costs CPU time and attention.
 SYSTEM_PROMPT = "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow."
@@ -121,7 +153,7 @@ def make_world_scene(rng: random.Random) -> Scene:
                  OBJECT_CENTRE, SIZE, SIZE)
 
 
-def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.ndarray:
+def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: float | None = RAMP) -> np.ndarray:
     """The frame at second ``t``: background, object, persons, then the actions active at ``t``.
 
     Cues are bold and aligned with the visual tokens, which a model trained from scratch needs: a
@@ -134,6 +166,10 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
     leaves the actor's square and sits in the receiver's square from the second frame on (so the
     object is always outside a square when shown and inside one when given). Persons carry no
     number tab (white digits would look like gaze dots): the colour identifies them.
+
+    ``ramp``: the share of an action's span its dot takes to arrive (:data:`RAMP`); ``None`` draws every
+    gaze and given object arrived from the action's first frame (the ``T3`` clips, where a gaze that
+    starts at second ``s`` must be seen at ``s``).
 
     Returns:
         ``(SIZE, SIZE, 3)`` uint8 RGB.
@@ -148,7 +184,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
             continue
         src, dst = scene.point(a.actor), scene.point(a.target)
         if a.kind == "gaze":
-            draw_gaze(frame, src, dst, a.progress(t, ramp=RAMP), PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT)
+            progress = 1.0 if ramp is None else a.progress(t, ramp=ramp)
+            draw_gaze(frame, src, dst, progress, PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT)
         elif a.kind in ("pointing", "reaching"):
             length, width = ARM if a.kind == "pointing" else REACH
             draw_pointing(frame, src, dst, length, width, square=ARM_START)
@@ -156,13 +193,15 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float) -> np.
             inward = 1 if src[1] < scene.height // 2 else -1
             draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), 5, HELD)
         else:
-            draw_gesture(frame, a.kind, src, dst, a.progress(t, ramp=RAMP), square=SQUARE)
+            draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE)
     return frame
 
 
-def render_world_clip(scene: Scene, actions: Sequence[Action]) -> list[np.ndarray]:
-    """The ``DURATION * FPS`` frames of a clip (frame ``i`` shows second ``i / FPS``)."""
-    return [render_world_frame(scene, actions, i / FPS) for i in range(int(round(DURATION * FPS)))]
+def render_world_clip(scene: Scene, actions: Sequence[Action], duration: float = DURATION,
+                      ramp: float | None = RAMP) -> list[np.ndarray]:
+    """The ``duration * FPS`` frames of a clip (frame ``i`` shows second ``i / FPS``; ``ramp``: see
+    :func:`render_world_frame`)."""
+    return [render_world_frame(scene, actions, i / FPS, ramp) for i in range(int(round(duration * FPS)))]
 
 
 # ------------------------------------------------------------------------------------ questions
@@ -256,40 +295,162 @@ def _g2(rng: random.Random, shuffle: bool) -> WorldQuestion:
     return WorldQuestion(q, f"<gesture>Person {a} {VERBS[kind]} {person_name(target)}.</gesture>")
 
 
-#: Question builder of each world category.
-TEMPLATES: dict[str, Callable[[random.Random, bool], WorldQuestion]] = {
-    "T1": _t1, "T4": _t4, "T6": _t6, "G1": _g1, "G2": _g2,
+def _j3(rng: random.Random, shuffle: bool, follow: float = 1.0) -> WorldQuestion:
+    """``J3``, the language shortcut: Person p points at x (named in the question); Person g looks at x
+    with probability ``follow`` (the prior holds), else at another person or the object."""
+    p, g = rng.sample(range(4), 2)
+    x = rng.choice(_others(p, g) + [OBJECT])
+    y = x if rng.random() < follow else rng.choice([t for t in _others(g) + [OBJECT] if t != x])
+    acts = (Action("pointing", p, x, 0.0, DURATION), _gaze(g, y))
+    q = Question("J3", f"When Person {p} points at {person_name(x)}, who or what does Person {g} look at?",
+                 option_text(y), _persons(g) + ("An object",), acts, (("gaze", participants(g, y)),), (0.0, DURATION),
+                 sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {g} looks at {person_name(y)}.</gaze>")
+
+
+def _t3(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    """``T3``, temporal: Person a looks at x until second ``s``, then at y until the clip ends; the question
+    asks about a one-second window inside one gaze, the reasoning states that gaze's span."""
+    a = rng.randrange(4)
+    x, y = rng.sample(_others(a) + [OBJECT], 2)
+    s = rng.choice(TEMPORAL_SWITCH)
+    spans = ((0.0, s), (s, TEMPORAL_DURATION))
+    asked = rng.randrange(2)
+    (lo, hi), target = spans[asked], (x, y)[asked]
+    w = float(rng.randrange(int(lo), int(hi)))
+    acts = (Action("gaze", a, x, *spans[0]), Action("gaze", a, y, *spans[1]))
+    q = Question("T3", f"Between {w:.1f}s and {w + 1:.1f}s, who or what does Person {a} look at?", option_text(target),
+                 _persons(a) + ("An object",), acts, (("gaze", participants(a, target), (lo, hi)),), (w, w + 1.0),
+                 sort_options=shuffle)
+    return WorldQuestion(q, f"<gaze>Person {a} looks at {person_name(target)} from {lo:.1f}s to {hi:.1f}s.</gaze>")
+
+
+#: Question builder of each world category (``J3`` takes the share of clips that follow the point too).
+TEMPLATES: dict[str, Callable[..., WorldQuestion]] = {
+    "T1": _t1, "T4": _t4, "T6": _t6, "G1": _g1, "G2": _g2, "J3": _j3, "T3": _t3,
 }
 
 
+_J3_RE = re.compile(r"When Person \d points at (Person \d|the object),")
+
+
+def shortcut_prior(question: Question) -> str:
+    """The answer a language prior gives to a ``J3`` question: the target the question says is pointed at
+    ("When Person 2 points at Person 0, ..." gives ``"Person 0"``; "... at the object, ..." gives
+    ``"An object"``), read from the text alone.
+
+    Raises:
+        ValueError: ``question`` is not a ``J3`` question of the world.
+    """
+    m = _J3_RE.match(question.text)
+    if question.category != "J3" or m is None:
+        raise ValueError(f"not a world J3 question: {question.category} {question.text!r}")
+    return "An object" if m.group(1) == "the object" else m.group(1)
+
+
+@dataclass(frozen=True)
+class WorldOptions:
+    """What a world holds beyond its base categories.
+
+    Attributes:
+        shuffle_options: put the answer at a random option position instead of the fixed order.
+        shortcut: add ``J3`` (the language shortcut) with this share of training clips (SFT and RL
+            rows) in which the gaze follows the point; ``None`` for no ``J3``.
+        shortcut_bench: the same share in the bench's ``J3`` clips (0.0: every one breaks the shortcut).
+        temporal: add ``T3`` (temporal gaze reasoning, 4-s clips).
+        train_mix: the category cycle of the training splits (SFT and RL rows: item ``k`` gets
+            ``train_mix[k % len(train_mix)]``), e.g. more clips of a hard category; ``None``:
+            :data:`TRAIN_MIX`, then ``J3`` and ``T3`` twice each when their options are set. The bench
+            always has every category in turn.
+
+    Raises:
+        ValueError: a share outside [0, 1], or a ``train_mix`` category the world does not have.
+    """
+
+    shuffle_options: bool = False
+    shortcut: float | None = None
+    shortcut_bench: float = 0.0
+    temporal: bool = False
+    train_mix: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("shortcut", "shortcut_bench"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"WorldOptions.{name} must be a share in [0, 1], got {value!r}")
+        if self.train_mix is not None:
+            unknown = sorted(set(self.train_mix) - set(self.categories))
+            if unknown or not self.train_mix:
+                raise ValueError(f"WorldOptions.train_mix {self.train_mix!r}: must be a non-empty cycle of the "
+                                 f"world's categories {self.categories} (unknown: {unknown})")
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """:data:`CATEGORIES`, then ``J3`` and ``T3`` when their options are set (the bench's cycle)."""
+        return CATEGORIES + (("J3",) if self.shortcut is not None else ()) + (("T3",) if self.temporal else ())
+
+    @property
+    def train_cycle(self) -> tuple[str, ...]:
+        """The category cycle of the training splits (see :attr:`train_mix`)."""
+        if self.train_mix is not None:
+            return self.train_mix
+        return TRAIN_MIX + tuple(c for c in self.categories[len(CATEGORIES):] for _ in range(2))
+
+    def category(self, split: str, k: int) -> str:
+        """Category of item ``k`` of ``split``: :attr:`train_cycle` for the training splits (``"t"``, ``"r"``),
+        else :attr:`categories` in turn."""
+        cycle = self.train_cycle if split in ("t", "r") else self.categories
+        return cycle[k % len(cycle)]
+
+    def follow(self, split: str) -> float:
+        """The share of ``J3`` clips of ``split`` in which the gaze follows the point."""
+        return self.shortcut_bench if split == "b" else (1.0 if self.shortcut is None else self.shortcut)
+
+    def flags(self) -> str:
+        """These options as command-line flags of :func:`main`."""
+        out = " --shuffle-options" if self.shuffle_options else ""
+        out += f" --shortcut {self.shortcut:g} --shortcut-bench {self.shortcut_bench:g}" if self.shortcut is not None else ""
+        out += " --temporal" if self.temporal else ""
+        return out + (f" --train-mix {','.join(self.train_mix)}" if self.train_mix else "")
+
+
+def _question(category: str, rng: random.Random, shuffle: bool, follow: float) -> WorldQuestion:
+    """The category's question (``follow``: the ``J3`` share of clips in which the gaze follows the point)."""
+    return TEMPLATES[category](rng, shuffle, follow) if category == "J3" else TEMPLATES[category](rng, shuffle)
+
+
 # ------------------------------------------------------------------------------------ entries
-def make_world_item(seed: int, split: str, k: int, shuffle_options: bool = False) -> tuple[Entry, Scene]:
-    """The ``k``-th clip and question of a split and the clip's scene, a pure function of ``(seed, split, k)``.
+def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None = None) -> tuple[Entry, Scene]:
+    """The ``k``-th clip and question of a split and the clip's scene, a pure function of ``(seed, split, k, options)``.
 
     Args:
         seed: world seed.
         split: ``"t"`` (SFT rows), ``"r"`` (RL rows) or ``"b"`` (bench); each split has its own clips.
-        k: index in the split; the category is ``CATEGORIES[k % 5]``, so categories are balanced.
-        shuffle_options: put the answer at a random position instead of the fixed option order.
+        k: index in the split; the category is :meth:`WorldOptions.category` (the bench's categories in turn,
+            the training splits' :attr:`WorldOptions.train_cycle`).
+        options: see :class:`WorldOptions` (default: the base world).
 
     Returns:
         ``(entry, scene)``: an :class:`~grasp_lightning.generators.sample.entries.Entry` (clip with mp4
         bytes, question with its drawn actions, options, letter, reasoning; ``entry.response`` is the
         SFT target) and the :class:`~grasp_lightning.generators.sample.drawing.Scene` (person centres in pixels).
     """
+    options = options or WorldOptions()
     rng = random.Random(f"world:{seed}:{split}:{k}")
-    category = CATEGORIES[k % len(CATEGORIES)]
-    wq = TEMPLATES[category](rng, shuffle_options)
+    category = options.category(split, k)
+    wq = _question(category, rng, options.shuffle_options, options.follow(split))
     scene = make_world_scene(rng)
-    data = encode_mp4(render_world_clip(scene, wq.question.actions), FPS, replace(STABLE, crf=CRF))
-    clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, DURATION, (SIZE, SIZE), data, 4)
-    options, letter = make_options(rng, wq.question)
-    return Entry(clip, wq.question, "mcq", options, letter, wq.reasoning), scene
+    duration = TEMPORAL_DURATION if category == "T3" else DURATION
+    frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)
+    data = encode_mp4(frames, FPS, replace(STABLE, crf=CRF))
+    clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, duration, (SIZE, SIZE), data, 4)
+    letters, letter = make_options(rng, wq.question)
+    return Entry(clip, wq.question, "mcq", letters, letter, wq.reasoning), scene
 
 
-def make_world_entry(seed: int, split: str, k: int, shuffle_options: bool = False) -> Entry:
+def make_world_entry(seed: int, split: str, k: int, options: WorldOptions | None = None) -> Entry:
     """The entry of :func:`make_world_item` (without its scene)."""
-    return make_world_item(seed, split, k, shuffle_options)[0]
+    return make_world_item(seed, split, k, options)[0]
 
 
 def _rows(entries: Sequence[Entry], seed: int, name: str, make: Callable) -> list:
@@ -308,73 +469,105 @@ class WorldSummary:
 
 
 def generate_world(out_dir: str | Path, seed: int = 0, n_train: int = 8000, n_bench: int = 200,
-                   n_rl: int | None = None, shuffle_options: bool = False, clips_per_shard: int = 1000) -> WorldSummary:
+                   n_rl: int | None = None, options: WorldOptions | None = None,
+                   clips_per_shard: int = 1000) -> WorldSummary:
     """Write a complete GRASP-format world dataset under ``out_dir``.
 
     Files: ``train/data_sft.jsonl`` (``n_train`` rows), ``train/data_rl.jsonl`` (``n_rl`` rows on
     other clips, with ``gt_events``), ``train/annotations.jsonl`` (all training QA), the shards
     ``train/videos/social_gesture_partNNN.tar``, ``test/annotations.jsonl`` and
     ``test/grasp_bench.tar`` (``n_bench`` items, every one with ``qa.events``), and ``README.md``.
+    ``T3`` events carry their time spans (``start_seconds`` / ``end_seconds``).
 
     Args:
         out_dir: output root (created; files overwritten).
         seed: seed of every random choice.
         n_train: SFT clips; n_rl: RL clips (default ``n_train``); n_bench: bench clips.
-        shuffle_options: see :func:`make_world_entry`.
+        options: see :class:`WorldOptions` (default: the base world).
         clips_per_shard: clips per train tar shard.
 
     Raises:
         ValueError: a count is negative, or ``n_bench`` is 0.
     """
+    options = options or WorldOptions()
     n_rl = n_train if n_rl is None else n_rl
     if min(n_train, n_rl, n_bench) < 0 or n_bench == 0:
         raise ValueError(f"counts must be >= 0 and n_bench >= 1, got train={n_train} rl={n_rl} bench={n_bench}")
     out = Path(out_dir)
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "test").mkdir(parents=True, exist_ok=True)
-    sft = [make_world_entry(seed, "t", k, shuffle_options) for k in range(n_train)]
-    rl = [make_world_entry(seed, "r", k, shuffle_options) for k in range(n_rl)]
-    bench = [make_world_entry(seed, "b", k, shuffle_options) for k in range(n_bench)]
+    sft = [make_world_entry(seed, "t", k, options) for k in range(n_train)]
+    rl = [make_world_entry(seed, "r", k, options) for k in range(n_rl)]
+    bench = [make_world_entry(seed, "b", k, options) for k in range(n_bench)]
     write_jsonl(out / "train" / "data_sft.jsonl", _rows(sft, seed, "sft", lambda r, e, k: sft_row(r, e, INSTRUCTION)))
     write_jsonl(out / "train" / "data_rl.jsonl", _rows(rl, seed, "rl", lambda r, e, k: rl_row(r, e, k, INSTRUCTION)))
     write_jsonl(out / "train" / "annotations.jsonl", [annotation(e, k) for k, e in enumerate(sft + rl)])
     write_shards(out / "train" / "videos", [e.clip for e in sft + rl], clips_per_shard)
     write_jsonl(out / "test" / "annotations.jsonl", [annotation(e, k, bench=True) for k, e in enumerate(bench)])
     write_bench(out / "test" / "grasp_bench.tar", bench, events_every=1)
-    (out / "README.md").write_text(_readme(seed, len(sft), len(rl), len(bench), shuffle_options), encoding="utf-8")
-    log.info("wrote world (seed %d) to %s: %d SFT rows, %d RL rows, %d bench items", seed, out, len(sft), len(rl),
-             len(bench))
+    (out / "README.md").write_text(_readme(seed, len(sft), len(rl), len(bench), options), encoding="utf-8")
+    log.info("wrote world (seed %d%s) to %s: %d SFT rows, %d RL rows, %d bench items", seed, options.flags(), out,
+             len(sft), len(rl), len(bench))
     return WorldSummary(out, len(sft), len(rl), len(bench))
 
 
-def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, shuffle: bool) -> str:
+def prior_accuracy(entries: Sequence[Entry]) -> float | None:
+    """Share of the ``J3`` entries that :func:`shortcut_prior` answers right (``None`` without ``J3`` entries):
+    the language shortcut's accuracy on a split."""
+    j3 = [e for e in entries if e.question.category == "J3"]
+    if not j3:
+        return None
+    return sum(shortcut_prior(e.question) == e.question.answer_text for e in j3) / len(j3)
+
+
+def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, options: WorldOptions) -> str:
     return (f"# Synthetic social world (seed {seed})\n\n"
             f"Made by `python -m grasp_lightning.generators.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
-            f"--bench {n_bench}{' --shuffle-options' if shuffle else ''}`; see the docstring of "
+            f"--bench {n_bench}{options.flags()}`; see the docstring of "
             "`grasp_lightning/generators/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
             "`train/annotations.jsonl`, `train/videos/*.tar`, `test/annotations.jsonl`, `test/grasp_bench.tar`.\n"
-            f"Categories {', '.join(CATEGORIES)}, balanced; clips {SIZE}x{SIZE}, {DURATION:g} s at {FPS:g} fps.\n\n"
+            f"Categories {', '.join(options.categories)}, balanced in the bench; clips {SIZE}x{SIZE}, {DURATION:g} s "
+            f"at {FPS:g} fps{f' ({TEMPORAL_DURATION:g} s for T3)' if options.temporal else ''}.\n\n"
             f"System prompt of the world recipes:\n\n> {SYSTEM_PROMPT}\n")
 
 
-def world_corpus(seed: int = 0, n: int = 400) -> list[str]:
+def world_corpus(seed: int = 0, n: int = 400, options: WorldOptions | None = None) -> list[str]:
     """Tokenizer training text of the world: its system prompt, and the user turns and SFT targets of
     ``n`` clips of a split of its own (``"k"``), so the world's words become single tokens."""
+    options = options or WorldOptions()
     lines = [SYSTEM_PROMPT]
     for k in range(n):
         rng = random.Random(f"world:{seed}:k:{k}")
-        wq = TEMPLATES[CATEGORIES[k % len(CATEGORIES)]](rng, False)
-        options, letter = make_options(rng, wq.question)
-        lines += [mcq_user_text(wq.question.text, options, INSTRUCTION), f"{wq.reasoning}<answer>{letter}</answer>"]
+        category = options.categories[k % len(options.categories)]
+        wq = _question(category, rng, False, options.follow("k"))
+        letters, letter = make_options(rng, wq.question)
+        lines += [mcq_user_text(wq.question.text, letters, INSTRUCTION), f"{wq.reasoning}<answer>{letter}</answer>"]
     return lines
 
 
-def build_world_model(out_dir: str | Path, seed: int = 0) -> Path:
+def build_world_model(out_dir: str | Path, seed: int = 0, options: WorldOptions | None = None) -> Path:
     """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``, with a
     tokenizer trained on :func:`world_corpus` too (user turns about a quarter shorter than with the generic one)."""
     from grasp_lightning.generators.tiny import build_tiny_qwen3vl
 
-    return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed), **MODEL_SIZES)
+    return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed, options=options), **MODEL_SIZES)
+
+
+def add_world_options(parser: argparse.ArgumentParser) -> None:
+    """The :class:`WorldOptions` flags (shared with ``benchmarks/world.py``)."""
+    parser.add_argument("--shuffle-options", action="store_true", help="answer at a random option position")
+    parser.add_argument("--shortcut", type=float, default=None, metavar="P",
+                        help="add J3, the language shortcut: the gaze follows the point in this share of training clips")
+    parser.add_argument("--shortcut-bench", type=float, default=0.0, metavar="P",
+                        help="the same share in the bench's J3 clips (0: all break the shortcut)")
+    parser.add_argument("--temporal", action="store_true", help="add T3, temporal gaze questions on 4-s clips")
+    parser.add_argument("--train-mix", type=lambda v: tuple(c.strip() for c in v.split(",")), default=None,
+                        metavar="CATS", help="category cycle of the training splits, e.g. T1,T4,T4,T6,G1,G2")
+
+
+def world_options(args: argparse.Namespace) -> WorldOptions:
+    """:class:`WorldOptions` from the flags of :func:`add_world_options`."""
+    return WorldOptions(args.shuffle_options, args.shortcut, args.shortcut_bench, args.temporal, args.train_mix)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -385,16 +578,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=8000, help="SFT clips")
     parser.add_argument("--rl", type=int, default=None, help="RL clips (default: as many as --train)")
     parser.add_argument("--bench", type=int, default=200, help="bench clips")
-    parser.add_argument("--shuffle-options", action="store_true", help="answer at a random option position")
+    add_world_options(parser)
     parser.add_argument("--clips-per-shard", type=int, default=1000, help="clips per train tar shard")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="also build the world's random-initialised tiny Qwen3-VL here")
     args = parser.parse_args(argv)
+    try:
+        options = world_options(args)
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    generate_world(args.out_dir, args.seed, args.train, args.bench, args.rl, args.shuffle_options,
-                   args.clips_per_shard)
+    generate_world(args.out_dir, args.seed, args.train, args.bench, args.rl, options, args.clips_per_shard)
     if args.model_dir is not None:
-        build_world_model(args.model_dir, seed=args.seed)
+        build_world_model(args.model_dir, seed=args.seed, options=options)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class Question:
         answer_text: the correct option text (MCQ), e.g. ``"Person 2"``.
         pool: candidate option texts, the answer included (at least 4).
         actions: what is drawn.
-        events: ground-truth social events ``(source, persons)`` of the question.
+        events: ground-truth social events ``(source, persons)`` of the question, or
+            ``(source, persons, (start, end))`` with the event's time span in seconds (the synthetic world).
         time_range: ``(start, end)`` seconds the question is about.
         summary: 2-4 sentence reference answer for the open-ended form ("" if none).
         sort_options: order the distractors naturally and put the answer at a random position
@@ -39,7 +40,7 @@ class Question:
     answer_text: str
     pool: tuple[str, ...]
     actions: tuple[Action, ...]
-    events: tuple[tuple[str, tuple[int, ...]], ...]
+    events: tuple[tuple, ...]
     time_range: tuple[float, float]
     summary: str = ""
     sort_options: bool = True

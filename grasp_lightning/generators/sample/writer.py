@@ -144,6 +144,16 @@ def video_spec(clip: Clip) -> dict:
             "end_seconds": clip.duration, "src_resolution": list(clip.resolution)}
 
 
+def event_json(event: tuple) -> dict:
+    """An event of ``meta.gt_events`` / ``qa.events``: ``(source, persons)`` gives ``{"source", "persons"}``;
+    ``(source, persons, (start, end))`` adds the event's time span as ``start_seconds`` / ``end_seconds``
+    (seconds from the clip start, read into :attr:`grasp_lightning.data.records.SocialEvent.span`)."""
+    out = {"source": event[0], "persons": list(event[1])}
+    if len(event) > 2 and event[2] is not None:
+        out["start_seconds"], out["end_seconds"] = float(event[2][0]), float(event[2][1])
+    return out
+
+
 def _maybe_shuffle(rng: random.Random, specs: list[dict]) -> list[dict]:
     """Rotate the spec order in about one row in five (the format allows any order)."""
     return specs[1:] + specs[:1] if rng.random() < 0.2 else specs
@@ -159,7 +169,7 @@ def rl_row(rng: random.Random, e: Entry, k: int, instruction: str = INSTRUCTION)
     """A data_rl.jsonl row: video spec, user text (ending with ``instruction``), target letter, meta with
     ground-truth events."""
     meta = {"type": "meta", "difficulty": CATEGORY_DIFFICULTY[e.question.category], "question_text": e.question.text,
-            "gt_events": [{"source": s, "persons": list(p)} for s, p in e.question.events]}
+            "gt_events": [event_json(ev) for ev in e.question.events]}
     if k % 3 == 2:
         meta["category"] = e.question.category  # an extra key: readers must ignore unknown keys
     return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e, instruction),
@@ -189,7 +199,7 @@ def bench_json(e: Entry, k: int, events_every: int = 4) -> dict:
           "answer": e.letter, "answer_text": q.answer_text, "reasoning": e.reasoning,
           "source_event_ids": [2000 + 10 * k + j for j in range(len(q.events))], "time_range": list(q.time_range)}
     if k % events_every == 0:
-        qa["events"] = [{"source": s, "persons": list(p)} for s, p in q.events]
+        qa["events"] = [event_json(ev) for ev in q.events]
     return {"video_name": e.clip.video_id, "clip_file": e.clip.name, "clip_offset": round(e.clip.index * 6.5, 1),
             "clip_duration": e.clip.duration, "qa": qa}
 

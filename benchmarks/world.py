@@ -124,18 +124,19 @@ def summary(run: Path, started: float, at_step: int | None = None) -> dict:
     """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = scalars(run, "val/acc/overall")
-    if not acc:
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})  # read the event files once
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    if "val/acc/overall" not in tags:
         raise RuntimeError(f"{run}: no val/acc/overall logged")
+    acc = [(e.step, float(e.value), e.wall_time) for e in events.Scalars("val/acc/overall")]
     step, value, wall = next(a for a in acc if a[0] == at_step) if at_step is not None else acc[-1]
 
     def at(tag: str) -> float | None:
-        value = {s: v for s, v, _ in scalars(run, tag)}.get(step)
-        return None if value is None or math.isnan(value) else round(value, 4)
+        found = [e.value for e in events.Scalars(tag) if e.step == step] if tag in tags else []
+        return None if not found or math.isnan(found[-1]) else round(float(found[-1]), 4)
 
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    cats = sorted(t.split("/", 1)[1] for t in events.Tags()["scalars"] if t.startswith("val_category/"))
+    cats = sorted(t.split("/", 1)[1] for t in tags if t.startswith("val_category/"))
     return {"step": step + 1, "acc": round(value, 4), "grounding_precision": at("val/grounding/precision"),
             "enumeration_rate": at("val/grounding/enumeration_rate"), "temporal_iou": at("val/grounding/temporal_iou"),
             "categories": {c: at(f"val_category/{c}") for c in cats}, "seconds": round(wall - started, 1)}

@@ -4,6 +4,7 @@ re-derived from the drawn actions by an independent solver and, for gazes, from 
 from __future__ import annotations
 
 import collections
+import random
 import re
 from pathlib import Path
 
@@ -287,9 +288,9 @@ def test_options_add_j3_and_t3_and_every_file_reads_back(full: Path) -> None:
             # the T3 gaze carries its own time span; the other events last the whole clip and carry none
             spans = [ev.span for ev in item.events]
             assert spans == ([q.events[0][2]] if q.category == "T3" else [None] * len(q.events)), (e.clip.name, spans)
-        t3 = [i for i in files["b"] if i.category == "T3"]
-        frames = decode_clip(bench.open(t3[0].clip.path), fps=2.0)
-        assert frames.frames.shape[0] == 8 and np.allclose(frames.timestamps, np.arange(8) / 2.0)
+    t3 = [i for i in files["b"] if i.category == "T3"]
+    frames = decode_clip(bench.open(t3[0].clip.path), fps=2.0)
+    assert frames.frames.shape[0] == 8 and np.allclose(frames.timestamps, np.arange(8) / 2.0)
     assert all(it.clip.path in store for it in list(files["t"]) + list(files["r"]))
     readme = (full / "README.md").read_text()
     assert "--shortcut 0.7 --shortcut-bench 0 --temporal" in readme
@@ -302,7 +303,7 @@ def test_shortcut_prior_accuracy_is_as_configured_on_both_splits() -> None:
     def j3(split: str, n: int, options: world.WorldOptions) -> list:
         out = []
         for k in range(n):
-            rng = __import__("random").Random(f"world:9:{split}:{k}")
+            rng = random.Random(f"world:9:{split}:{k}")
             out.append(world._question("J3", rng, False, options.follow(split)).question)
         return out
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.quantization import bnb_config, check_quantize
+from grasp_lightning.quantization import bnb_config, check_quantize, keep_training_layout
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,8 @@ def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None
                trust_remote_code: bool = False, revision: str | None = None,
                quantization_config=None) -> nn.Module:
     """Load an image/video-text-to-text model with ``AutoModelForImageTextToText.from_pretrained``
-    (``quantization_config``: a ``BitsAndBytesConfig`` for a 4-bit base, :func:`~grasp_lightning.quantization.bnb_config`).
+    (``quantization_config``: a ``BitsAndBytesConfig`` for a 4-bit base, :func:`~grasp_lightning.quantization.bnb_config`,
+    whose 4-bit Linears keep their training layout: :func:`~grasp_lightning.quantization.keep_training_layout`).
 
     Raises:
         GraspConfigError: if the path is a local-looking path that does not exist.
@@ -140,9 +141,11 @@ def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None
     kwargs = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "revision": revision}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if quantization_config is not None:
-        kwargs["quantization_config"] = quantization_config
-    return AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    if quantization_config is None:
+        return AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    model = AutoModelForImageTextToText.from_pretrained(name_or_path, quantization_config=quantization_config, **kwargs)
+    keep_training_layout(model)  # a rollout or validation forward must not repack the 4-bit weights (CPU)
+    return model
 
 
 def vision_modules(model: nn.Module) -> list[nn.Module]:

@@ -110,14 +110,51 @@ def is_4bit(module: nn.Module) -> bool:
     return isinstance(module, Linear4bit)
 
 
+def keep_training_layout(model: nn.Module) -> int:
+    """Turn off bitsandbytes' CPU inference repacking on every 4-bit Linear of ``model``, in place.
+
+    bitsandbytes 0.50 repacks a ``Linear4bit`` weight, on a CPU with AVX512-BF16, at its first forward in
+    eval mode without gradients (``Linear4bit.forward``: ``_convert_weight_packed_for_cpu``) and from
+    then on serves *every* forward of that layer, training ones included, from the packed layout
+    (``matmul_4bit`` calls ``gemv_4bit``, which has no autograd kernel). Measured on an AMD EPYC with
+    ``avx512_bf16``: after one eval forward (a rollout, a validation), a training forward gives the
+    layer's input no gradient at all (``x.grad`` is ``None``: the adapters below it stop learning,
+    silently), a layer with a bias raises, the packed kernel computes in bfloat16 whatever
+    ``quant_compute_dtype`` says (0.005 off the float32 product on a 64-wide layer), and
+    ``functional.dequantize_4bit`` of a packed weight is wrong (0.11 off). Keeping the training layout
+    costs CPU inference speed only; on a GPU the flag is never read.
+
+    Returns:
+        The number of 4-bit Linears changed (0 without bitsandbytes or 4-bit layers).
+
+    Source: bitsandbytes 0.50.2 ``nn.Linear4bit.forward`` (``support_avx512bf16_for_cpu``) and
+    ``autograd._functions.matmul_4bit`` (the ``packing_format_for_cpu`` branch).
+    """
+    changed = 0
+    for module in model.modules():
+        if is_4bit(module) and getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
+
+
 def dense_weight(linear: nn.Module) -> torch.Tensor:
     """A Linear's weight as a dense ``(out, in)`` tensor: a 4-bit weight dequantized to its compute
-    dtype (bitsandbytes ``functional.dequantize_4bit``), any other weight as it is (detached)."""
+    dtype (bitsandbytes ``functional.dequantize_4bit``), any other weight as it is (detached).
+
+    Raises:
+        GraspConfigError: the 4-bit weight was repacked for bitsandbytes' CPU inference kernel
+            (see :func:`keep_training_layout`), whose layout ``dequantize_4bit`` does not read.
+    """
     if not is_4bit(linear):
         return linear.weight.detach()
     import bitsandbytes.functional as F
 
     weight = linear.weight
+    if getattr(weight.quant_state, "packing_format_for_cpu", False):
+        raise GraspConfigError(f"dense_weight: a {tuple(weight.quant_state.shape)} 4-bit weight is in bitsandbytes' "
+                               "CPU inference layout (it ran an eval forward without keep_training_layout); "
+                               "dequantizing it would be wrong")
     out = F.dequantize_4bit(weight.data, weight.quant_state)
     return out.to(linear.compute_dtype or torch.bfloat16)
 

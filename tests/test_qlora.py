@@ -85,6 +85,43 @@ def test_the_language_model_loads_in_4bit_and_only_adapters_train(path: Path) ->
     assert with_grad and all(".lora_" in n for n in with_grad)
 
 
+@pytest.mark.parametrize("path", [TINY, TINY35], ids=["qwen3_vl", "qwen3_5"])
+def test_an_eval_forward_leaves_the_training_gradients_and_the_dense_weights_as_they_were(path: Path) -> None:
+    """A rollout or validation forward (eval mode, no gradients) must not switch a 4-bit layer to
+    bitsandbytes' AVX512-BF16 CPU inference layout: there a later training forward gives no gradient
+    through the base weight, so every adapter below it would stop learning (quantization.keep_training_layout).
+    On a CPU without AVX512-BF16 bitsandbytes never repacks, and the equalities hold either way."""
+    from grasp_lightning.quantization import dense_weight
+
+    model = load_policy(PolicyConfig(name_or_path=str(path), dtype="float32"),
+                        replace_lora(quant_compute_dtype="float32", dropout=0.0), float32_masters=True)
+    four = [m for m in model.modules() if is_4bit(m)]
+    assert four and not any(m.support_avx512bf16_for_cpu for m in four)
+    ids = torch.arange(3, 35).reshape(2, 16)
+
+    def gradients() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    before, dense = gradients(), [dense_weight(m).clone() for m in four]
+    lowest = min((n for n in before if ".layers.0." in n and ".lora_B." in n), default=None)
+    assert lowest is not None and before[lowest].abs().sum() > 0  # layer 0 learns through the layers above
+    model.eval()
+    with torch.no_grad():
+        eval_logits = model(input_ids=ids).logits
+    model.train()
+    assert not any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in four)
+    after = gradients()
+    assert set(after) == set(before)
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
+    for m, w in zip(four, dense, strict=True):
+        assert torch.equal(dense_weight(m), w)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, eval_logits, rtol=0, atol=0)
+
+
 def test_a_checkpoint_without_an_adapter_is_refused() -> None:
     model = load_policy(PolicyConfig(name_or_path=str(TINY), dtype="float32"), QLORA)
     state = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -99,7 +99,25 @@ def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, t
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}); see {work / f'{name}.log'}")
+    (work / f"{name}.done.json").write_text(json.dumps({"seconds": seconds, "started": started}))
     return work / "runs" / name / "version_0", seconds, started
+
+
+def finished_run(name: str, work: Path, steps: int) -> tuple[Path, float, float] | None:
+    """An earlier :func:`fit` of ``name`` in ``work`` that ran all ``steps`` (its last validation at step
+    ``steps``), as ``(log dir, seconds, start time)``, or ``None``. The times are those :func:`fit`
+    recorded (``<name>.done.json``); for a run without them, the time its override file was written (just
+    before the run started) and the last write of its log (before the process's exit: a few seconds early)."""
+    run, override, log_file = work / "runs" / name / "version_0", work / f"{name}.override.yaml", work / f"{name}.log"
+    acc = scalars(run, "val/acc/overall") if run.is_dir() else []
+    if not acc or acc[-1][0] + 1 < steps or not override.exists() or not log_file.exists():
+        return None
+    log.info("reusing the finished %s run %s (%d steps)", name, run, acc[-1][0] + 1)
+    if (work / f"{name}.done.json").exists():
+        done = json.loads((work / f"{name}.done.json").read_text())
+        return run, done["seconds"], done["started"]
+    started = override.stat().st_mtime
+    return run, log_file.stat().st_mtime - started, started
 
 
 def run_overrides(name: str, world: Path, policy: Path, work: Path, seed: int, steps: int, val_every: int,
@@ -316,7 +334,8 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         if name == "sgr_temporal" and args.no_temporal:
             continue
         overrides = run_overrides(name, data, export, work, args.seed, args.rl_steps, args.rl_val_every)
-        run, secs, started = fit(name, recipes, overrides, work, args.threads)
+        done = finished_run(name, work, args.rl_steps) if args.reuse_rl else None
+        run, secs, started = done or fit(name, recipes, overrides, work, args.threads)
         out[name] = summary(run, started)
         out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
         runs[name] = run
@@ -418,11 +437,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="share of the shortcut world's training J3 clips in which the gaze follows the point")
     p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
     p.add_argument("--skip-sft", action="store_true", help="run only the shortcut-world RL comparison")
+    p.add_argument("--reuse-rl", action="store_true",
+                   help="keep the RL arms of an earlier call with the same --work that ran all --rl-steps "
+                        "(with --reuse-sft: add seeds or the base SFT runs to an earlier comparison)")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
     args = p.parse_args(argv)
     if args.sft_steps < args.val_every or args.rl_sft_steps < args.val_every:
         p.error(f"--sft-steps {args.sft_steps} and --rl-sft-steps {args.rl_sft_steps} must be >= --val-every "
                 f"{args.val_every}: SFT would never be validated")
+    if args.reuse_rl and not args.reuse_sft:
+        p.error("--reuse-rl needs --reuse-sft: the RL arms start from the SFT hand-off they were run from")
     seeds = args.seeds if args.seeds is not None else [args.seed]
     rl_seeds = seeds[:3] if args.rl_seeds is None else args.rl_seeds
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -155,6 +155,18 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert json.loads((tmp_path / "results" / "world.json").read_text()) == out
     table = (tmp_path / "results" / "world.md").read_text()
     assert table.count("\n| 0 | ") == 1 and "+ GRPO + SGR + temporal" in table
+    logs = sorted((tmp_path / "work").rglob("*.log"))
+    written = {f: f.stat().st_mtime for f in logs}
+    again = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
+                        "--bench", "7", "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
+                        "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                        "--reuse-sft", "--reuse-rl", "--work", str(tmp_path / "work"),
+                        "--results", str(tmp_path / "results2")], timeout=600)
+    assert {f: f.stat().st_mtime for f in logs} == written  # nothing was trained again
+    for arm in ("grpo", "sgr", "sgr_temporal"):
+        first, second = rl[arm], again["per_seed"]["1"]["shortcut"][arm]
+        assert second == first  # the times fit() recorded
+    assert again["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
 
 
 def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:

@@ -31,6 +31,9 @@ Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP
 ``--threads``; seconds are wall-clock and include validation. Usage (from the repository root)::
 
     python benchmarks/world.py --seeds 0 1 2 3 4 [--sft-steps 900] [--rl-steps 100] [--work /tmp/grasp_world_bench]
+
+Stages can be run apart and joined: ``--skip-sft`` runs the RL comparison alone and keeps the base-world
+SFT figures already in ``--results``; ``--reuse-sft --reuse-rl`` reads back the finished runs of ``--work``.
 """
 
 from __future__ import annotations
@@ -436,7 +439,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shortcut", type=float, default=0.7,
                    help="share of the shortcut world's training J3 clips in which the gaze follows the point")
     p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
-    p.add_argument("--skip-sft", action="store_true", help="run only the shortcut-world RL comparison")
+    p.add_argument("--skip-sft", action="store_true",
+                   help="run only the shortcut-world RL comparison (keeping the base-world SFT figures of an earlier "
+                        "call found in --results, whose curves stay in world_seed<N>.png)")
     p.add_argument("--reuse-rl", action="store_true",
                    help="keep the RL arms of an earlier call with the same --work that ran all --rl-steps "
                         "(with --reuse-sft: add seeds or the base SFT runs to an earlier comparison)")
@@ -456,15 +461,21 @@ def main(argv: list[str] | None = None) -> None:
         args.seed = seed
         result: dict = {"seed": seed, "threads": args.threads, "train": args.train}
         sft = rl = None
+        earlier = args.results / f"world_seed{seed}.json"
         if seed in seeds and not args.skip_sft:
             base = base_sft(args)
             result["sft"], sft = base["summary"], (base["stage"]["sft_run"], base["stage"]["sft_started"])
+        elif args.skip_sft and earlier.exists() and "sft" in (kept := json.loads(earlier.read_text())):
+            # --skip-sft keeps the base-world SFT figures (and their curves) of an earlier call in --results
+            result.update(sft=kept["sft"], curves_png=kept["curves_png"], train=kept.get("train", args.train))
+            log.info("seed %d: keeping the base-world SFT figures of %s", seed, earlier)
         if seed in rl_seeds:
             rl = shortcut_rl(args)
             result["shortcut"] = rl["summary"]
-        png = args.results / f"world_seed{seed}.png"
+        png = args.results / f"world_seed{seed}{'_shortcut' if 'curves_png' in result else ''}.png"
         plot(png, seed, sft, rl)
-        result["curves_png"] = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
+        shown = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
+        result["shortcut_curves_png" if "curves_png" in result else "curves_png"] = shown
         (args.results / f"world_seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
         per_seed[seed] = result
     out = {"per_seed": {str(k): v for k, v in per_seed.items()}, "summary": summarise(per_seed)}

@@ -117,10 +117,10 @@ def keep_training_layout(model: nn.Module) -> int:
     eval mode without gradients (``Linear4bit.forward``: ``_convert_weight_packed_for_cpu``) and from
     then on serves *every* forward of that layer, training ones included, from the packed layout
     (``matmul_4bit`` calls ``gemv_4bit``, which has no autograd kernel). Measured on an AMD EPYC with
-    ``avx512_bf16``: after one eval forward (a rollout, a validation), a training forward gives the
-    layer's input no gradient at all (``x.grad`` is ``None``: the adapters below it stop learning,
-    silently), a layer with a bias raises, the packed kernel computes in bfloat16 whatever
-    ``quant_compute_dtype`` says (0.005 off the float32 product on a 64-wide layer), and
+    ``avx512_bf16``: after one eval forward (a rollout, a validation), a training forward gives a lone
+    layer's input no gradient at all (``x.grad`` is ``None``; in a model, silently, the adapters below
+    every 4-bit layer get only the residual and adapter paths' share of their gradient), a layer with a
+    bias raises, the packed kernel computes in bfloat16 whatever ``quant_compute_dtype`` says (0.005 off the float32 product on a 64-wide layer), and
     ``functional.dequantize_4bit`` of a packed weight is wrong (0.11 off). Keeping the training layout
     costs CPU inference speed only; on a GPU the flag is never read.
 

@@ -160,9 +160,15 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     again = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
                         "--bench", "7", "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
                         "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
-                        "--reuse-sft", "--reuse-rl", "--work", str(tmp_path / "work"),
-                        "--results", str(tmp_path / "results2")], timeout=600)
+                        "--skip-sft", "--reuse-sft", "--reuse-rl", "--work", str(tmp_path / "work"),
+                        "--results", str(tmp_path / "results")], timeout=600)
     assert {f: f.stat().st_mtime for f in logs} == written  # nothing was trained again
+    for seed in ("0", "1"):  # --skip-sft keeps the SFT figures and curves found in --results
+        assert again["per_seed"][seed]["sft"] == per_seed[seed]["sft"]
+        assert again["per_seed"][seed]["curves_png"] == per_seed[seed]["curves_png"]
+    assert again["per_seed"]["1"]["shortcut_curves_png"].endswith("world_seed1_shortcut.png")
+    assert (tmp_path / "results" / "world_seed1_shortcut.png").is_file()
+    assert again["summary"]["sft_acc_min"] == summary["sft_acc_min"]
     for arm in ("grpo", "sgr", "sgr_temporal"):
         first, second = rl[arm], again["per_seed"]["1"]["shortcut"][arm]
         assert second == first  # the times fit() recorded

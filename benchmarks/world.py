@@ -189,7 +189,7 @@ def plot(path: Path, seed: int, sft: tuple[Path, float] | None, rl: dict | None)
     """Learning curves of one seed: base-world SFT bench accuracy (and T4) over wall-clock seconds; on the
     shortcut world, accuracy on the shortcut-breaking split (J3), grounding precision and T3 accuracy over RL
     steps of every RL arm, from the hand-off checkpoint's values (``rl``: ``{"handoff": summary, "runs":
-    {name: run dir}}``)."""
+    {name: run dir}, "sft_run": run dir}``). Without ``sft`` the first panel shows the shortcut world's SFT."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,8 +204,16 @@ def plot(path: Path, seed: int, sft: tuple[Path, float] | None, rl: dict | None)
             axes[0].plot([p[2] - started for p in pts], [p[1] for p in pts], style, label=label)
         axes[0].axhline(0.9, color="grey", lw=0.8, ls="--", label="target 0.90")
         axes[0].axvline(600, color="k", lw=0.5, ls=":", label="10 minutes")
-    axes[0].set(title=f"SFT from scratch, base world (seed {seed})", xlabel="wall-clock seconds", ylabel="bench",
-                ylim=(0, 1.02))
+        axes[0].set(title=f"SFT from scratch, base world (seed {seed})", xlabel="wall-clock seconds", ylabel="bench",
+                    ylim=(0, 1.02))
+    elif rl is not None:  # the base-world curves are in another figure: show the shortcut world's SFT
+        for tag, style, label in (("val/acc/overall", "o-", "SFT accuracy"), ("val_category/J3", "s--", "J3"),
+                                  ("val_category/T3", "^:", "T3")):
+            pts = scalars(rl["sft_run"], tag)
+            axes[0].plot([p[0] + 1 for p in pts], [p[1] for p in pts], style, label=label)
+        axes[0].axvline(rl["handoff"]["step"], color="k", lw=0.5, ls=":", label="hand-off")
+        axes[0].set(title=f"SFT from scratch, shortcut world (seed {seed})", xlabel="SFT step", ylabel="bench",
+                    ylim=(0, 1.02))
     panels = ((axes[1], "val_category/J3", "J3: shortcut-breaking split"),
               (axes[2], "val/grounding/precision", "grounding precision"), (axes[3], "val_category/T3", "T3: time questions"))
     if rl is not None:
@@ -342,7 +350,7 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         out[name] = summary(run, started)
         out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
         runs[name] = run
-    return {"summary": out, "runs": runs, "handoff": handoff}
+    return {"summary": out, "runs": runs, "handoff": handoff, "sft_run": stage["sft_run"]}
 
 
 def spread(values: list[float | None]) -> dict:

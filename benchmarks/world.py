@@ -25,7 +25,8 @@ For each seed of ``--rl-seeds`` (default: the first three):
 Prints one JSON line ``{"per_seed": {...}, "summary": {...}}``; the summary holds min / median / max over
 seeds, with ``sft_acc_min`` (lowest held-out SFT accuracy within 10 minutes) and ``sgr_minus_grpo_acc_min``
 (lowest per-seed gap in J3 accuracy). Writes ``world_seed<N>.json`` and the curves ``world_seed<N>.png`` per
-seed and ``world.json`` under ``--results``.
+seed (``world_seed<N>_shortcut.png`` for the RL curves when the base-world figures were kept, ``--skip-sft``),
+``world.json`` and the tables ``world.md`` under ``--results``.
 
 Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP_NUM_THREADS`` set to
 ``--threads``; seconds are wall-clock and include validation. Usage (from the repository root)::

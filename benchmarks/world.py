@@ -89,6 +89,7 @@ def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, t
         RuntimeError: the run exited with an error (its log is ``<work>/<name>.log``).
     """
     shutil.rmtree(work / "runs" / name, ignore_errors=True)  # a rerun must not append to old event files
+    (work / f"{name}.done.json").unlink(missing_ok=True)  # written again only when this run succeeds
     override = work / f"{name}.override.yaml"
     override.write_text(yaml.safe_dump(overrides, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", GRASP_LOG_LEVEL="WARNING",
@@ -109,19 +110,15 @@ def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, t
 
 def finished_run(name: str, work: Path, steps: int) -> tuple[Path, float, float] | None:
     """An earlier :func:`fit` of ``name`` in ``work`` that ran all ``steps`` (its last validation at step
-    ``steps``), as ``(log dir, seconds, start time)``, or ``None``. The times are those :func:`fit`
-    recorded (``<name>.done.json``); for a run without them, the time its override file was written (just
-    before the run started) and the last write of its log (before the process's exit: a few seconds early)."""
-    run, override, log_file = work / "runs" / name / "version_0", work / f"{name}.override.yaml", work / f"{name}.log"
-    acc = scalars(run, "val/acc/overall") if run.is_dir() else []
-    if not acc or acc[-1][0] + 1 < steps or not override.exists() or not log_file.exists():
+    ``steps``), as ``(log dir, seconds, start time)`` with the times :func:`fit` recorded
+    (``<name>.done.json``), or ``None``."""
+    run, done = work / "runs" / name / "version_0", work / f"{name}.done.json"
+    acc = scalars(run, "val/acc/overall") if run.is_dir() and done.exists() else []
+    if not acc or acc[-1][0] + 1 < steps:
         return None
     log.info("reusing the finished %s run %s (%d steps)", name, run, acc[-1][0] + 1)
-    if (work / f"{name}.done.json").exists():
-        done = json.loads((work / f"{name}.done.json").read_text())
-        return run, done["seconds"], done["started"]
-    started = override.stat().st_mtime
-    return run, log_file.stat().st_mtime - started, started
+    times = json.loads(done.read_text())
+    return run, times["seconds"], times["started"]
 
 
 def run_overrides(name: str, world: Path, policy: Path, work: Path, seed: int, steps: int, val_every: int,

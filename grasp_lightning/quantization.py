@@ -120,8 +120,9 @@ def keep_training_layout(model: nn.Module) -> int:
     ``avx512_bf16``: after one eval forward (a rollout, a validation), a training forward gives a lone
     layer's input no gradient at all (``x.grad`` is ``None``; in a model, silently, the adapters below
     every 4-bit layer get only the residual and adapter paths' share of their gradient), a layer with a
-    bias raises, the packed kernel computes in bfloat16 whatever ``quant_compute_dtype`` says (0.005 off the float32 product on a 64-wide layer), and
-    ``functional.dequantize_4bit`` of a packed weight is wrong (0.11 off). Keeping the training layout
+    bias raises, the packed kernel computes in bfloat16 whatever ``quant_compute_dtype`` says (0.005 off
+    the float32 product on a 64-wide layer), and ``functional.dequantize_4bit`` of a packed weight is
+    wrong (0.11 off). Keeping the training layout
     costs CPU inference speed only; on a GPU the flag is never read.
 
     Returns:

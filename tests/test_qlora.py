@@ -89,7 +89,7 @@ def test_the_language_model_loads_in_4bit_and_only_adapters_train(path: Path) ->
 def test_an_eval_forward_leaves_the_training_gradients_and_the_dense_weights_as_they_were(path: Path) -> None:
     """A rollout or validation forward (eval mode, no gradients) must not switch a 4-bit layer to
     bitsandbytes' AVX512-BF16 CPU inference layout: there a later training forward gives no gradient
-    through the base weight, so every adapter below it would stop learning (quantization.keep_training_layout).
+    through the base weight, so the adapters below it get a wrong gradient (quantization.keep_training_layout).
     On a CPU without AVX512-BF16 bitsandbytes never repacks, and the equalities hold either way."""
     from grasp_lightning.quantization import dense_weight
 

@@ -221,8 +221,6 @@ def test_gestures_differ_in_shape_and_place() -> None:
     """G2's four gestures are told apart by the pixels: a given object sits inside the receiver's square
     from the second frame on, a shown object outside every square; a reaching arm covers at least three
     times the white pixels of a pointing arm."""
-    from grasp_lightning.generators.sample.drawing import HELD
-
     seen, white = set(), {"pointing": [], "reaching": []}
     for k in [k for k in range(360) if world.WorldOptions().category("t", k) == "G2"]:  # the G2 clips
         e, scene = world.make_world_item(3, "t", k)
@@ -231,7 +229,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
         h = world.SQUARE // 2
         inside = [lambda x, y, c=c: abs(x - c[0]) <= h and abs(y - c[1]) <= h for c in scene.centres]
         for frame in frames[1:]:
-            ys, xs = np.nonzero((frame == HELD).all(-1))
+            ys, xs = np.nonzero((frame == world.HELD_COLOUR).all(-1))
             if g.kind in ("showing", "giving"):
                 assert len(xs), (e.clip.name, "no object")
                 where = {i for x, y in zip(xs, ys) for i, f in enumerate(inside) if f(x, y)}

@@ -8,7 +8,7 @@ events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.
 in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
 the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
 the same square, pointing a short thin white bar; the other gestures of G2 are reaching (a long
-thick bar), showing (an orange object held beside the actor) and giving (an orange object carried
+thick bar), showing (a magenta object held beside the actor) and giving (a magenta object carried
 into the receiver's square).
 
 Questions (each with four options, one answer letter, balanced letters):
@@ -78,7 +78,6 @@ from grasp_lightning.generators.mp4 import STABLE, encode_mp4
 from grasp_lightning.generators.sample.drawing import (
     BACKGROUND,
     GESTURES,
-    HELD,
     OBJECT,
     PERSON_COLOURS,
     Action,
@@ -104,6 +103,11 @@ CORNERS = ((8, 8), (56, 8), (56, 56), (8, 56))  #: person centres (x, y): the fo
 JITTER = 0
 OBJECT_CENTRE = (40, 24)  #: the grey object, centred in one visual token
 ARM_START, ARM, REACH = 4, (9, 2), (18, 6)  #: arms start 3 px from the centre; (length, width) in pixels
+#: The held object of showing and giving: magenta, 6 pixels. (The sample data's orange 5-pixel object has
+#: little contrast on the red and yellow squares: at SFT step 560 of seed 0 every G2 error was showing or
+#: giving, 7 of 14 answered as pointing.) Magenta differs from each person's colour by at least 180 in one
+#: channel, and from the grey object and the white arms.
+HELD_COLOUR, HELD_SIZE = (230, 40, 230), 6
 #: A gaze dot and a given object reach their target after this fraction of the clip: by the second
 #: frame (t = 0.5 s), so from then on the dot sits in the target's square. (With the sampling default
 #: 0.4 the second frame caught the dot in transit, 62 % of the way: for a corner-to-opposite-corner
@@ -162,7 +166,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
     square (:func:`~grasp_lightning.generators.sample.drawing.draw_gaze`); pointing and reaching are white bars
     from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample.drawing.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
-    orange object held beside the actor, toward the middle of the frame; giving an orange object that
+    magenta object held beside the actor, toward the middle of the frame; giving a magenta object that
     leaves the actor's square and sits in the receiver's square from the second frame on (so the
     object is always outside a square when shown and inside one when given). Persons carry no
     number tab (white digits would look like gaze dots): the colour identifies them.
@@ -191,7 +195,11 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
             draw_pointing(frame, src, dst, length, width, square=ARM_START)
         elif a.kind == "showing":
             inward = 1 if src[1] < scene.height // 2 else -1
-            draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), 5, HELD)
+            draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), HELD_SIZE, HELD_COLOUR)
+        elif a.kind == "giving":
+            p = min(max(1.0 if ramp is None else a.progress(t, ramp=ramp), 0.0), 1.0)
+            draw_object(frame, (int(src[0] + p * (dst[0] - src[0])), int(src[1] + p * (dst[1] - src[1]))),
+                        HELD_SIZE, HELD_COLOUR)
         else:
             draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE)
     return frame

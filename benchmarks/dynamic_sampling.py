@@ -97,7 +97,7 @@ def plot(path: Path, series: dict[str, dict], handoff: dict, window: int, seed: 
 def main(argv: list[str] | None = None) -> None:
     """Command line; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sft_options(p, sft_steps=300, work=Path("/tmp/grasp_dynamic_sampling"))
+    add_sft_options(p, sft_steps=1200, work=Path("/tmp/grasp_dynamic_sampling"))  # batch 8: the 300 x 32 clips it was measured with
     p.add_argument("--rl-steps", type=int, default=100, help="GRPO optimizer steps per arm (16 prompts x K=8)")
     p.add_argument("--rl-val-every", type=int, default=20, help="validate each arm every N steps")
     p.add_argument("--arms", default="drop,refill", help=f"comma-separated dynamic_sampling modes of {ARMS}")

@@ -231,7 +231,7 @@ def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path, val_
     p.add_argument("--seed", type=int, default=0, help="seed of the world, the initial weights and training")
     p.add_argument("--train", type=int, default=8000, help="SFT clips (and as many RL clips)")
     p.add_argument("--bench", type=int, default=200, help="held-out bench clips")
-    p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch 32)")
+    p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch: configs/world_sft.yaml)")
     p.add_argument("--val-every", type=int, default=val_every, help="validate and checkpoint SFT every N steps")
     p.add_argument("--handoff-acc", type=float, default=0.5, help="hand off the first SFT checkpoint at this accuracy")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each stage")
@@ -242,7 +242,7 @@ def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path, val_
 
 
 def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps: int | None = None,
-                n_bench: int | None = None, n_train: int | None = None) -> dict:
+                n_bench: int | None = None, n_train: int | None = None, n_rl: int | None = None) -> dict:
     """Stages 1-3 of the module docstring up to the hand-off: the world, its initial model, the SFT run from
     scratch (or those of an earlier call, ``args.reuse_sft``), and the export of the first SFT checkpoint
     whose bench accuracy reached ``args.handoff_acc`` (the last one if none did).
@@ -250,7 +250,8 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
     ``args`` holds ``seed, train, bench, sft_steps, val_every, handoff_acc, threads, reuse_sft, work``
     (:func:`main`'s options); ``options`` the world's :class:`~grasp_lightning.generators.world.WorldOptions`
     (default: the base world), ``tag`` the suffix of its scratch directory ``<work>/seed<N><tag>``,
-    ``sft_steps``, ``n_bench`` and ``n_train`` override ``args.sft_steps``, ``args.bench`` and ``args.train``. Returns a dict with
+    ``sft_steps``, ``n_bench`` and ``n_train`` override ``args.sft_steps``, ``args.bench`` and ``args.train``; ``n_rl``
+    is the number of RL clips (default ``n_train``; 0 for a world trained by SFT only). Returns a dict with
     ``work, data, init, sft_run, sft_started`` (Unix time), ``sft_seconds, world_seconds``, the ``handoff``
     summary (:func:`summary`), the ``export`` directory and the shortcut prior's accuracy on the training
     and bench splits (``prior_acc``; ``None`` without J3).
@@ -274,7 +275,7 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
         log.info("reusing the world and the SFT run of %s", stage)
     else:
         t0 = time.perf_counter()
-        world_mod.generate_world(data, seed=args.seed, n_train=n_train, n_bench=n_bench, options=options)
+        world_mod.generate_world(data, seed=args.seed, n_train=n_train, n_bench=n_bench, n_rl=n_rl, options=options)
         world_mod.build_world_model(init, seed=args.seed, options=options)
         gen_seconds = time.perf_counter() - t0
         ckpt_cb = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -315,7 +316,7 @@ ARMS = {
 
 def base_sft(args: argparse.Namespace) -> dict:
     """The base world's SFT from scratch (target: held-out accuracy >= 0.90, T4 >= 0.85, within 10 minutes)."""
-    stage = sft_handoff(args)
+    stage = sft_handoff(args, n_rl=0)  # SFT only: no RL clips to write
     run, started = stage["sft_run"], stage["sft_started"]
     acc = scalars(run, "val/acc/overall")
     out = summary(run, started)
@@ -349,6 +350,24 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
         runs[name] = run
     return {"summary": out, "runs": runs, "handoff": handoff, "sft_run": stage["sft_run"]}
+
+
+def measured() -> dict:
+    """Where a figure was measured: the commit (``git describe --always --dirty``) and the processor
+    (``/proc/cpuinfo``'s model name; 2-core machines of one kind differ: an SFT step took 0.75 s on one and
+    1.35 s on another)."""
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    cpu = None
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"commit": commit, "cpu": cpu}
 
 
 def spread(values: list[float | None]) -> dict:
@@ -433,15 +452,16 @@ def markdown(out: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Command line; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sft_options(p, sft_steps=560, work=Path("/tmp/grasp_world_bench"), val_every=70)
+    add_sft_options(p, sft_steps=1120, work=Path("/tmp/grasp_world_bench"), val_every=160)
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: --seed)")
     p.add_argument("--rl-seeds", type=int, nargs="*", default=None,
                    help="seeds of the shortcut-world RL comparison (default: the first three of --seeds)")
     p.add_argument("--rl-steps", type=int, default=80, help="optimizer steps of every RL arm (16 prompts x K=8)")
     p.add_argument("--rl-val-every", type=int, default=20, help="validate the RL arms every N steps")
     p.add_argument("--rl-train", type=int, default=4000, help="SFT clips (and as many RL clips) of the shortcut world")
-    p.add_argument("--rl-sft-steps", type=int, default=600,
-                   help="SFT steps on the shortcut world (hand-off from them; 300 left seed 0 at 0.29, near chance)")
+    p.add_argument("--rl-sft-steps", type=int, default=2400,
+                   help="SFT steps (batch 8) on the shortcut world, the hand-off among them; 2400 x 8 clips is the budget "
+                        "of the measured 600 x 32 (with 300 x 32 seed 0 was at 0.29, near chance)")
     p.add_argument("--rl-bench", type=int, default=280, help="bench clips of the shortcut world (7 categories)")
     p.add_argument("--shortcut", type=float, default=0.7,
                    help="share of the shortcut world's training J3 clips in which the gaze follows the point")
@@ -469,16 +489,23 @@ def main(argv: list[str] | None = None) -> None:
         result: dict = {"seed": seed, "threads": args.threads, "train": args.train}
         sft = rl = None
         earlier = args.results / f"world_seed{seed}.json"
+        kept = json.loads(earlier.read_text()) if earlier.exists() else {}
         if seed in seeds and not args.skip_sft:
             base = base_sft(args)
             result["sft"], sft = base["summary"], (base["stage"]["sft_run"], base["stage"]["sft_started"])
-        elif args.skip_sft and earlier.exists() and "sft" in (kept := json.loads(earlier.read_text())):
+            result["sft"]["measured"] = measured()
+        elif args.skip_sft and "sft" in kept:
             # --skip-sft keeps the base-world SFT figures (and their curves) of an earlier call in --results
             result.update(sft=kept["sft"], curves_png=kept["curves_png"], train=kept.get("train", args.train))
             log.info("seed %d: keeping the base-world SFT figures of %s", seed, earlier)
         if seed in rl_seeds:
             rl = shortcut_rl(args)
             result["shortcut"] = rl["summary"]
+            result["shortcut"]["measured"] = measured()
+        elif "shortcut" in kept and "shortcut_curves_png" in kept:
+            # a seed whose RL comparison is not rerun keeps the one of an earlier call (its own curves)
+            result.update(shortcut=kept["shortcut"], shortcut_curves_png=kept["shortcut_curves_png"])
+            log.info("seed %d: keeping the shortcut-world RL figures of %s", seed, earlier)
         if sft is not None or rl is not None:  # a kept seed without RL keeps its figure as it is
             png = args.results / f"world_seed{seed}{'_shortcut' if 'curves_png' in result else ''}.png"
             plot(png, seed, sft, rl)

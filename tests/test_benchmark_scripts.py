@@ -173,6 +173,13 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
         first, second = rl[arm], again["per_seed"]["1"]["shortcut"][arm]
         assert second == first  # the times fit() recorded
     assert again["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
+    assert set(rl["measured"]) == {"commit", "cpu"} and set(per_seed["0"]["sft"]["measured"]) == {"commit", "cpu"}
+    kept = run_script(["benchmarks/world.py", "--seeds", "1", "--rl-seeds", "--skip-sft", "--work", str(tmp_path / "work"),
+                       "--results", str(tmp_path / "results")], timeout=300)
+    assert {f: f.stat().st_mtime for f in logs} == written  # a seed whose RL is not rerun keeps the earlier figures
+    assert kept["per_seed"]["1"]["shortcut"] == again["per_seed"]["1"]["shortcut"]
+    assert kept["per_seed"]["1"]["shortcut_curves_png"] == again["per_seed"]["1"]["shortcut_curves_png"]
+    assert kept["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
 
 
 def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:

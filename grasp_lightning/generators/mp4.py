@@ -42,6 +42,9 @@ class Mp4Settings:
         bitexact: mux with ``fflags=+bitexact`` (no muxer version string in the file).
         faststart: put the ``moov`` atom before the media data (``movflags=faststart``); else it
             is at the end, as most cameras write it.
+        pix_fmt: the encoded pixel format: ``"yuv420p"`` (what cameras and most videos use: colour at
+            half resolution in each axis) or ``"yuv444p"`` (full-resolution colour, x264's High 4:4:4
+            profile; the mpeg4 encoder has no 4:4:4, and :func:`encode_mp4` refuses a format its encoder lacks).
     """
 
     codec: str = "libx264"
@@ -54,6 +57,7 @@ class Mp4Settings:
     threads: int | None = None
     bitexact: bool = False
     faststart: bool = False
+    pix_fmt: str = "yuv420p"
 
     def codec_options(self, codec: str) -> dict[str, str]:
         """The PyAV stream options of these settings for encoder ``codec`` (string values)."""
@@ -96,7 +100,7 @@ def encode_mp4(frames: Iterable[np.ndarray], fps: float, settings: Mp4Settings =
 def encode_mp4(frames: Iterable[np.ndarray], fps: float, settings: Mp4Settings = STABLE, *,
                out: str | Path | None = None, audio: np.ndarray | None = None, sample_rate: int = 16000,
                size: tuple[int, int] | None = None) -> bytes | Path:
-    """Encode ``(H, W, 3)`` uint8 RGB frames (even H and W) as a yuv420p mp4.
+    """Encode ``(H, W, 3)`` uint8 RGB frames (even H and W) as an mp4 in ``settings.pix_fmt`` (yuv420p by default).
 
     Args:
         frames: the frames in order; any iterable, consumed once (a generator keeps long or 4K
@@ -115,12 +119,15 @@ def encode_mp4(frames: Iterable[np.ndarray], fps: float, settings: Mp4Settings =
         The mp4 bytes, or ``Path(out)`` when ``out`` is given.
 
     Raises:
-        ValueError: no usable encoder (:class:`Mp4Settings` ``codec``/``fallback``), or no frames
-            and no ``size``.
+        ValueError: no usable encoder (:class:`Mp4Settings` ``codec``/``fallback``), an encoder without
+            ``settings.pix_fmt``, or no frames and no ``size``.
     """
     import av
 
     codec = _pick_codec(settings)
+    formats = [f.name for f in av.codec.Codec(codec, "w").video_formats or ()]
+    if formats and settings.pix_fmt not in formats:
+        raise ValueError(f"encode_mp4: encoder {codec} has no pixel format {settings.pix_fmt!r} (it has {formats})")
     it = iter(frames)
     first = next(it, None)
     if size is None:
@@ -135,7 +142,7 @@ def encode_mp4(frames: Iterable[np.ndarray], fps: float, settings: Mp4Settings =
     with av.open(target, "w", format="mp4", container_options=container_options) as container:
         video = container.add_stream(codec, rate=rate, options=settings.codec_options(codec))
         video.height, video.width = size
-        video.pix_fmt = "yuv420p"
+        video.pix_fmt = settings.pix_fmt
         if settings.gop_seconds is not None:
             video.codec_context.gop_size = int(round(settings.gop_seconds * fps))
         if settings.threads is not None:

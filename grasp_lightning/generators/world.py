@@ -16,7 +16,9 @@ Questions (each with four options, one answer letter, balanced letters):
 - ``T1`` gaze target: "Who or what is Person a looking at?" (the 3 other persons, "An object");
   half the clips add a distractor gaze by someone else.
 - ``T4`` mutual gaze: "Who shares mutual gaze with Person a?" (3 others, "No one"); a third person
-  always gazes too, and in half of the clips nobody looks back at Person a (:data:`NO_ONE_P`).
+  always gazes too, and in half of the clips Person b, whom a looks at, looks elsewhere (:data:`NO_ONE_P`).
+  The reasoning is two look-ups: "Person a looks at Person b. Person b looks at Person a." (or at whom b
+  looks instead).
 - ``T6`` joint attention: "Who is the focus of joint attention?" (Person 0-3): two gazers, one target.
 - ``G1`` who points: "Who is pointing?" (Person 0-3), half with a distractor gaze.
 - ``G2`` gesture type: "What kind of gesture does Person a make?" (Pointing, Showing, Giving, Reaching).
@@ -116,7 +118,11 @@ RAMP = 0.25
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)
 LINE, DOT = 2, 4  #: gaze line width and tip dot side in pixels
-CRF = 18  #: libx264 quality; low enough that 2-pixel coloured lines survive yuv420p
+CRF = 18  #: libx264 quality (lower is better)
+#: Encoded pixel format. The world's cue for *who* looks is the colour of a 2-pixel gaze line; 4:2:0 (colour
+#: at half resolution) smeared it into the background and into the neighbouring line of a mutual gaze: the
+#: decoded gaze-line pixels of T4 clips were 30.5 levels off their colour on average, 2.0 with 4:4:4.
+PIX_FMT = "yuv444p"
 DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
 #: Probability that nobody returns Person a's gaze in a T4 clip ("No one"). At 0.25 the SFT model of
 #: seed 0 never answered "No one" after 900 steps (all its T4 errors); half the clips give it as much
@@ -253,20 +259,21 @@ def _t1(rng: random.Random, shuffle: bool) -> WorldQuestion:
 
 
 def _t4(rng: random.Random, shuffle: bool) -> WorldQuestion:
+    """``T4``, mutual gaze, reasoned as two gaze look-ups (each a ``T1`` question): where Person a looks
+    (Person b), then where Person b looks; the answer is b when b looks back, else "No one". A third
+    person always gazes too (at a in every "No one" clip, so a's square always holds someone's dot)."""
     a, b, c, d = rng.sample(range(4), 4)
     pool = _persons(a) + ("No one",)
-    if rng.random() < NO_ONE_P:  # nobody returns Person a's gaze
-        acts = [_gaze(a, b), _gaze(c, a)]
-        if rng.random() < 0.5:
-            acts.append(_gaze(b, rng.choice([c, d, OBJECT])))
-        q = Question("T4", f"Who shares mutual gaze with Person {a}?", "No one", pool, tuple(acts),
-                     (("gaze", (a, b)), ("gaze", (c, a))), (0.0, DURATION), sort_options=shuffle)
-        return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {c} looks at Person {a}. "
-                                f"No gaze is returned.</gaze>")
-    acts = [_gaze(a, b), _gaze(b, a), _gaze(c, rng.choice([a, b, d, OBJECT]))]
-    q = Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}", pool, tuple(acts),
+    if rng.random() < NO_ONE_P:  # nobody returns Person a's gaze: b looks elsewhere, c looks at a
+        x = rng.choice([c, d, OBJECT])
+        acts = (_gaze(a, b), _gaze(b, x), _gaze(c, a))
+        q = Question("T4", f"Who shares mutual gaze with Person {a}?", "No one", pool, acts,
+                     (("gaze", (a, b)), ("gaze", participants(b, x))), (0.0, DURATION), sort_options=shuffle)
+        return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {b} looks at {person_name(x)}.</gaze>")
+    acts = (_gaze(a, b), _gaze(b, a), _gaze(c, rng.choice([a, b, d, OBJECT])))
+    q = Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}", pool, acts,
                  (("gaze", (a, b)),), (0.0, DURATION), sort_options=shuffle)
-    return WorldQuestion(q, f"<gaze>Person {a} and Person {b} look at each other.</gaze>")
+    return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {b} looks at Person {a}.</gaze>")
 
 
 def _t6(rng: random.Random, shuffle: bool) -> WorldQuestion:
@@ -450,7 +457,7 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
     scene = make_world_scene(rng)
     duration = TEMPORAL_DURATION if category == "T3" else DURATION
     frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)
-    data = encode_mp4(frames, FPS, replace(STABLE, crf=CRF))
+    data = encode_mp4(frames, FPS, replace(STABLE, crf=CRF, pix_fmt=PIX_FMT))
     clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, duration, (SIZE, SIZE), data, 4)
     letters, letter = make_options(rng, wq.question)
     return Entry(clip, wq.question, "mcq", letters, letter, wq.reasoning), scene

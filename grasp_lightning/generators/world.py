@@ -1,15 +1,14 @@
 """A synthetic social world whose answers are in the pixels: the project's end-to-end learning benchmark.
 
-Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264). Four persons are coloured squares
-(Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id is drawn: the colour
-identifies them), placed in the four 16x16-pixel corner cells in a random order per clip, with a grey
-object; the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
-events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line
-in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by
-the second frame), mutual gaze is two such lines side by side, joint attention two lines ending in
-the same square, pointing a short thin white bar; the other gestures of G2 are reaching (a long
-thick bar), showing (a magenta object held beside the actor) and giving (a magenta object carried
-into the receiver's square).
+Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264 with full-resolution colour, :data:`PIX_FMT`).
+Four persons are coloured squares (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id
+is drawn: the colour identifies them), placed in the four 16x16-pixel corner cells in a random order per clip,
+with a grey object; the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
+events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel
+line in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by the
+second frame), mutual gaze is two such lines side by side, joint attention two lines ending in the same
+square, pointing a short thin white bar; the other gestures of G2 are reaching (a long thick bar), showing (a
+magenta object held beside the actor) and giving (a magenta object carried into the receiver's square).
 
 Questions (each with four options, one answer letter, balanced letters):
 
@@ -49,7 +48,7 @@ and ``val/grounding/temporal_iou`` score the time questions only.
 Every question ends with the short :data:`INSTRUCTION`, and the world's tokenizer is trained on the
 world's own prompts (:func:`world_corpus`): a language model trained from scratch must learn to find
 the few video tokens that matter among the prompt's tokens, and it learns that faster in a short
-prompt. The SFT target is one short grounded sentence and the letter, e.g.
+prompt. The SFT target is one short grounded sentence (two for ``T4``) and the letter, e.g.
 ``<gaze>Person 0 looks at Person 2.</gaze><answer>C</answer>``; it names exactly the participants of
 the question's ground-truth events (``gt_events`` of the RL rows and ``qa.events`` of every bench
 item), so grounding precision 1.0 is reachable. Options are listed in a fixed order (persons by id,

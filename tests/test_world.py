@@ -377,7 +377,7 @@ def test_decoded_gaze_lines_keep_their_gazers_colour() -> None:
     that says *who* looks was smeared into the background and the neighbouring line of a mutual gaze)."""
     from dataclasses import replace
 
-    from grasp_lightning.generators.mp4 import STABLE, encode_mp4
+    from grasp_lightning.generators.mp4 import encode_mp4
     from grasp_lightning.generators.sample.drawing import PERSON_COLOURS
 
     def line_error(pix_fmt: str) -> float:
@@ -385,7 +385,7 @@ def test_decoded_gaze_lines_keep_their_gazers_colour() -> None:
         for k in [k for k in range(30) if world.WorldOptions().category("t", k) == "T4"]:
             e, scene = world.make_world_item(3, "t", k)
             drawn = world.render_world_clip(scene, e.question.actions)
-            data = encode_mp4(drawn, world.FPS, replace(STABLE, crf=world.CRF, pix_fmt=pix_fmt))
+            data = encode_mp4(drawn, world.FPS, replace(world.MP4, pix_fmt=pix_fmt))
             if pix_fmt == world.PIX_FMT:
                 assert data == e.clip.data  # the world's own bytes
             decoded = decode_clip(data, fps=world.FPS).frames

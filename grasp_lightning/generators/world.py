@@ -122,6 +122,7 @@ CRF = 18  #: libx264 quality (lower is better)
 #: at half resolution) smeared it into the background and into the neighbouring line of a mutual gaze: the
 #: decoded gaze-line pixels of T4 clips were 30.5 levels off their colour on average, 2.0 with 4:4:4.
 PIX_FMT = "yuv444p"
+MP4 = replace(STABLE, crf=CRF, pix_fmt=PIX_FMT)  #: the encoder settings of every world clip
 DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
 #: Probability that nobody returns Person a's gaze in a T4 clip ("No one"). At 0.25 the SFT model of
 #: seed 0 never answered "No one" after 900 steps (all its T4 errors); half the clips give it as much
@@ -201,12 +202,9 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
         elif a.kind == "showing":
             inward = 1 if src[1] < scene.height // 2 else -1
             draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), HELD_SIZE, HELD_COLOUR)
-        elif a.kind == "giving":
-            p = min(max(1.0 if ramp is None else a.progress(t, ramp=ramp), 0.0), 1.0)
-            draw_object(frame, (int(src[0] + p * (dst[0] - src[0])), int(src[1] + p * (dst[1] - src[1]))),
-                        HELD_SIZE, HELD_COLOUR)
-        else:
-            draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE)
+        else:  # giving
+            draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE,
+                         held=HELD_COLOUR, held_size=HELD_SIZE)
     return frame
 
 
@@ -456,7 +454,7 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
     scene = make_world_scene(rng)
     duration = TEMPORAL_DURATION if category == "T3" else DURATION
     frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)
-    data = encode_mp4(frames, FPS, replace(STABLE, crf=CRF, pix_fmt=PIX_FMT))
+    data = encode_mp4(frames, FPS, MP4)
     clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, duration, (SIZE, SIZE), data, 4)
     letters, letter = make_options(rng, wq.question)
     return Entry(clip, wq.question, "mcq", letters, letter, wq.reasoning), scene

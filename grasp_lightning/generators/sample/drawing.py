@@ -121,11 +121,12 @@ def draw_pointing(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int],
 
 
 def draw_gesture(frame: np.ndarray, kind: str, src: tuple[int, int], dst: tuple[int, int], progress: float,
-                 square: int = SQUARE) -> None:
+                 square: int = SQUARE, held: Sequence[int] = HELD, held_size: int = 5) -> None:
     """Draw a deictic gesture of ``kind`` (pointing, reaching, showing, giving) from ``src`` toward ``dst``.
 
-    Pointing is a short bar, reaching a long thick bar, showing an orange object held above the
-    actor, giving an orange object travelling from actor to receiver (``progress`` in [0, 1]).
+    Pointing is a short bar, reaching a long thick bar, showing an object held above the actor,
+    giving an object travelling from actor to receiver (``progress`` in [0, 1]); the object is
+    ``held_size`` pixels of colour ``held`` (default: orange, 5 pixels).
     ``square`` is the side in pixels of the actor's square (arms start at its edge).
     """
     if kind == "pointing":
@@ -133,10 +134,10 @@ def draw_gesture(frame: np.ndarray, kind: str, src: tuple[int, int], dst: tuple[
     elif kind == "reaching":
         draw_pointing(frame, src, dst, length=13, thickness=3, square=square)
     elif kind == "showing":
-        draw_object(frame, (src[0], src[1] - square // 2 - 5), 5, HELD)
+        draw_object(frame, (src[0], src[1] - square // 2 - 5), held_size, held)
     elif kind == "giving":
         p = min(max(progress, 0.0), 1.0)
-        draw_object(frame, (int(src[0] + p * (dst[0] - src[0])), int(src[1] + p * (dst[1] - src[1]))), 5, HELD)
+        draw_object(frame, (int(src[0] + p * (dst[0] - src[0])), int(src[1] + p * (dst[1] - src[1]))), held_size, held)
     else:
         raise ValueError(f"unknown gesture kind {kind!r} (expected one of {GESTURES})")
 

@@ -217,6 +217,29 @@ def test_world_tokenizer_knows_the_worlds_words(tmp_path: Path) -> None:
     assert all(ours.decode(ours(t).input_ids) == t for t in texts)
 
 
+def test_the_object_lies_off_every_line_between_two_persons() -> None:
+    """A gaze or an arm aimed at the object has a direction of its own from every corner: at least 12 degrees
+    from the direction to any other corner, and the object's centre is at least 9 pixels from every segment
+    between two corners (at (40, 24) it was on the diagonal from (56, 8) to (8, 56): 0 degrees, 0 pixels)."""
+    ox, oy = world.OBJECT_CENTRE
+
+    def angle(src: tuple[int, int], dst: tuple[int, int]) -> float:
+        return float(np.degrees(np.arctan2(dst[1] - src[1], dst[0] - src[0])))
+
+    gaps = []
+    for c in world.CORNERS:
+        to_object = angle(c, (ox, oy))
+        gaps += [abs((to_object - angle(c, o) + 180) % 360 - 180) for o in world.CORNERS if o != c]
+    assert min(gaps) >= 12.0, sorted(gaps)[:3]
+    distances = []
+    for i, (x0, y0) in enumerate(world.CORNERS):
+        for x1, y1 in world.CORNERS[i + 1:]:
+            d = np.array([x1 - x0, y1 - y0], float)
+            t = np.clip(np.dot([ox - x0, oy - y0], d) / np.dot(d, d), 0.0, 1.0)
+            distances.append(float(np.hypot(ox - (x0 + t * d[0]), oy - (y0 + t * d[1]))))
+    assert min(distances) >= 9.0, sorted(distances)[:3]
+
+
 def test_gestures_differ_in_shape_and_place() -> None:
     """G2's four gestures are told apart by the pixels: a given object sits inside the receiver's square
     from the second frame on, a shown object outside every square; a reaching arm covers at least three

@@ -1,9 +1,11 @@
 """A synthetic social world whose answers are in the pixels: the project's end-to-end learning benchmark.
 
-Every clip is 2 s at 2 fps (4 frames of 64x64 pixels, H.264 with full-resolution colour, :data:`PIX_FMT`).
+Every clip is 2 s at 2 fps (4 frames of 64x80 pixels, H.264 with full-resolution colour, :data:`PIX_FMT`).
 Four persons are coloured squares (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id
-is drawn: the colour identifies them), placed in the four 16x16-pixel corner cells in a random order per clip,
-with a grey object off every line between two persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16 pixels: patch 8, merge 2). Social
+is drawn: the colour identifies them), placed in the four 16x16-pixel corner cells of the top 64x64 pixels in
+a random order per clip, with a grey object in a token of its own below them, off every line between two
+persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16 pixels: patch 8,
+merge 2). Social
 events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel
 line in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by the
 second frame), mutual gaze is two such lines side by side, joint attention two lines ending in the same
@@ -98,25 +100,29 @@ from grasp_lightning.generators.sample.writer import annotation, rl_row, sft_row
 
 log = logging.getLogger(__name__)
 
-SIZE = 64  #: frame width and height in pixels
+WIDTH, HEIGHT = 64, 80  #: frame size in pixels: a 4 x 4 grid of tokens for the persons, and a row for the object
 CELL = 16  #: the tiny model's visual token covers 16x16 pixels (patch 8, spatial merge 2); the layout follows it
 SQUARE = 12  #: side of a person square in pixels; with its 2-pixel id box it fills one 16x16 corner cell
 CORNERS = ((8, 8), (56, 8), (56, 56), (8, 56))  #: person centres (x, y): the four corner cells
 #: Largest shift of a person's centre in pixels (each axis). 0: a ViT trained from scratch learns
 #: position-fixed cues several times faster (a G1 probe: 89% vs 35% after 200 steps with 2 pixels).
 JITTER = 0
-#: The grey object's centre (x, y). It lies off every line between two persons, so a gaze or an arm aimed at
-#: it has a direction of its own from every corner (at least 12.7 degrees from any person's; the gaze dot
-#: ends 9.9 pixels from the nearest person-to-person line). At (40, 24), on the diagonal from (56, 8) to
-#: (8, 56), pointing at the object looked exactly like pointing at the person behind it and a gaze line to
-#: it like the first third of one to that person: over five seeds the SFT models named the object right in
-#: 17 of 81 gaze look-ups (persons: about 90 %) and 1 of 48 pointing sentences; on seed 2 the object's
-#: look-ups stayed 0 of 15 to the end, and moving the object here raised that probe 0.73 -> 0.865 (1 thread);
-#: the five-seed run at commit cafc110 gave 0.92 / 0.805 / 0.75 / 0.915 / 0.86, the object still rarely named.
-OBJECT_CENTRE = (32, 18)
-#: Side of the grey object in pixels. (10 pixels, so that the gaze dot leaves a grey rim, did not help:
-#: seed 2, 1,120 steps, 0.775 against 0.865 with 6 at this centre.)
-OBJECT_SIZE = 6
+#: The grey object's centre (x, y): the middle of a 16x16-pixel token of its own in a row below the persons
+#: (:data:`HEIGHT`), which no line between two persons crosses (a gaze or an arm aimed at it is at least 14
+#: degrees from any person's direction; it is 16 pixels from the nearest person-to-person line). Every place
+#: between the four corners lies on a token some person-to-person line crosses: at (40, 24) the object was on
+#: the diagonal from (56, 8) to (8, 56); at (32, 18), off every line, it straddled four tokens and four ViT
+#: patches (token borders at x = 32 and y = 16), and over five seeds (commit cafc110) the SFT models named it
+#: right in 16 of 48 T1 look-ups, 0 of 32 T4 second look-ups and 0 of 48 pointing sentences (persons: about
+#: 90 %), for 0.92 / 0.805 / 0.75 / 0.915 / 0.86 overall.
+OBJECT_CENTRE = (40, 72)
+#: Side of the grey object in pixels: a person's (:data:`SQUARE`), so that a gaze or an arm ending on it
+#: looks like one ending on a person, in grey. With 6 pixels in its own token the SFT models of seeds 1 and 2
+#: still named it in 0 of 37 gaze look-ups (persons 183 of 203; 0.755 / 0.625 overall, 1,120 steps, 1 thread):
+#: at the " the" / " Person" token after "looks at", P(" the") was 0.33 on object items and 0.18 on person
+#: items, so the model hardly saw it. With 12 pixels: 25 of 37 (seed 1: 21 of 22), 0.87 / 0.81 overall.
+#: (10 pixels at (32, 18) did not help: seed 2, 0.775 against 0.865 with 6.)
+OBJECT_SIZE = 12
 ARM_START, ARM, REACH = 4, (9, 2), (18, 6)  #: arms start 3 px from the centre; (length, width) in pixels
 #: The held object of showing and giving: magenta, 6 pixels. (The sample data's orange 5-pixel object has
 #: little contrast on the red and yellow squares: at SFT step 560 of seed 0 every G2 error was showing or
@@ -169,12 +175,12 @@ MODEL_SIZES = dict(text_hidden_size=128, text_layers=4, text_heads=4, vision_hid
 
 # ------------------------------------------------------------------------------------ drawing
 def make_world_scene(rng: random.Random) -> Scene:
-    """Four persons at the corners of a ``SIZE x SIZE`` frame in a random order, each shifted by up to
-    ``JITTER`` pixels per axis."""
+    """Four persons at the corners of the top ``WIDTH x WIDTH`` of the ``WIDTH x HEIGHT`` frame in a random
+    order, each shifted by up to ``JITTER`` pixels per axis; the object below them (:data:`OBJECT_CENTRE`)."""
     order = rng.sample(range(4), 4)
     return Scene(tuple((CORNERS[c][0] + rng.randint(-JITTER, JITTER), CORNERS[c][1] + rng.randint(-JITTER, JITTER))
                        for c in order),
-                 OBJECT_CENTRE, SIZE, SIZE)
+                 OBJECT_CENTRE, WIDTH, HEIGHT)
 
 
 def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: float | None = RAMP) -> np.ndarray:
@@ -196,7 +202,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
     starts at second ``s`` must be seen at ``s``).
 
     Returns:
-        ``(SIZE, SIZE, 3)`` uint8 RGB.
+        ``(HEIGHT, WIDTH, 3)`` uint8 RGB.
     """
     frame = np.empty((scene.height, scene.width, 3), np.uint8)
     frame[:] = BACKGROUND
@@ -214,7 +220,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
             length, width = ARM if a.kind == "pointing" else REACH
             draw_pointing(frame, src, dst, length, width, square=ARM_START)
         elif a.kind == "showing":
-            inward = 1 if src[1] < scene.height // 2 else -1
+            inward = 1 if src[1] < scene.width // 2 else -1  # toward the persons' middle
             draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), HELD_SIZE, HELD_COLOUR)
         else:  # giving
             draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE,
@@ -469,7 +475,7 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
     duration = TEMPORAL_DURATION if category == "T3" else DURATION
     frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)
     data = encode_mp4(frames, FPS, MP4)
-    clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, duration, (SIZE, SIZE), data, 4)
+    clip = Clip(SOURCE, f"world{seed}_{split}{k:05d}", 0, duration, (HEIGHT, WIDTH), data, 4)
     letters, letter = make_options(rng, wq.question)
     return Entry(clip, wq.question, "mcq", letters, letter, wq.reasoning), scene
 
@@ -552,7 +558,7 @@ def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, options: WorldOption
             f"--bench {n_bench}{options.flags()}`; see the docstring of "
             "`grasp_lightning/generators/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
             "`train/annotations.jsonl`, `train/videos/*.tar`, `test/annotations.jsonl`, `test/grasp_bench.tar`.\n"
-            f"Categories {', '.join(options.categories)}, balanced in the bench; clips {SIZE}x{SIZE}, {DURATION:g} s "
+            f"Categories {', '.join(options.categories)}, balanced in the bench; clips {WIDTH}x{HEIGHT}, {DURATION:g} s "
             f"at {FPS:g} fps{f' ({TEMPORAL_DURATION:g} s for T3)' if options.temporal else ''}.\n\n"
             f"System prompt of the world recipes:\n\n> {SYSTEM_PROMPT}\n")
 

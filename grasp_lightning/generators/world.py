@@ -118,7 +118,7 @@ JITTER = 0
 OBJECT_CENTRE = (40, 72)
 #: Side of the grey object in pixels: a person's (:data:`SQUARE`), so that a gaze or an arm ending on it
 #: looks like one ending on a person, in grey. With 6 pixels in its own token the SFT models of seeds 1 and 2
-#: still named it in 0 of 37 gaze look-ups (persons 183 of 203; 0.755 / 0.625 overall, 1,120 steps, 1 thread):
+#: still named it in 0 of 37 gaze look-ups (persons 153 of 203; 0.755 / 0.625 overall, 1,120 steps, 1 thread):
 #: at the " the" / " Person" token after "looks at", P(" the") was 0.33 on object items and 0.18 on person
 #: items, so the model hardly saw it. With 12 pixels: 25 of 37 (seed 1: 21 of 22), 0.87 / 0.81 overall.
 #: (10 pixels at (32, 18) did not help: seed 2, 0.775 against 0.865 with 6.)

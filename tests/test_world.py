@@ -222,21 +222,20 @@ def test_the_object_has_a_token_of_its_own() -> None:
     line between two persons crosses; a gaze or an arm aimed at it has a direction of its own from every
     corner (at least 14 degrees from the direction to any other corner), and its centre is 16 pixels from every
     segment between two corners. (At (32, 18) it straddled four tokens; at (40, 24) it lay on a diagonal.)"""
+    from grasp_lightning.generators.sample.drawing import OBJECT_COLOUR
+
     ox, oy = world.OBJECT_CENTRE
-    lo, hi = ox - world.OBJECT_SIZE // 2, ox - world.OBJECT_SIZE // 2 + world.OBJECT_SIZE - 1
-    assert lo // world.CELL == hi // world.CELL and (oy - world.OBJECT_SIZE // 2) // world.CELL == \
-        (oy - world.OBJECT_SIZE // 2 + world.OBJECT_SIZE - 1) // world.CELL, "the object straddles tokens"
-    cell = (ox // world.CELL, oy // world.CELL)
-    rng = random.Random(0)
-    for _ in range(40):  # every person-to-person gaze of a scene, drawn: none reaches the object's token
-        scene = world.make_world_scene(rng)
-        frame = world.render_world_frame(scene, [], 1.0)
-        for actor in range(4):
-            for target in range(4):
-                if actor != target:
-                    drawn = world.render_world_frame(scene, [Action("gaze", actor, target, 0.0, 2.0)], 1.0)
-                    ys, xs = np.nonzero((drawn != frame).any(-1))
-                    assert not any((x // world.CELL, y // world.CELL) == cell for x, y in zip(xs, ys)), (actor, target)
+    scene = world.make_world_scene(random.Random(0))  # persons sit at the four corners in every scene
+    frame = world.render_world_frame(scene, [], 1.0)
+    ys, xs = np.nonzero((frame == OBJECT_COLOUR).all(-1))
+    assert len(xs) == world.OBJECT_SIZE ** 2
+    cells = {(x // world.CELL, y // world.CELL) for x, y in zip(xs, ys)}
+    assert cells == {(ox // world.CELL, oy // world.CELL)}, f"the object straddles tokens {sorted(cells)}"
+    for actor in range(4):  # all 12 corner-to-corner gazes, drawn: none reaches the object's token
+        for target in set(range(4)) - {actor}:
+            drawn = world.render_world_frame(scene, [Action("gaze", actor, target, 0.0, world.DURATION)], 1.0)
+            ys, xs = np.nonzero((drawn != frame).any(-1))
+            assert not cells & {(x // world.CELL, y // world.CELL) for x, y in zip(xs, ys)}, (actor, target)
 
     def angle(src: tuple[int, int], dst: tuple[int, int]) -> float:
         return float(np.degrees(np.arctan2(dst[1] - src[1], dst[0] - src[0])))
@@ -286,7 +285,8 @@ def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Pat
     from grasp_lightning.data.prompts import INSTRUCTION
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(out), processor=str(tiny_path), mode="rl", max_frames=4, max_pixels=world.WIDTH * world.HEIGHT,
+    dm = GraspDataModule(root=str(out), processor=str(tiny_path), mode="rl", max_frames=4,
+                         max_pixels=world.WIDTH * world.HEIGHT,
                          val_batch_size=2, num_workers=0, system_prompt=world.SYSTEM_PROMPT,
                          instruction=world.INSTRUCTION)
     dm.setup("validate")

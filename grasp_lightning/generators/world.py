@@ -3,14 +3,14 @@
 Every clip is 2 s at 2 fps (4 frames of 64x80 pixels, H.264 with full-resolution colour, :data:`PIX_FMT`).
 Four persons are coloured squares (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id
 is drawn: the colour identifies them), placed in the four 16x16-pixel corner cells of the top 64x64 pixels in
-a random order per clip, with a grey object in a token of its own below them, off every line between two
-persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16 pixels: patch 8,
-merge 2). Social
-events are drawn with the primitives of :mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel
-line in the gazer's colour whose white dot travels from the gazer into the target's square (it arrives by the
-second frame), mutual gaze is two such lines side by side, joint attention two lines ending in the same
-square, pointing a short thin white bar; the other gestures of G2 are reaching (a long thick bar), showing (a
-magenta object held beside the actor) and giving (a magenta object carried into the receiver's square).
+a random order per clip, with a grey object as large as a person in a token of its own below them, off every
+line between two persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16
+pixels: patch 8, merge 2). Social events are drawn with the primitives of
+:mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line in the gazer's colour whose white dot
+travels from the gazer into the target's square (it arrives by the second frame), mutual gaze is two such
+lines side by side, joint attention two lines ending in the same square, pointing a short thin white bar; the
+other gestures of G2 are reaching (a long thick bar), showing (a magenta object held beside the actor) and
+giving (a magenta object carried into the receiver's square).
 
 Questions (each with four options, one answer letter, balanced letters):
 
@@ -220,7 +220,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
             length, width = ARM if a.kind == "pointing" else REACH
             draw_pointing(frame, src, dst, length, width, square=ARM_START)
         elif a.kind == "showing":
-            inward = 1 if src[1] < scene.width // 2 else -1  # toward the persons' middle
+            inward = 1 if src[1] < scene.width // 2 else -1  # toward the middle of the persons' width x width square
             draw_object(frame, (src[0], src[1] + inward * (SQUARE // 2 + 5)), HELD_SIZE, HELD_COLOUR)
         else:  # giving
             draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE,

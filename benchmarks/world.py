@@ -353,12 +353,17 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
 
 
 def measured() -> dict:
-    """Where a figure was measured: the commit (``git describe --always --dirty``) and the processor
+    """Where a figure was measured: the commit (``git rev-parse --short HEAD``, with ``-dirty`` when a tracked
+    file other than the results this script writes under ``benchmarks/results`` differs from it: the first seed's
+    JSON must not mark the later seeds of the same call as measured on changed code) and the processor
     (``/proc/cpuinfo``'s model name; 2-core machines of one kind differ: an SFT step took 0.75 s on one and
     1.35 s on another)."""
     try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        git = dict(cwd=ROOT, capture_output=True, text=True, check=True)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **git).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                  ":(exclude)benchmarks/results"], **git).stdout.strip()
+        commit += "-dirty" if changed else ""
     except (OSError, subprocess.CalledProcessError):
         commit = None
     cpu = None

@@ -203,3 +203,31 @@ def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path
     assert isinstance(cmp["refill_fewer_steps_to_reward"], bool)
     saved = json.loads((tmp_path / "results" / "dynamic_sampling_seed0.json").read_text())
     assert saved["arms"] == out["arms"] and (tmp_path / "results" / "dynamic_sampling_seed0.png").is_file()
+
+
+def test_world_labels_a_commit_dirty_only_for_changed_code_not_for_its_own_results(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("world_bench", REPO / "benchmarks" / "world.py")
+    world_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(world_bench)
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "benchmarks" / "results" / "world.json").write_text("{}\n")
+    (repo / "code.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "init"]):
+        subprocess.run(git + cmd, cwd=repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    monkeypatch.setattr(world_bench, "ROOT", repo)
+    assert world_bench.measured()["commit"] == head
+    (repo / "benchmarks" / "results" / "world.json").write_text('{"seed": 0}\n')  # the first seed's JSON
+    (repo / "scratch.txt").write_text("untracked\n")
+    assert world_bench.measured()["commit"] == head
+    (repo / "code.py").write_text("x = 2\n")
+    assert world_bench.measured()["commit"] == f"{head}-dirty"
+    monkeypatch.setattr(world_bench, "ROOT", tmp_path / "not_a_repo")
+    (tmp_path / "not_a_repo").mkdir()
+    assert world_bench.measured()["commit"] is None

@@ -10,17 +10,21 @@ For each seed of ``--seeds``:
 
 For each seed of ``--rl-seeds`` (default: the first three):
 
-2. **Shortcut world** (``WorldOptions(shortcut=0.7, temporal=True)``: J3 "When Person p points at x, who
-   or what does Person g look at?", where the gaze follows the point in 70 % of the training clips and in
-   none of the bench's, and T3 time questions on 4-s clips): SFT for ``--rl-sft-steps``, the first
+2. **Shortcut world** (``WorldOptions(shortcut=0.7, temporal=True, shortcut_reasoning=True)``: J3 "When
+   Person p points at x, who or what does Person g look at?", where the gaze follows the point in 70 % of the
+   training clips and in none of the bench's, and whose training SFT targets state the prior where it holds,
+   "<gesture>Person p points at x.</gesture><gaze>Person g looks at x.</gaze>"; ``--no-shortcut-reasoning``
+   keeps the gaze sentence alone; and T3 time questions on 4-s clips): SFT for ``--rl-sft-steps``, the first
    checkpoint at ``--handoff-acc`` exported (a partially trained policy, as the paper's SFT warm-up), the
-   shortcut prior's accuracy measured on the training and bench J3 clips.
+   shortcut prior's accuracy measured on the training and bench J3 clips, with the share of training
+   targets stating it.
 3. From that one checkpoint, with equal budgets (``--rl-steps`` of 16 prompts x K=8): plain GRPO
    (``configs/world_grpo.yaml``: accuracy + format), GRPO-SGR (``configs/world_sgr.yaml``: + grounding
    presence + Social Grounding Reward) and GRPO-SGR + temporal (``configs/world_temporal.yaml``: + the
    temporal IoU term). The exported policy is each run's reference model. Reported per arm: bench
    accuracy, J3 accuracy (the shortcut-breaking split), T3 accuracy, grounding precision (paper, Figure 5),
-   enumeration rate (completions naming every person the item shows) and temporal IoU.
+   enumeration rate (completions naming every person the item shows), temporal IoU and the share of J3
+   completions that state the prior (``J3_stating_prior``: a ``<gesture>`` block naming the point).
 
 Prints one JSON line ``{"per_seed": {...}, "summary": {...}}``; the summary holds min / median / max over
 seeds, with ``sft_acc_min`` (lowest held-out SFT accuracy within 10 minutes) and ``sgr_minus_grpo_acc_min``
@@ -133,6 +137,25 @@ def run_overrides(name: str, world: Path, policy: Path, work: Path, seed: int, s
             "data": {"root": str(world), "seed": seed}}
 
 
+def states_prior(text: str) -> bool:
+    """Whether a ``J3`` reasoning or completion states the shortcut prior: it names the point in a
+    ``<gesture>`` block (``WorldOptions.shortcut_reasoning``'s targets do; reading the gaze needs no point)."""
+    from grasp_lightning.parsing import tag_contents
+
+    return any("points at" in block for block in tag_contents(text, "gesture"))
+
+
+def prior_rate(run: Path, step: int) -> float | None:
+    """Share of the ``J3`` bench completions of validation step ``step`` (1-based, as :func:`summary`'s ``step``)
+    that state the shortcut prior (:func:`states_prior`), from ``bench/step_<step>/results.json``
+    (:class:`callbacks.bench.GraspBenchReport`); ``None`` without that file or without ``J3`` items."""
+    path = run / "bench" / f"step_{step}" / "results.json"
+    if not path.exists():
+        return None
+    j3 = [item for item in json.loads(path.read_text())["items"] if item["category"] == "J3"]
+    return round(sum(states_prior(item["completion"]) for item in j3) / len(j3), 4) if j3 else None
+
+
 def summary(run: Path, started: float, at_step: int | None = None) -> dict:
     """Bench accuracy, grounding precision, enumeration rate and temporal IoU of a run at validation step
     ``at_step`` (default: the last), every category's accuracy (``categories``), and the seconds from the run's
@@ -156,7 +179,7 @@ def summary(run: Path, started: float, at_step: int | None = None) -> dict:
         return None if not found or math.isnan(found[-1]) else round(float(found[-1]), 4)
 
     cats = sorted(t.split("/", 1)[1] for t in tags if t.startswith("val_category/"))
-    return {"step": step + 1, "acc": round(value, 4), "grounding_precision": at("val/grounding/precision"),
+    return {"step": step + 1, "J3_stating_prior": prior_rate(run, step + 1), "acc": round(value, 4), "grounding_precision": at("val/grounding/precision"),
             "enumeration_rate": at("val/grounding/enumeration_rate"), "temporal_iou": at("val/grounding/temporal_iou"),
             "categories": {c: at(f"val_category/{c}") for c in cats}, "seconds": round(wall - started, 1)}
 
@@ -300,7 +323,9 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
         entries = {split: [world_mod.make_world_entry(args.seed, split, k, options) for k in range(n)
                            if options.category(split, k) == "J3"]
                    for split, n in (("t", n_train), ("b", n_bench))}
-        prior = {"train": world_mod.prior_accuracy(entries["t"]), "bench": world_mod.prior_accuracy(entries["b"])}
+        prior = {"train": world_mod.prior_accuracy(entries["t"]), "bench": world_mod.prior_accuracy(entries["b"]),
+                 "train_targets_stating_it": round(sum(states_prior(e.response) for e in entries["t"])
+                                                   / max(1, len(entries["t"])), 4)}
     return {"work": work, "data": data, "init": init, "sft_run": sft_run, "sft_started": sft_started,
             "sft_seconds": sft_s, "world_seconds": gen_seconds, "handoff": handoff, "export": export,
             "prior_acc": prior}
@@ -334,7 +359,8 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
     """On the shortcut (and temporal) world: SFT to the hand-off, then every arm of :data:`ARMS` from it."""
     from grasp_lightning.generators.world import WorldOptions
 
-    options = WorldOptions(shortcut=args.shortcut, temporal=not args.no_temporal)
+    options = WorldOptions(shortcut=args.shortcut, temporal=not args.no_temporal,
+                           shortcut_reasoning=args.shortcut_reasoning)
     stage = sft_handoff(args, options, tag="_shortcut", sft_steps=args.rl_sft_steps, n_bench=args.rl_bench,
                         n_train=args.rl_train)
     work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
@@ -409,6 +435,7 @@ def summarise(per_seed: dict) -> dict:
                 out[f"{arm}_shortcut_acc"] = spread([r[arm]["categories"].get("J3") for r in rl])
                 out[f"{arm}_grounding_precision"] = spread([r[arm]["grounding_precision"] for r in rl])
                 out[f"{arm}_enumeration_rate"] = spread([r[arm]["enumeration_rate"] for r in rl])
+                out[f"{arm}_J3_stating_prior"] = spread([r[arm].get("J3_stating_prior") for r in rl])
         out["sgr_minus_grpo_acc"] = spread([_gap(r["sgr"], r["grpo"], "J3") for r in rl])
         out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
         out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
@@ -438,17 +465,19 @@ def markdown(out: dict) -> str:
                      f"| {_f(sft['acc'])} ({sft['step']}, {sft['seconds']}) | {first} |")
     rl_rows = [(seed, r["shortcut"]) for seed, r in out["per_seed"].items() if "shortcut" in r]
     if rl_rows:
-        lines += ["", "| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | overall | grounding "
-                      "precision | enumeration rate | T3 time questions | temporal IoU |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | J3 stating the prior "
+                      "| overall | grounding precision | enumeration rate | T3 time questions | temporal IoU |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for seed, r in rl_rows:
             prior = r["prior_acc"] or {}
             lines.append(f"| {seed} | shortcut prior (\"the gaze follows the point\"): train {_f(prior.get('train'))}, "
-                         f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} | | | | | |")
+                         f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} "
+                         f"| {_f(prior.get('train_targets_stating_it'))} (SFT targets) | | | | | |")
             for name, label in (("sft_handoff", f"SFT hand-off (step {r['sft_handoff']['step']})"),
                                 *((arm, f"+ {ARMS[arm][1]}") for arm in ARMS if arm in r)):
                 a = r[name]
-                lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a['acc'])} "
+                lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a.get('J3_stating_prior'))} "
+                             f"| {_f(a['acc'])} "
                              f"| {_f(a['grounding_precision'])} | {_f(a['enumeration_rate'])} "
                              f"| {_f(a['categories'].get('T3'))} | {_f(a['temporal_iou'])} |")
     return "\n".join(lines) + "\n"
@@ -470,6 +499,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rl-bench", type=int, default=280, help="bench clips of the shortcut world (7 categories)")
     p.add_argument("--shortcut", type=float, default=0.7,
                    help="share of the shortcut world's training J3 clips in which the gaze follows the point")
+    p.add_argument("--shortcut-reasoning", action=argparse.BooleanOptionalAction, default=True,
+                   help="the training J3 targets state the prior where it holds (WorldOptions.shortcut_reasoning), "
+                        "so SFT reasons from it as the paper's models do")
     p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
     p.add_argument("--skip-sft", action="store_true",
                    help="run only the shortcut-world RL comparison (keeping the base-world SFT figures of an earlier "

@@ -144,6 +144,12 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     rl = per_seed["1"]["shortcut"]
     assert set(rl["sgr"]["categories"]) == {"T1", "T4", "T6", "G1", "G2", "J3", "T3"}
     assert rl["prior_acc"]["bench"] == 0.0 and 0.0 <= rl["prior_acc"]["train"] <= 1.0  # 2 training J3 clips
+    from grasp_lightning.generators import world
+
+    options = world.WorldOptions(shortcut=0.7, temporal=True, shortcut_reasoning=True)  # the script's default
+    j3 = [world.make_world_entry(1, "t", k, options) for k in range(14) if options.category("t", k) == "J3"]
+    assert len(j3) == 2 and rl["prior_acc"]["train_targets_stating_it"] == sum("<gesture>" in e.response for e in j3) / 2
+    assert rl["prior_acc"]["train_targets_stating_it"] == rl["prior_acc"]["train"]  # stated exactly where it holds
     gap = round(rl["sgr"]["categories"]["J3"] - rl["grpo"]["categories"]["J3"], 4)
     assert summary["sgr_minus_grpo_acc_min"] == gap == summary["sgr_minus_grpo_acc"]["max"]
     for arm in ("grpo", "sgr", "sgr_temporal"):
@@ -205,13 +211,37 @@ def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path
     assert saved["arms"] == out["arms"] and (tmp_path / "results" / "dynamic_sampling_seed0.png").is_file()
 
 
-def test_world_labels_a_commit_dirty_only_for_changed_code_not_for_its_own_results(tmp_path: Path,
-                                                                                   monkeypatch) -> None:
+def _world_bench():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("world_bench", REPO / "benchmarks" / "world.py")
     world_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(world_bench)
+    return world_bench
+
+
+def test_world_counts_the_j3_completions_that_state_the_prior(tmp_path: Path) -> None:
+    """``J3_stating_prior``: the share of a validation's J3 completions with a ``<gesture>`` block naming the point
+    (other categories and "points at" outside a gesture block do not count); no results file or no J3: ``None``."""
+    world_bench = _world_bench()
+    stating = "<gesture>Person 2 points at Person 0.</gesture><gaze>Person 3 looks at Person 0.</gaze><answer>A</answer>"
+    reading = "<gaze>Person 3 looks at Person 1.</gaze><answer>B</answer>"
+    assert world_bench.states_prior(stating) and not world_bench.states_prior(reading)
+    assert not world_bench.states_prior("<gaze>Person 3 points at Person 0.</gaze>")
+    items = [{"category": "J3", "completion": stating}, {"category": "J3", "completion": reading},
+             {"category": "J3", "completion": "<gaze>Person 2 points at Person 0.</gaze>"},
+             {"category": "G1", "completion": stating}]
+    (tmp_path / "bench" / "step_20").mkdir(parents=True)
+    (tmp_path / "bench" / "step_20" / "results.json").write_text(json.dumps({"items": items}))
+    assert world_bench.prior_rate(tmp_path, 20) == round(1 / 3, 4)
+    assert world_bench.prior_rate(tmp_path, 40) is None
+    (tmp_path / "bench" / "step_20" / "results.json").write_text(json.dumps({"items": items[3:]}))
+    assert world_bench.prior_rate(tmp_path, 20) is None
+
+
+def test_world_labels_a_commit_dirty_only_for_changed_code_not_for_its_own_results(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    world_bench = _world_bench()
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "results").mkdir(parents=True)
     (repo / "benchmarks" / "results" / "world.json").write_text("{}\n")

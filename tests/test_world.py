@@ -362,6 +362,51 @@ def test_shortcut_prior_accuracy_is_as_configured_on_both_splits() -> None:
     assert world.prior_accuracy([world.make_world_entry(9, "b", 0, FULL)]) is None  # no J3 entry
 
 
+def test_shortcut_reasoning_states_the_prior_exactly_where_it_holds_and_costs_grounding(tmp_path: Path) -> None:
+    """``shortcut_reasoning``: a training J3 target states the point and copies its target into the gaze
+    sentence exactly where the gaze follows the point (about 70 % of the clips), and is the gaze sentence
+    alone elsewhere and in every bench item; the clips and questions are those of the world without the
+    option. The Social Grounding Reward scores a target stating the prior (1 + R) * P = 2 * 2/3 (1 for the
+    object: P = 1/2, the pointer is not in the gaze event) against 2 for the gaze sentence alone."""
+    from grasp_lightning.rewards import social_grounding
+
+    options = world.WorldOptions(shortcut=0.7, temporal=True, shortcut_reasoning=True)
+    stated = []
+    for split, n in (("t", 700), ("b", 70)):
+        for k in (k for k in range(n) if options.category(split, k) == "J3"):
+            e, plain = world.make_world_entry(3, split, k, options), world.make_world_entry(3, split, k, FULL)
+            assert e.question == plain.question and e.clip.data == plain.clip.data and e.letter == plain.letter
+            holds = world.shortcut_prior(e.question) == e.question.answer_text
+            (point,) = [a for a in e.question.actions if a.kind == "pointing"]
+            (gaze,) = [a for a in e.question.actions if a.kind == "gaze"]
+            if split == "t" and holds:
+                assert e.response == (f"<gesture>Person {point.actor} points at {world.person_name(point.target)}."
+                                      f"</gesture>{plain.response}"), e.response
+            else:
+                assert e.response == plain.response and "<gesture>" not in e.response
+            assert plain.response.startswith(f"<gaze>Person {gaze.actor} looks at {world.person_name(gaze.target)}.")
+            stated.append((split, "<gesture>" in e.response))
+    train = [s for split, s in stated if split == "t"]
+    assert len(train) == 108 and abs(sum(train) / len(train) - 0.7) < 0.13, sum(train)  # 3 sd of 108 draws: 0.13
+    assert not any(s for split, s in stated if split == "b")
+    assert options.flags() == " --shortcut 0.7 --shortcut-bench 0 --shortcut-reasoning --temporal"
+    with pytest.raises(ValueError, match="shortcut_reasoning needs shortcut"):
+        world.WorldOptions(shortcut_reasoning=True)
+    # the RL rows' ground truth is the gaze alone: stating the prior costs precision
+    world.generate_world(tmp_path, seed=3, n_train=0, n_bench=1, n_rl=40, options=options, clips_per_shard=50)
+    rewards = collections.Counter()
+    for item in read_rl(tmp_path / "train" / "data_rl.jsonl"):
+        k = int(re.search(r"_r(\d+)", item.clip.path).group(1))
+        e = world.make_world_entry(3, "r", k, options)
+        if e.question.category != "J3":
+            continue
+        (gaze,) = [a for a in e.question.actions if a.kind == "gaze"]
+        want = (1.0 if gaze.target == OBJECT else 4 / 3) if "<gesture>" in e.response else 2.0
+        assert social_grounding(e.response, item) == pytest.approx(want), (e.response, item.events)
+        rewards[want] += 1
+    assert rewards[2.0] and (rewards[4 / 3] or rewards[1.0]), rewards
+
+
 def test_shortcut_prior_refuses_other_questions() -> None:
     with pytest.raises(ValueError, match="not a world J3 question: T1"):
         world.shortcut_prior(world.make_world_entry(0, "b", 0).question)

@@ -39,7 +39,11 @@ Two options of :class:`WorldOptions` add categories:
   looking at the gaze. In the bench the gaze follows the point in a share ``shortcut_bench`` of the
   clips (default 0: the bench's J3 items are the **shortcut-breaking split**, where the prior is
   always wrong). The ground-truth event is the gaze alone, so a reasoning that names the pointed-at
-  target instead of the gaze's (the shortcut) loses grounding precision.
+  target instead of the gaze's (the shortcut) loses grounding precision. With ``shortcut_reasoning``
+  the SFT targets of the training clips where the prior holds state it, "<gesture>Person p points at
+  x.</gesture><gaze>Person g looks at x.</gaze>" (true of those clips, but naming the pointer, who is not
+  in the event), so SFT learns to reason from the prior as the paper's models do; the grounding reward
+  scores that reasoning 2/3 (or 1/2) of reading the gaze.
 - ``T3`` temporal gaze reasoning (``temporal=True``): 4-s clips (8 frames) in which Person a looks at
   one target and then, from a whole second ``s`` in 1-3, at another; "Between 2.0s and 3.0s, who or
   what does Person a look at?" asks about a one-second window inside one of the two gazes, and the
@@ -62,7 +66,8 @@ then the non-person option) unless ``shuffle_options`` puts the answer at a rand
 Usage::
 
     python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
-        [--shuffle-options] [--shortcut 0.7] [--shortcut-bench 0.0] [--temporal] [--train-mix T1,T4,...]
+        [--shuffle-options] [--shortcut 0.7] [--shortcut-bench 0.0] [--shortcut-reasoning]
+        [--temporal] [--train-mix T1,T4,...]
         [--model-dir DIR]
 
 Deterministic for a given seed (mp4 bytes for a given libx264 build, like the sample data).
@@ -327,9 +332,11 @@ def _g2(rng: random.Random, shuffle: bool) -> WorldQuestion:
     return WorldQuestion(q, f"<gesture>Person {a} {VERBS[kind]} {person_name(target)}.</gesture>")
 
 
-def _j3(rng: random.Random, shuffle: bool, follow: float = 1.0) -> WorldQuestion:
+def _j3(rng: random.Random, shuffle: bool, follow: float = 1.0, state_prior: bool = False) -> WorldQuestion:
     """``J3``, the language shortcut: Person p points at x (named in the question); Person g looks at x
-    with probability ``follow`` (the prior holds), else at another person or the object."""
+    with probability ``follow`` (the prior holds), else at another person or the object. ``state_prior``:
+    where the prior holds, the reasoning states it, the point first and the gaze copied from it
+    (:attr:`WorldOptions.shortcut_reasoning`); the random draws are the same either way."""
     p, g = rng.sample(range(4), 2)
     x = rng.choice(_others(p, g) + [OBJECT])
     y = x if rng.random() < follow else rng.choice([t for t in _others(g) + [OBJECT] if t != x])
@@ -337,7 +344,10 @@ def _j3(rng: random.Random, shuffle: bool, follow: float = 1.0) -> WorldQuestion
     q = Question("J3", f"When Person {p} points at {person_name(x)}, who or what does Person {g} look at?",
                  option_text(y), _persons(g) + ("An object",), acts, (("gaze", participants(g, y)),), (0.0, DURATION),
                  sort_options=shuffle)
-    return WorldQuestion(q, f"<gaze>Person {g} looks at {person_name(y)}.</gaze>")
+    gaze = f"<gaze>Person {g} looks at {person_name(y)}.</gaze>"
+    if state_prior and y == x:
+        return WorldQuestion(q, f"<gesture>Person {p} points at {person_name(x)}.</gesture>{gaze}")
+    return WorldQuestion(q, gaze)
 
 
 def _t3(rng: random.Random, shuffle: bool) -> WorldQuestion:
@@ -390,13 +400,20 @@ class WorldOptions:
             rows) in which the gaze follows the point; ``None`` for no ``J3``.
         shortcut_bench: the same share in the bench's ``J3`` clips (0.0: every one breaks the shortcut).
         temporal: add ``T3`` (temporal gaze reasoning, 4-s clips).
+        shortcut_reasoning: the SFT targets of the training ``J3`` clips in which the gaze follows the point
+            state the prior, as a model that answers from it would reason (the paper's Figure 1): the point
+            first, then the gaze copied from it, ``<gesture>Person p points at x.</gesture><gaze>Person g
+            looks at x.</gaze>``. True of the clip, but it names the pointer, who is not in the item's
+            ground-truth event (the gaze), so its grounding precision is 2/3 (1/2 when x is the object)
+            where reading the gaze gives 1. The bench's reasoning is never affected. Needs ``shortcut``.
         train_mix: the category cycle of the training splits (SFT and RL rows: item ``k`` gets
             ``train_mix[k % len(train_mix)]``), e.g. more clips of a hard category; ``None``:
             :data:`TRAIN_MIX`, then ``J3`` and ``T3`` twice each when their options are set. The bench
             always has every category in turn.
 
     Raises:
-        ValueError: a share outside [0, 1], or a ``train_mix`` category the world does not have.
+        ValueError: a share outside [0, 1], a ``train_mix`` category the world does not have, or
+            ``shortcut_reasoning`` without ``shortcut``.
     """
 
     shuffle_options: bool = False
@@ -404,12 +421,15 @@ class WorldOptions:
     shortcut_bench: float = 0.0
     temporal: bool = False
     train_mix: tuple[str, ...] | None = None
+    shortcut_reasoning: bool = False
 
     def __post_init__(self) -> None:
         for name in ("shortcut", "shortcut_bench"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"WorldOptions.{name} must be a share in [0, 1], got {value!r}")
+        if self.shortcut_reasoning and self.shortcut is None:
+            raise ValueError("WorldOptions.shortcut_reasoning needs shortcut (the J3 category) to be set")
         if self.train_mix is not None:
             unknown = sorted(set(self.train_mix) - set(self.categories))
             if unknown or not self.train_mix:
@@ -442,13 +462,17 @@ class WorldOptions:
         """These options as command-line flags of :func:`main`."""
         out = " --shuffle-options" if self.shuffle_options else ""
         out += f" --shortcut {self.shortcut:g} --shortcut-bench {self.shortcut_bench:g}" if self.shortcut is not None else ""
+        out += " --shortcut-reasoning" if self.shortcut_reasoning else ""
         out += " --temporal" if self.temporal else ""
         return out + (f" --train-mix {','.join(self.train_mix)}" if self.train_mix else "")
 
 
-def _question(category: str, rng: random.Random, shuffle: bool, follow: float) -> WorldQuestion:
-    """The category's question (``follow``: the ``J3`` share of clips in which the gaze follows the point)."""
-    return TEMPLATES[category](rng, shuffle, follow) if category == "J3" else TEMPLATES[category](rng, shuffle)
+def _question(category: str, rng: random.Random, shuffle: bool, follow: float, state_prior: bool = False) -> WorldQuestion:
+    """The category's question (``follow``: the ``J3`` share of clips in which the gaze follows the point;
+    ``state_prior``: ``J3`` reasoning states the prior where it holds, see :func:`_j3`)."""
+    if category == "J3":
+        return TEMPLATES[category](rng, shuffle, follow, state_prior)
+    return TEMPLATES[category](rng, shuffle)
 
 
 # ------------------------------------------------------------------------------------ entries
@@ -470,7 +494,8 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
     options = options or WorldOptions()
     rng = random.Random(f"world:{seed}:{split}:{k}")
     category = options.category(split, k)
-    wq = _question(category, rng, options.shuffle_options, options.follow(split))
+    wq = _question(category, rng, options.shuffle_options, options.follow(split),
+                   options.shortcut_reasoning and split != "b")
     scene = make_world_scene(rng)
     duration = TEMPORAL_DURATION if category == "T3" else DURATION
     frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)
@@ -592,6 +617,8 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
                         help="add J3, the language shortcut: the gaze follows the point in this share of training clips")
     parser.add_argument("--shortcut-bench", type=float, default=0.0, metavar="P",
                         help="the same share in the bench's J3 clips (0: all break the shortcut)")
+    parser.add_argument("--shortcut-reasoning", action="store_true",
+                        help="training J3 targets state the prior where it holds: the point, then the gaze copied from it")
     parser.add_argument("--temporal", action="store_true", help="add T3, temporal gaze questions on 4-s clips")
     parser.add_argument("--train-mix", type=lambda v: tuple(c.strip() for c in v.split(",")), default=None,
                         metavar="CATS", help="category cycle of the training splits, e.g. T1,T4,T4,T6,G1,G2")
@@ -599,7 +626,8 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
 
 def world_options(args: argparse.Namespace) -> WorldOptions:
     """:class:`WorldOptions` from the flags of :func:`add_world_options`."""
-    return WorldOptions(args.shuffle_options, args.shortcut, args.shortcut_bench, args.temporal, args.train_mix)
+    return WorldOptions(args.shuffle_options, args.shortcut, args.shortcut_bench, args.temporal, args.train_mix,
+                        args.shortcut_reasoning)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -48,6 +48,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -154,6 +155,35 @@ def prior_rate(run: Path, step: int) -> float | None:
         return None
     j3 = [item for item in json.loads(path.read_text())["items"] if item["category"] == "J3"]
     return round(sum(states_prior(item["completion"]) for item in j3) / len(j3), 4) if j3 else None
+
+
+def following_rate(run: Path, step: int, seed: int, options) -> float | None:
+    """Share of the ``J3`` bench completions of validation step ``step`` (1-based) whose answer letter is the
+    pointed-at target's: the shortcut prior's answer (:func:`grasp_lightning.generators.world.shortcut_prior`),
+    wrong on every bench item of the shortcut-breaking split. Each item is rebuilt from its uid
+    (``world<seed>_b<k>_...``) with :func:`~grasp_lightning.generators.world.make_world_entry` and ``options``
+    (the world's :class:`~grasp_lightning.generators.world.WorldOptions`). ``None`` without the results file or ``J3``.
+
+    Raises:
+        ValueError: an item's uid is not a bench clip of the world.
+    """
+    from grasp_lightning.generators import world as world_mod
+
+    path = run / "bench" / f"step_{step}" / "results.json"
+    if not path.exists():
+        return None
+    picks = []
+    for item in json.loads(path.read_text())["items"]:
+        if item["category"] != "J3":
+            continue
+        found = re.fullmatch(rf"world{seed}_b(\d+)_qa\d+", item["uid"])
+        if found is None:
+            raise ValueError(f"{path}: J3 item {item['uid']!r} is not a bench clip of world seed {seed}")
+        entry = world_mod.make_world_entry(seed, "b", int(found.group(1)), options)
+        prior = world_mod.shortcut_prior(entry.question)
+        (letter,) = [o.split(")", 1)[0] for o in entry.options if o.split(") ", 1)[1] == prior]
+        picks.append(item["predicted"] == letter)
+    return round(sum(picks) / len(picks), 4) if picks else None
 
 
 def summary(run: Path, started: float, at_step: int | None = None) -> dict:
@@ -365,6 +395,8 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
                         n_train=args.rl_train)
     work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
     out = {"prior_acc": stage["prior_acc"], "sft_handoff": handoff, "sft": summary(stage["sft_run"], stage["sft_started"])}
+    for key, run in (("sft_handoff", stage["sft_run"]), ("sft", stage["sft_run"])):
+        out[key]["J3_following_point"] = following_rate(run, out[key]["step"], args.seed, options)
     runs = {}
     for name, (recipes, _) in ARMS.items():
         if name == "sgr_temporal" and args.no_temporal:
@@ -373,7 +405,8 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         done = finished_run(name, work, args.rl_steps) if args.reuse_rl else None
         run, secs, started = done or fit(name, recipes, overrides, work, args.threads)
         out[name] = summary(run, started)
-        out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"])
+        out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"],
+                         J3_following_point=following_rate(run, out[name]["step"], args.seed, options))
         runs[name] = run
     return {"summary": out, "runs": runs, "handoff": handoff, "sft_run": stage["sft_run"]}
 
@@ -436,6 +469,7 @@ def summarise(per_seed: dict) -> dict:
                 out[f"{arm}_grounding_precision"] = spread([r[arm]["grounding_precision"] for r in rl])
                 out[f"{arm}_enumeration_rate"] = spread([r[arm]["enumeration_rate"] for r in rl])
                 out[f"{arm}_J3_stating_prior"] = spread([r[arm].get("J3_stating_prior") for r in rl])
+                out[f"{arm}_J3_following_point"] = spread([r[arm].get("J3_following_point") for r in rl])
         out["sgr_minus_grpo_acc"] = spread([_gap(r["sgr"], r["grpo"], "J3") for r in rl])
         out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
         out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
@@ -465,18 +499,20 @@ def markdown(out: dict) -> str:
                      f"| {_f(sft['acc'])} ({sft['step']}, {sft['seconds']}) | {first} |")
     rl_rows = [(seed, r["shortcut"]) for seed, r in out["per_seed"].items() if "shortcut" in r]
     if rl_rows:
-        lines += ["", "| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | J3 stating the prior "
-                      "| overall | grounding precision | enumeration rate | T3 time questions | temporal IoU |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | J3 answering the point "
+                      "| J3 stating the point | overall | grounding precision | enumeration rate | T3 time questions "
+                      "| temporal IoU |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for seed, r in rl_rows:
             prior = r["prior_acc"] or {}
             lines.append(f"| {seed} | shortcut prior (\"the gaze follows the point\"): train {_f(prior.get('train'))}, "
-                         f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} "
+                         f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} | "
                          f"| {_f(prior.get('train_targets_stating_it'))} (SFT targets) | | | | | |")
             for name, label in (("sft_handoff", f"SFT hand-off (step {r['sft_handoff']['step']})"),
                                 *((arm, f"+ {ARMS[arm][1]}") for arm in ARMS if arm in r)):
                 a = r[name]
-                lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a.get('J3_stating_prior'))} "
+                lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a.get('J3_following_point'))} "
+                             f"| {_f(a.get('J3_stating_prior'))} "
                              f"| {_f(a['acc'])} "
                              f"| {_f(a['grounding_precision'])} | {_f(a['enumeration_rate'])} "
                              f"| {_f(a['categories'].get('T3'))} | {_f(a['temporal_iou'])} |")

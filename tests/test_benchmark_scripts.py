@@ -155,6 +155,8 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     for arm in ("grpo", "sgr", "sgr_temporal"):
         assert rl[arm]["step"] == 1 and rl[arm]["from_sft_step"] == rl["sft_handoff"]["step"]
         assert rl[arm]["temporal_iou"] is None or 0.0 <= rl[arm]["temporal_iou"] <= 1.0
+        for key in ("J3_following_point", "J3_stating_prior"):  # 2 bench J3 items
+            assert rl[arm][key] in (0.0, 0.5, 1.0) and summary[f"{arm}_{key}"]["min"] == rl[arm][key]
     for seed in (0, 1):
         assert (tmp_path / "results" / f"world_seed{seed}.json").is_file()
         assert (tmp_path / "results" / f"world_seed{seed}.png").is_file()
@@ -237,6 +239,30 @@ def test_world_counts_the_j3_completions_that_state_the_prior(tmp_path: Path) ->
     assert world_bench.prior_rate(tmp_path, 40) is None
     (tmp_path / "bench" / "step_20" / "results.json").write_text(json.dumps({"items": items[3:]}))
     assert world_bench.prior_rate(tmp_path, 20) is None
+
+
+def test_world_counts_the_j3_answers_that_follow_the_point(tmp_path: Path) -> None:
+    """``J3_following_point``: the share of J3 bench answers that pick the pointed-at target, each item rebuilt
+    from its uid; a uid of another world is an error naming it."""
+    from grasp_lightning.generators import world
+
+    world_bench = _world_bench()
+    options = world.WorldOptions(shortcut=0.7, temporal=True, shortcut_reasoning=True)
+    items = []
+    for n, k in enumerate(k for k in range(28) if options.category("b", k) == "J3"):
+        e = world.make_world_entry(4, "b", k, options)
+        (pointed,) = [a.target for a in e.question.actions if a.kind == "pointing"]
+        text = "An object" if pointed == world.OBJECT else f"Person {pointed}"
+        (letter,) = [o[0] for o in e.options if o[3:] == text]
+        assert letter != e.letter  # the shortcut-breaking split: the point is never the answer
+        items.append({"uid": f"world4_b{k:05d}_qa0000", "category": "J3", "predicted": letter if n < 3 else e.letter})
+    items.append({"uid": "world4_b00000_qa0000", "category": "T1", "predicted": "A"})
+    (tmp_path / "bench" / "step_40").mkdir(parents=True)
+    (tmp_path / "bench" / "step_40" / "results.json").write_text(json.dumps({"items": items}))
+    assert len(items) == 5 and world_bench.following_rate(tmp_path, 40, 4, options) == 0.75
+    assert world_bench.following_rate(tmp_path, 60, 4, options) is None
+    with pytest.raises(ValueError, match="'world4_b00005_qa0000' is not a bench clip of world seed 5"):
+        world_bench.following_rate(tmp_path, 40, 5, options)
 
 
 def test_world_labels_a_commit_dirty_only_for_changed_code_not_for_its_own_results(tmp_path: Path,

@@ -20,11 +20,13 @@ For each seed of ``--rl-seeds`` (default: the first three):
    targets stating it.
 3. From that one checkpoint, with equal budgets (``--rl-steps`` of 16 prompts x K=8): plain GRPO
    (``configs/world_grpo.yaml``: accuracy + format), GRPO-SGR (``configs/world_sgr.yaml``: + grounding
-   presence + Social Grounding Reward) and GRPO-SGR + temporal (``configs/world_temporal.yaml``: + the
-   temporal IoU term). The exported policy is each run's reference model. Reported per arm: bench
+   presence + Social Grounding Reward), GRPO-SGR + temporal (``configs/world_temporal.yaml``: + the
+   temporal IoU term) and GRPO-SGR by modality (``configs/world_sgr_modal.yaml``: the grounding reward
+   ``social_grounding_by_modality``, gaze events matched in ``<gaze>`` blocks only). The exported policy is each run's reference model. Reported per arm: bench
    accuracy, J3 accuracy (the shortcut-breaking split), T3 accuracy, grounding precision (paper, Figure 5),
    enumeration rate (completions naming every person the item shows), temporal IoU and the share of J3
-   completions that state the prior (``J3_stating_prior``: a ``<gesture>`` block naming the point).
+   completions that state the prior (``J3_stating_prior``: a ``<gesture>`` block naming the point) or answer
+   with the pointed-at target (``J3_following_point``).
 
 Prints one JSON line ``{"per_seed": {...}, "summary": {...}}``; the summary holds min / median / max over
 seeds, with ``sft_acc_min`` (lowest held-out SFT accuracy within 10 minutes) and ``sgr_minus_grpo_acc_min``
@@ -366,6 +368,7 @@ ARMS = {
     "grpo": (("world_grpo.yaml",), "GRPO (accuracy + format)"),
     "sgr": (("world_sgr.yaml",), "GRPO + SGR"),
     "sgr_temporal": (("world_sgr.yaml", "world_temporal.yaml"), "GRPO + SGR + temporal"),
+    "sgr_modal": (("world_sgr.yaml", "world_sgr_modal.yaml"), "GRPO + SGR by modality"),
 }
 
 
@@ -474,6 +477,10 @@ def summarise(per_seed: dict) -> dict:
         out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
         out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
         out["sgr_minus_grpo_precision"] = spread([_gap(r["sgr"], r["grpo"], "grounding_precision") for r in rl])
+        if all("sgr_modal" in r for r in rl):
+            out["sgr_modal_minus_grpo_acc"] = spread([_gap(r["sgr_modal"], r["grpo"], "J3") for r in rl])
+            out["sgr_modal_minus_grpo_acc_min"] = out["sgr_modal_minus_grpo_acc"]["min"]
+            out["sgr_modal_minus_grpo_overall_acc"] = spread([_gap(r["sgr_modal"], r["grpo"], "acc") for r in rl])
         if all("sgr_temporal" in r for r in rl):
             out["temporal_minus_sgr_T3_acc"] = spread([_gap(r["sgr_temporal"], r["sgr"], "T3") for r in rl])
             out["temporal_minus_sgr_temporal_iou"] = spread([_gap(r["sgr_temporal"], r["sgr"], "temporal_iou")

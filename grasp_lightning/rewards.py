@@ -328,6 +328,42 @@ def social_grounding(completion: str, item: GraspItem, opened_think: bool = Fals
     return (1.0 + recall) * precision
 
 
+@_register("social_grounding_by_modality")
+def social_grounding_by_modality(completion: str, item: GraspItem, opened_think: bool = False) -> float:
+    """The Social Grounding Reward ``(1 + R) * P`` per modality, in ``[0, 2]``: the people of gaze events
+    are looked for in the ``<gaze>`` blocks of the reasoning, the people of every other event in its
+    ``<gesture>`` blocks, and the reward is the mean of ``(1 + R_m) * P_m`` over the modalities ``m`` that
+    have ground truth or a named person (a modality with either side empty scores 0 there).
+
+    Why: :func:`social_grounding` pools every person named anywhere in the reasoning, so a completion that
+    names the event's people under the wrong relation scores the maximum. Measured on the synthetic world's
+    shortcut split (``benchmarks/world.py``, README "Learning proof"): after 80 GRPO-SGR steps the policy
+    wrote the gaze event as a false pointing sentence, ``<gesture>Person g points at Person y.</gesture>``,
+    with ``social_grounding`` 2.0; here it scores 0. Matching events to their modality's blocks mirrors the
+    released code's ``compute_grounding_score`` (:func:`social_grounding_released`), without its exclusion of
+    the people the question names.
+
+    Args:
+        completion: a completion.
+        item: the RL item; only ``item.events`` count (``item.persons``, people without an event, belong to no
+            modality).
+        opened_think: the prompt opened the think block (:func:`~grasp_lightning.parsing.reasoning_text`).
+
+    Returns:
+        0.0 without events or without a modality to score, else the mean above.
+    """
+    reasoning = reasoning_text(completion, opened_think)
+    scores = []
+    for modality in ("gaze", "gesture"):
+        gt = {p for e in item.events if (e.source == "gaze") == (modality == "gaze") for p in e.persons}
+        named = set().union(*(extract_participants(b) for b in tag_contents(reasoning, modality)))
+        if not gt and not named:
+            continue
+        precision, recall = grounding_precision_recall(named, gt)
+        scores.append((1.0 + recall) * precision)
+    return sum(scores) / len(scores) if scores else 0.0
+
+
 @_register("temporal_grounding")
 def temporal_grounding(completion: str, item: GraspItem, opened_think: bool = False) -> float:
     """How well the time spans named in the reasoning match the events' time spans, in ``[0, 1]``.

@@ -135,7 +135,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
                       "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")], timeout=1500)
     per_seed, summary = out["per_seed"], out["summary"]
     assert sorted(per_seed) == ["0", "1"] and summary["seeds"] == [0, 1]
-    assert "shortcut" not in per_seed["0"] and set(per_seed["1"]["shortcut"]) >= {"grpo", "sgr", "sgr_temporal",
+    assert "shortcut" not in per_seed["0"] and set(per_seed["1"]["shortcut"]) >= {"grpo", "sgr", "sgr_temporal", "sgr_modal",
                                                                                    "sft_handoff", "prior_acc"}
     sft_accs = [per_seed[s]["sft"]["within_10_min"]["acc"] for s in ("0", "1")]
     assert summary["sft_acc_min"] == min(sft_accs) and summary["sft_acc"]["max"] == max(
@@ -152,7 +152,9 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert rl["prior_acc"]["train_targets_stating_it"] == rl["prior_acc"]["train"]  # stated exactly where it holds
     gap = round(rl["sgr"]["categories"]["J3"] - rl["grpo"]["categories"]["J3"], 4)
     assert summary["sgr_minus_grpo_acc_min"] == gap == summary["sgr_minus_grpo_acc"]["max"]
-    for arm in ("grpo", "sgr", "sgr_temporal"):
+    modal_gap = round(rl["sgr_modal"]["categories"]["J3"] - rl["grpo"]["categories"]["J3"], 4)
+    assert summary["sgr_modal_minus_grpo_acc_min"] == modal_gap
+    for arm in ("grpo", "sgr", "sgr_temporal", "sgr_modal"):
         assert rl[arm]["step"] == 1 and rl[arm]["from_sft_step"] == rl["sft_handoff"]["step"]
         assert rl[arm]["temporal_iou"] is None or 0.0 <= rl[arm]["temporal_iou"] <= 1.0
         for key in ("J3_following_point", "J3_stating_prior"):  # 2 bench J3 items
@@ -162,7 +164,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
         assert (tmp_path / "results" / f"world_seed{seed}.png").is_file()
     assert json.loads((tmp_path / "results" / "world.json").read_text()) == out
     table = (tmp_path / "results" / "world.md").read_text()
-    assert table.count("\n| 0 | ") == 1 and "+ GRPO + SGR + temporal" in table
+    assert table.count("\n| 0 | ") == 1 and "+ GRPO + SGR + temporal" in table and "+ GRPO + SGR by modality" in table
     logs = sorted((tmp_path / "work").rglob("*.log"))
     written = {f: f.stat().st_mtime for f in logs}
     again = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
@@ -177,7 +179,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert again["per_seed"]["1"]["shortcut_curves_png"].endswith("world_seed1_shortcut.png")
     assert (tmp_path / "results" / "world_seed1_shortcut.png").is_file()
     assert again["summary"]["sft_acc_min"] == summary["sft_acc_min"]
-    for arm in ("grpo", "sgr", "sgr_temporal"):
+    for arm in ("grpo", "sgr", "sgr_temporal", "sgr_modal"):
         first, second = rl[arm], again["per_seed"]["1"]["shortcut"][arm]
         assert second == first  # the times fit() recorded
     assert again["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]

@@ -496,3 +496,40 @@ def test_enumerates_and_the_training_enumeration_rate() -> None:
                    "grounding/enumeration_rate": 2 / 3}
     assert _grounding_metrics([think("Someone.")] * 2, [item], k=2)[0] == {"grounding/precision": 0.0,
                                                                            "grounding/recall": 0.0}
+
+
+#: (name, events, reasoning, by modality, pooled ``social_grounding``), worked by hand.
+BY_MODALITY_GOLDEN = [
+    # gaze gt {2, 0}; <gaze> names {2, 0}: (1 + 1) * 1 = 2 in the only modality with anything in it
+    ("gaze-right", (("gaze", (2, 0)),), "<gaze>Person 2 looks at Person 0.</gaze>", 2.0, 2.0),
+    # the same people written as a false pointing sentence: gaze has gt, nobody named -> 0; gesture named
+    # {2, 0} without gt -> 0; mean 0. Pooled, the people match: 2.
+    ("wrong-modality", (("gaze", (2, 0)),), "<gesture>Person 2 points at Person 0.</gesture>", 0.0, 2.0),
+    # the shortcut's reasoning: the point (3 -> 0), then the gaze (2 -> 0): gaze 2.0, gesture {3, 0} without gt 0
+    # -> 1.0; pooled {3, 2, 0} against {2, 0}: P 2/3, R 1 -> 4/3
+    ("point-then-gaze", (("gaze", (2, 0)),),
+     "<gesture>Person 3 points at Person 0.</gesture><gaze>Person 2 looks at Person 0.</gaze>", 1.0, 4 / 3),
+    # two modalities with gt: gaze {0, 1} named {0}: (1 + 1/2) * 1 = 1.5; gesture {2, 3} named {2, 3, 1}:
+    # (1 + 1) * 2/3 = 4/3 -> mean 17/12; pooled {0, 1, 2, 3} named {0, 1, 2, 3}: 2
+    ("both", (("gaze", (0, 1)), ("pointing", (2, 3))),
+     "<gaze>Person 0 looks.</gaze><gesture>Person 2 points at Person 3 and Person 1.</gesture>", 17 / 12, 2.0),
+    # nobody tagged at all: gaze has gt, nothing named -> 0
+    ("untagged", (("gaze", (0,)),), "Person 0 looks at the object.", 0.0, 2.0),
+]
+
+
+@pytest.mark.parametrize("name, events, reasoning, expected, pooled", BY_MODALITY_GOLDEN,
+                         ids=[case[0] for case in BY_MODALITY_GOLDEN])
+def test_grounding_by_modality_golden(name, events, reasoning, expected, pooled) -> None:
+    item = make_item(events=events)
+    text = think(reasoning)
+    assert REWARDS["social_grounding_by_modality"](text, item) == pytest.approx(expected, abs=1e-12)
+    assert REWARDS["social_grounding"](text, item) == pytest.approx(pooled, abs=1e-12)
+
+
+def test_grounding_by_modality_reads_the_reasoning_only_and_needs_events() -> None:
+    item = make_item(events=(("gaze", (0,)),))
+    after = "<gaze>Person 1 looks.</gaze></think><answer>B</answer><gaze>Person 0 looks.</gaze>"
+    assert REWARDS["social_grounding_by_modality"]("<think>" + after, item) == 0.0  # the answer's tags do not count
+    assert REWARDS["social_grounding_by_modality"](after, item, opened_think=True) == 0.0
+    assert REWARDS["social_grounding_by_modality"](think("<gaze>Person 0</gaze>"), make_item(events=())) == 0.0

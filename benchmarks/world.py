@@ -576,12 +576,14 @@ def main(argv: list[str] | None = None) -> None:
             result["sft"]["measured"] = measured()
         elif args.skip_sft and "sft" in kept:
             # --skip-sft keeps the base-world SFT figures (and their curves) of an earlier call in --results
-            result.update(sft=kept["sft"], curves_png=kept["curves_png"], train=kept.get("train", args.train))
+            result.update(sft=kept["sft"], curves_png=kept["curves_png"], train=kept.get("train", args.train),
+                          threads=kept.get("threads", args.threads))  # the threads the kept SFT ran with
             log.info("seed %d: keeping the base-world SFT figures of %s", seed, earlier)
         if seed in rl_seeds:
             rl = shortcut_rl(args)
             result["shortcut"] = rl["summary"]
             result["shortcut"]["measured"] = measured()
+            result["shortcut"]["threads"] = args.threads
         elif "shortcut" in kept and "shortcut_curves_png" in kept:
             # a seed whose RL comparison is not rerun keeps the one of an earlier call (its own curves)
             result.update(shortcut=kept["shortcut"], shortcut_curves_png=kept["shortcut_curves_png"])

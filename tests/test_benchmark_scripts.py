@@ -188,6 +188,8 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
                        "--results", str(tmp_path / "results")], timeout=300)
     assert {f: f.stat().st_mtime for f in logs} == written  # a seed whose RL is not rerun keeps the earlier figures
     assert kept["per_seed"]["1"]["shortcut"] == again["per_seed"]["1"]["shortcut"]
+    # the kept SFT's threads (1), not this call's default (2); the RL comparison records its own
+    assert kept["per_seed"]["1"]["threads"] == 1 and kept["per_seed"]["1"]["shortcut"]["threads"] == 1
     assert kept["per_seed"]["1"]["shortcut_curves_png"] == again["per_seed"]["1"]["shortcut_curves_png"]
     assert kept["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
 

@@ -5,7 +5,8 @@ Every term is a function ``(completion: str, item: GraspItem) -> float`` registe
 Registered terms also take a keyword ``opened_think`` (default ``False``): true when the prompt
 ended with an opened ``<think>`` (a Thinking template's generation prompt), so the completion
 starts inside the think block (``...</think><answer>B</answer>``) and the terms that read the think
-block (``format_strict``, ``social_grounding``, ``temporal_grounding``) account for it.
+block (``format_strict``, ``social_grounding``, ``social_grounding_by_modality``, ``temporal_grounding``)
+account for it.
 
 **Rewards of one's own.** A ``rewards:`` entry of ``GRPOTask`` (and an entry given to
 :func:`compute_rewards`) is a registry name, an import path (``my_pkg.rewards:length_bonus``,
@@ -37,6 +38,8 @@ weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, R
 project's own ``temporal_grounding`` (event time spans named in the reasoning against the events'
 ``start_seconds``/``end_seconds``) composes with them by weight, e.g. ``rewards: [accuracy, format,
 grounding_presence, social_grounding, temporal_grounding]``, ``reward_weights: [1.0, 0.1, 0.05, 0.2, 0.2]``.
+``social_grounding_by_modality`` is the SGR matched per modality, which a sentence naming the right people
+under the wrong relation does not satisfy (:func:`social_grounding_by_modality`).
 
 Rewards are never NaN: every ratio with an empty denominator is defined as 0. A row without
 ground-truth participants therefore gets 0 from both grounding terms; the GRPO task layer counts

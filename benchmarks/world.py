@@ -40,7 +40,8 @@ Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP
     python benchmarks/world.py --seeds 0 1 2 3 4 [--sft-steps 900] [--rl-steps 100] [--work /tmp/grasp_world_bench]
 
 Stages can be run apart and joined: ``--skip-sft`` runs the RL comparison alone and keeps the base-world
-SFT figures already in ``--results``; ``--reuse-sft --reuse-rl`` reads back the finished runs of ``--work``.
+SFT figures already in ``--results``; ``--reuse-sft --reuse-rl`` reads back the finished runs of ``--work``;
+``--arms grpo sgr_modal`` runs only those arms (a summary key needs both of its arms on every seed).
 """
 
 from __future__ import annotations
@@ -402,7 +403,7 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         out[key]["J3_following_point"] = following_rate(run, out[key]["step"], args.seed, options)
     runs = {}
     for name, (recipes, _) in ARMS.items():
-        if name == "sgr_temporal" and args.no_temporal:
+        if name not in args.arms or (name == "sgr_temporal" and args.no_temporal):
             continue
         overrides = run_overrides(name, data, export, work, args.seed, args.rl_steps, args.rl_val_every)
         done = finished_run(name, work, args.rl_steps) if args.reuse_rl else None
@@ -473,15 +474,16 @@ def summarise(per_seed: dict) -> dict:
                 out[f"{arm}_enumeration_rate"] = spread([r[arm]["enumeration_rate"] for r in rl])
                 out[f"{arm}_J3_stating_prior"] = spread([r[arm].get("J3_stating_prior") for r in rl])
                 out[f"{arm}_J3_following_point"] = spread([r[arm].get("J3_following_point") for r in rl])
-        out["sgr_minus_grpo_acc"] = spread([_gap(r["sgr"], r["grpo"], "J3") for r in rl])
-        out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
-        out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
-        out["sgr_minus_grpo_precision"] = spread([_gap(r["sgr"], r["grpo"], "grounding_precision") for r in rl])
+        if all("sgr" in r for r in rl):
+            out["sgr_minus_grpo_acc"] = spread([_gap(r["sgr"], r["grpo"], "J3") for r in rl])
+            out["sgr_minus_grpo_acc_min"] = out["sgr_minus_grpo_acc"]["min"]
+            out["sgr_minus_grpo_overall_acc"] = spread([_gap(r["sgr"], r["grpo"], "acc") for r in rl])
+            out["sgr_minus_grpo_precision"] = spread([_gap(r["sgr"], r["grpo"], "grounding_precision") for r in rl])
         if all("sgr_modal" in r for r in rl):
             out["sgr_modal_minus_grpo_acc"] = spread([_gap(r["sgr_modal"], r["grpo"], "J3") for r in rl])
             out["sgr_modal_minus_grpo_acc_min"] = out["sgr_modal_minus_grpo_acc"]["min"]
             out["sgr_modal_minus_grpo_overall_acc"] = spread([_gap(r["sgr_modal"], r["grpo"], "acc") for r in rl])
-        if all("sgr_temporal" in r for r in rl):
+        if all("sgr_temporal" in r and "sgr" in r for r in rl):
             out["temporal_minus_sgr_T3_acc"] = spread([_gap(r["sgr_temporal"], r["sgr"], "T3") for r in rl])
             out["temporal_minus_sgr_temporal_iou"] = spread([_gap(r["sgr_temporal"], r["sgr"], "temporal_iou")
                                                              for r in rl])
@@ -546,6 +548,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the training J3 targets state the prior where it holds (WorldOptions.shortcut_reasoning), "
                         "so SFT reasons from it as the paper's models do")
     p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                   help="RL arms of the shortcut-world comparison (default: all; grpo, the baseline, is required)")
     p.add_argument("--skip-sft", action="store_true",
                    help="run only the shortcut-world RL comparison (keeping the base-world SFT figures of an earlier "
                         "call found in --results, whose curves stay in world_seed<N>.png)")
@@ -557,6 +561,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.sft_steps < args.val_every or args.rl_sft_steps < args.val_every:
         p.error(f"--sft-steps {args.sft_steps} and --rl-sft-steps {args.rl_sft_steps} must be >= --val-every "
                 f"{args.val_every}: SFT would never be validated")
+    if "grpo" not in args.arms:
+        p.error(f"--arms {' '.join(args.arms)}: grpo is the baseline every other arm is compared with; add it")
     if args.reuse_rl and not args.reuse_sft:
         p.error("--reuse-rl needs --reuse-sft: the RL arms start from the SFT hand-off they were run from")
     seeds = args.seeds if args.seeds is not None else [args.seed]

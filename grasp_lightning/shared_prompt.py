@@ -257,7 +257,7 @@ def expand_cache(cache: Cache, k: int) -> None:
     """Repeat every row of a filled ``DynamicCache`` K times in place (rows ``b*K .. b*K+K-1``).
 
     Attention layers use transformers' ``batch_repeat_interleave``; linear-attention layers
-    (``LinearAttentionLayer``, which has none in transformers 5.24) get their convolution and
+    (``LinearAttentionLayer``, which has none in transformers 5.25) get their convolution and
     recurrent states repeated here, re-assigned rather than copied into the old buffers.
     """
     for layer in cache.layers:

@@ -192,6 +192,25 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert kept["per_seed"]["1"]["threads"] == 1 and kept["per_seed"]["1"]["shortcut"]["threads"] == 1
     assert kept["per_seed"]["1"]["shortcut_curves_png"] == again["per_seed"]["1"]["shortcut_curves_png"]
     assert kept["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
+    two = run_script(["benchmarks/world.py", "--seeds", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
+                      "--bench", "7", "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
+                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                      "--arms", "grpo", "sgr_modal", "--skip-sft", "--reuse-sft", "--reuse-rl",
+                      "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")], timeout=300)
+    assert {f: f.stat().st_mtime for f in logs} == written
+    arms = {k for k in two["per_seed"]["1"]["shortcut"] if k in ("grpo", "sgr", "sgr_temporal", "sgr_modal")}
+    assert arms == {"grpo", "sgr_modal"}  # only the arms asked for; a gap needs both its arms
+    assert two["summary"]["sgr_modal_minus_grpo_acc_min"] == modal_gap and "sgr_minus_grpo_acc_min" not in two["summary"]
+    assert "temporal_minus_sgr_T3_acc" not in two["summary"]
+
+
+def test_world_arms_need_the_grpo_baseline(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        _world_bench().main(["--arms", "sgr", "sgr_modal"])
+    assert done.value.code == 2 and "--arms sgr sgr_modal: grpo is the baseline" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        _world_bench().main(["--arms", "grpo", "ppo"])
+    assert done.value.code == 2 and "invalid choice: 'ppo'" in capsys.readouterr().err
 
 
 def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:

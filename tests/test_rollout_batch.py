@@ -29,12 +29,16 @@ from .conftest import SAMPLE, TINY
 
 K = 3
 TOL = dict(rtol=1e-5, atol=1e-6)
+#: Completion lengths of a group (rotated per prompt). With rewards (0, 1, 0) the first step's DAPO loss is
+#: -sum(A_j n_j) / sum(n_j), A = (-a, 2a, -a): no rotation of (2, 5, 6) makes it 0, as equal steps (2, 4, 6) would.
+LENGTHS = (2, 5, 6)
 
 
 # ----------------------------------------------------------------------------------- fixtures
 def fake_sample(calls: list[int]):
     """``sample_completions`` stand-in: K completions per prompt seeded by the prompt's real tokens
-    (independent of batching and padding), lengths 2..6; records the prompts of every call."""
+    (independent of batching and padding), lengths :data:`LENGTHS` in a turn the seed picks; records the
+    prompts of every call."""
 
     def sample(policy, tokenizer, prompt, *, num_return_sequences, **kwargs):
         calls.append(prompt["input_ids"].shape[0])
@@ -43,8 +47,9 @@ def fake_sample(calls: list[int]):
             real = ids[mask.bool()]
             seed = int((real * torch.arange(1, real.numel() + 1)).sum()) % (2 ** 31)
             g = torch.Generator().manual_seed(seed)
-            for _ in range(num_return_sequences):
-                n = int(torch.randint(2, 7, (1,), generator=g))
+            turn = int(torch.randint(0, len(LENGTHS), (1,), generator=g))
+            for j in range(num_return_sequences):
+                n = LENGTHS[(j + turn) % len(LENGTHS)]
                 rows.append(torch.randint(10, 200, (6,), generator=g))
                 lengths.append(n)
         ids = torch.stack(rows)

@@ -50,8 +50,8 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
         config_paths: YAML files as given to ``python -m grasp_lightning fit --config ...``.
         overrides: dotted keys to values, e.g. ``{"model.policy.name_or_path": "Qwen3-VL-2B-Instruct"}``.
         gpu_memory_gib: the GPU's memory in GiB; logged verdict (see :func:`fits`).
-        video_seconds: clip length in seconds (at the recipes' settings 60 s gives 12,289 video tokens;
-            the most, 14,639, is at 250 s: the processor shrinks frames of longer clips).
+        video_seconds: clip length in seconds (at the recipes' settings 60 s gives 12,287 video tokens;
+            the most, 14,637, is at 250 s: the processor shrinks frames of longer clips).
         text_tokens: tokens of the rendered prompt with its one video placeholder (system prompt,
             question, options, chat markers).
         response_tokens: SFT target tokens (default: ``data.max_target_tokens``).

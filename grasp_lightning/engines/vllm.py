@@ -5,7 +5,7 @@ What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding 
 
 * the prompt text as the processor saw it before expanding the video: the trainer's own
   ``input_ids`` decoded, the run of ``<t seconds><|vision_start|><|video_pad|>…<|vision_end|>``
-  groups folded back to the template's one ``<|video_pad|>`` (:func:`fold_video_prompt`); vLLM
+  groups folded back to one ``<|video_pad|>`` (:func:`fold_video_prompt`); vLLM
   expands it again. Passing the expanded ids would make vLLM expand the video twice.
 * the timestamps of those groups (seconds), read from the same text;
 * the video embeddings of the trainer's frozen vision tower: main and DeepStack features
@@ -62,10 +62,12 @@ def _wire(t: torch.Tensor) -> dict:
 def fold_video_prompt(text: str, tokens: dict[str, str]) -> tuple[str, list[float]]:
     """Fold a decoded Qwen3-VL prompt's expanded video back to its one placeholder.
 
-    Qwen3-VL's processor (transformers 5.24 ``Qwen3VLProcessor``, and vLLM's prompt update alike)
-    replaces the template's one ``<|video_pad|>`` (between ``<|vision_start|>`` and ``<|vision_end|>``)
-    with one ``<t seconds><|vision_start|>`` + ``<|video_pad|>`` × tokens + ``<|vision_end|>`` group
-    per temporal patch; this puts the one ``<|video_pad|>`` back.
+    Qwen3-VL's processor (transformers >= 5.25 ``Qwen3VLProcessor``) replaces the template's
+    ``<|vision_start|><|video_pad|><|vision_end|>`` with one ``<t seconds><|vision_start|>`` +
+    ``<|video_pad|>`` × tokens + ``<|vision_end|>`` group per temporal patch. This puts one bare
+    ``<|video_pad|>`` back in place of the groups; vLLM's Qwen3-VL prompt update replaces a bare
+    ``<|video_pad|>`` with the same groups, so its prompt ids are the trainer's (checked in
+    :meth:`VLLMEngine.sample`). Text around the run is kept as it is.
 
     Args:
         text: the decoded prompt (special tokens written out).

@@ -52,9 +52,10 @@ def timestamp_tokens(seconds: float) -> int:
 class VideoTokens:
     """Tokens of one clip as the Qwen3-VL processor lays them out.
 
-    The template's ``<|vision_start|><|video_pad|><|vision_end|>`` keeps its start and end; its
-    ``<|video_pad|>`` becomes, per temporal group, ``<t seconds><|vision_start|>`` + the group's
-    ``<|video_pad|>`` tokens + ``<|vision_end|>`` (``Qwen3VLProcessor.replace_video_token``).
+    The template's ``<|vision_start|><|video_pad|><|vision_end|>`` becomes, per temporal group,
+    ``<t seconds><|vision_start|>`` + the group's ``<|video_pad|>`` tokens + ``<|vision_end|>``
+    (transformers >= 5.25 ``Qwen3VLProcessor.get_text_with_replacements`` and ``replace_video_token``;
+    the layout of Qwen's own processor, with no start/end pair around the whole clip).
 
     Attributes:
         frames: frames decoded (``data.video.sample_indices``: fps, ``max_frames``).
@@ -83,8 +84,8 @@ class VideoTokens:
     @property
     def text_tokens(self) -> int:
         """Timestamps and the per-group ``<|vision_start|>``/``<|vision_end|>``, minus the template's
-        one ``<|video_pad|>`` placeholder they replace."""
-        return self.timestamp_tokens + 2 * self.groups - 1
+        three placeholder tokens (start, pad, end) they replace."""
+        return self.timestamp_tokens + 2 * self.groups - 3
 
     @property
     def total(self) -> int:

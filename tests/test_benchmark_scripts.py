@@ -202,6 +202,9 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert arms == {"grpo", "sgr_modal"}  # only the arms asked for; a gap needs both its arms
     assert two["summary"]["sgr_modal_minus_grpo_acc_min"] == modal_gap and "sgr_minus_grpo_acc_min" not in two["summary"]
     assert "temporal_minus_sgr_T3_acc" not in two["summary"]
+    alone = _world_bench().markdown({"per_seed": {"1": {"seed": 1, "shortcut": two["per_seed"]["1"]["shortcut"]}}})
+    assert alone.startswith("| seed | stage") and "SFT accuracy at 10 min" not in alone  # no empty SFT table
+    assert alone.count("\n| 1 | + GRPO") == 2  # the two arms run
 
 
 def test_world_arms_need_the_grpo_baseline(capsys) -> None:

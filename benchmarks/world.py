@@ -496,21 +496,23 @@ def _f(value: float | None, digits: int = 3) -> str:
 
 def markdown(out: dict) -> str:
     """README's tables of a :func:`main` result: base-world SFT per seed, then the shortcut world's arms per seed."""
-    lines = []
-    if any("sft" in r for r in out["per_seed"].values()):  # a call with no base-world SFT has no SFT table
-        lines += ["| seed | SFT accuracy at 10 min (step, s) | T4 | T1 | G2 | last validation (step, s) "
-                  "| first ≥ 0.90 (step, s) |", "|---|---|---:|---:|---:|---|---|"]
+    sft_rows = []
     for seed, r in out["per_seed"].items():
         if "sft" not in r:
             continue
         sft, ten = r["sft"], r["sft"]["within_10_min"] or {"acc": None, "step": "–", "seconds": "–", "categories": {}}
         first = f"{sft['steps_to_90']}, {sft['seconds_to_90']:.0f}" if sft["steps_to_90"] else "not reached"
-        lines.append(f"| {seed} | **{_f(ten['acc'])}** ({ten['step']}, {ten['seconds']}) | {_f(ten['categories'].get('T4'))} "
-                     f"| {_f(ten['categories'].get('T1'))} | {_f(ten['categories'].get('G2'))} "
-                     f"| {_f(sft['acc'])} ({sft['step']}, {sft['seconds']}) | {first} |")
+        sft_rows.append(f"| {seed} | **{_f(ten['acc'])}** ({ten['step']}, {ten['seconds']}) "
+                        f"| {_f(ten['categories'].get('T4'))} | {_f(ten['categories'].get('T1'))} "
+                        f"| {_f(ten['categories'].get('G2'))} | {_f(sft['acc'])} ({sft['step']}, {sft['seconds']}) | {first} |")
+    lines = []  # a call with no base-world SFT has no SFT table
+    if sft_rows:
+        lines = ["| seed | SFT accuracy at 10 min (step, s) | T4 | T1 | G2 | last validation (step, s) "
+                 "| first ≥ 0.90 (step, s) |", "|---|---|---:|---:|---:|---|---|", *sft_rows]
     rl_rows = [(seed, r["shortcut"]) for seed, r in out["per_seed"].items() if "shortcut" in r]
     if rl_rows:
-        lines += [""] * bool(lines) + ["| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | J3 answering the point "
+        lines += [""] if lines else []
+        lines += ["| seed | stage (every arm from the same SFT checkpoint) | J3 shortcut split | J3 answering the point "
                       "| J3 stating the point | overall | grounding precision | enumeration rate | T3 time questions "
                       "| temporal IoU |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -15,7 +15,9 @@ For each seed of ``--rl-seeds`` (default: the first three):
    training clips and in none of the bench's, and whose training SFT targets state the prior where it holds,
    "<gesture>Person p points at x.</gesture><gaze>Person g looks at x.</gaze>"; ``--no-shortcut-reasoning``
    keeps the gaze sentence alone; and T3 time questions on 4-s clips): SFT for ``--rl-sft-steps``, the first
-   checkpoint at ``--handoff-acc`` exported (a partially trained policy, as the paper's SFT warm-up), the
+   checkpoint at ``--handoff-acc`` exported (a partially trained policy, as the paper's SFT warm-up; with
+   ``--handoff-by prior``, of the checkpoints at ``--handoff-acc`` or above, the one whose J3 bench answers
+   pick the pointed-at target most often, where the shortcut binds most), the
    shortcut prior's accuracy measured on the training and bench J3 clips, with the share of training
    targets stating it.
 3. From that one checkpoint, with equal budgets (``--rl-steps`` of 16 prompts x K=8): plain GRPO
@@ -116,16 +118,21 @@ def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, t
     return work / "runs" / name / "version_0", seconds, started
 
 
-def finished_run(name: str, work: Path, steps: int) -> tuple[Path, float, float] | None:
+def finished_run(name: str, work: Path, steps: int, from_step: int | None = None) -> tuple[Path, float, float] | None:
     """An earlier :func:`fit` of ``name`` in ``work`` that ran all ``steps`` (its last validation at step
     ``steps``), as ``(log dir, seconds, start time)`` with the times :func:`fit` recorded
-    (``<name>.done.json``), or ``None``."""
+    (``<name>.done.json``), or ``None``. With ``from_step``, also ``None`` unless the run recorded that it
+    started from that SFT hand-off step (``from_sft_step``, written by :func:`shortcut_rl`)."""
     run, done = work / "runs" / name / "version_0", work / f"{name}.done.json"
     acc = scalars(run, "val/acc/overall") if run.is_dir() and done.exists() else []
     if not acc or acc[-1][0] + 1 < steps:
         return None
-    log.info("reusing the finished %s run %s (%d steps)", name, run, acc[-1][0] + 1)
     times = json.loads(done.read_text())
+    if from_step is not None and times.get("from_sft_step") != from_step:
+        log.info("not reusing %s: it started from SFT step %s, the hand-off is now step %d", run,
+                 times.get("from_sft_step", "(not recorded)"), from_step)
+        return None
+    log.info("reusing the finished %s run %s (%d steps)", name, run, acc[-1][0] + 1)
     return run, times["seconds"], times["started"]
 
 
@@ -243,13 +250,15 @@ def plot(path: Path, seed: int, sft: tuple[Path, float] | None, rl: dict | None)
     """Learning curves of one seed: base-world SFT bench accuracy (and T4) over wall-clock seconds; on the
     shortcut world, accuracy on the shortcut-breaking split (J3), grounding precision and T3 accuracy over RL
     steps of every RL arm, from the hand-off checkpoint's values (``rl``: ``{"handoff": summary, "runs":
-    {name: run dir}, "sft_run": run dir}``). Without ``sft`` the first panel shows the shortcut world's SFT."""
+    {name: run dir}, "sft_run": run dir}``). Without ``sft`` the first panel shows the shortcut world's SFT;
+    without ``rl`` the figure is that one SFT panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    fig, axes = plt.subplots(1, 4 if rl is not None else 1, figsize=(20, 4) if rl is not None else (6, 4), squeeze=False)
+    axes = list(axes[0])
     if sft is not None:
         run, started = sft
         for tag, style, label in (("val/acc/overall", "o-", "SFT accuracy"), ("val_category/T4", "s--", "T4 (mutual gaze)"),
@@ -268,17 +277,17 @@ def plot(path: Path, seed: int, sft: tuple[Path, float] | None, rl: dict | None)
         axes[0].axvline(rl["handoff"]["step"], color="k", lw=0.5, ls=":", label="hand-off")
         axes[0].set(title=f"SFT from scratch, shortcut world (seed {seed})", xlabel="SFT step", ylabel="bench",
                     ylim=(0, 1.02))
-    panels = ((axes[1], "val_category/J3", "J3: shortcut-breaking split"),
-              (axes[2], "val/grounding/precision", "grounding precision"), (axes[3], "val_category/T3", "T3: time questions"))
     if rl is not None:
+        panels = ((axes[1], "val_category/J3", "J3: shortcut-breaking split"),
+                  (axes[2], "val/grounding/precision", "grounding precision"),
+                  (axes[3], "val_category/T3", "T3: time questions"))
         hand = rl["handoff"]
         starts = {"val_category/J3": hand["categories"].get("J3"), "val_category/T3": hand["categories"].get("T3"),
                   "val/grounding/precision": hand["grounding_precision"]}
         for ax, tag, title in panels:
             for name, run in rl["runs"].items():
                 _curve(ax, run, tag, starts[tag], ARMS[name][1])
-    for ax, _, title in panels:
-        ax.set(title=f"shortcut world: {title}", xlabel="RL step (from the SFT hand-off)", ylim=(0, 1.02))
+            ax.set(title=f"shortcut world: {title}", xlabel="RL step (from the SFT hand-off)", ylim=(0, 1.02))
     save_figure(fig, axes, path)
 
 
@@ -298,10 +307,13 @@ def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path, val_
 
 
 def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps: int | None = None,
-                n_bench: int | None = None, n_train: int | None = None, n_rl: int | None = None) -> dict:
+                n_bench: int | None = None, n_train: int | None = None, n_rl: int | None = None,
+                by_prior: bool = False) -> dict:
     """Stages 1-3 of the module docstring up to the hand-off: the world, its initial model, the SFT run from
     scratch (or those of an earlier call, ``args.reuse_sft``), and the export of the first SFT checkpoint
-    whose bench accuracy reached ``args.handoff_acc`` (the last one if none did).
+    whose bench accuracy reached ``args.handoff_acc`` (the last one if none did). With ``by_prior`` (a world
+    with ``J3``), of the checkpoints at ``args.handoff_acc`` or above the one whose ``J3`` bench answers pick
+    the pointed-at target most often (:func:`following_rate`; the first of equals): where the shortcut binds most.
 
     ``args`` holds ``seed, train, bench, sft_steps, val_every, handoff_acc, threads, reuse_sft, work``
     (:func:`main`'s options); ``options`` the world's :class:`~grasp_lightning.generators.world.WorldOptions`
@@ -349,6 +361,11 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
         raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall")
     # TensorBoard stores float32: 180/200 reads back as 0.8999999762, so compare with a tolerance
     hand = next((a for a in acc if a[1] >= args.handoff_acc - TOL), acc[-1])
+    if by_prior:
+        if options.shortcut is None:
+            raise ValueError("a hand-off by the shortcut prior needs a world with J3 (WorldOptions.shortcut)")
+        eligible = [a for a in acc if a[1] >= args.handoff_acc - TOL] or [hand]
+        hand = max(eligible, key=lambda a: following_rate(sft_run, a[0] + 1, args.seed, options) or 0.0)
     handoff = summary(sft_run, sft_started, at_step=hand[0])
     export = export_policy(sft_run / "checkpoints" / f"step={hand[0] + 1}.ckpt", init, work / "sft_export")
     prior = None
@@ -396,9 +413,10 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
     options = WorldOptions(shortcut=args.shortcut, temporal=not args.no_temporal,
                            shortcut_reasoning=args.shortcut_reasoning)
     stage = sft_handoff(args, options, tag="_shortcut", sft_steps=args.rl_sft_steps, n_bench=args.rl_bench,
-                        n_train=args.rl_train)
+                        n_train=args.rl_train, by_prior=args.handoff_by == "prior")
     work, data, export, handoff = stage["work"], stage["data"], stage["export"], stage["handoff"]
-    out = {"prior_acc": stage["prior_acc"], "sft_handoff": handoff, "sft": summary(stage["sft_run"], stage["sft_started"])}
+    out = {"prior_acc": stage["prior_acc"], "sft_handoff": dict(handoff, handoff_by=args.handoff_by),
+           "sft": summary(stage["sft_run"], stage["sft_started"])}
     for key, run in (("sft_handoff", stage["sft_run"]), ("sft", stage["sft_run"])):
         out[key]["J3_following_point"] = following_rate(run, out[key]["step"], args.seed, options)
     runs = {}
@@ -406,8 +424,12 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
         if name not in args.arms or (name == "sgr_temporal" and args.no_temporal):
             continue
         overrides = run_overrides(name, data, export, work, args.seed, args.rl_steps, args.rl_val_every)
-        done = finished_run(name, work, args.rl_steps) if args.reuse_rl else None
-        run, secs, started = done or fit(name, recipes, overrides, work, args.threads)
+        done = finished_run(name, work, args.rl_steps, handoff["step"]) if args.reuse_rl else None
+        if done is None:
+            done = fit(name, recipes, overrides, work, args.threads)
+            record = work / f"{name}.done.json"
+            record.write_text(json.dumps(dict(json.loads(record.read_text()), from_sft_step=handoff["step"])))
+        run, secs, started = done
         out[name] = summary(run, started)
         out[name].update(run_seconds=round(secs, 1), from_sft_step=handoff["step"],
                          J3_following_point=following_rate(run, out[name]["step"], args.seed, options))
@@ -521,7 +543,8 @@ def markdown(out: dict) -> str:
             lines.append(f"| {seed} | shortcut prior (\"the gaze follows the point\"): train {_f(prior.get('train'))}, "
                          f"bench {_f(prior.get('bench'))} | {_f(prior.get('bench'))} | "
                          f"| {_f(prior.get('train_targets_stating_it'))} (SFT targets) | | | | | |")
-            for name, label in (("sft_handoff", f"SFT hand-off (step {r['sft_handoff']['step']})"),
+            by = " where the prior binds most" if r["sft_handoff"].get("handoff_by") == "prior" else ""
+            for name, label in (("sft_handoff", f"SFT hand-off (step {r['sft_handoff']['step']}){by}"),
                                 *((arm, f"+ {ARMS[arm][1]}") for arm in ARMS if arm in r)):
                 a = r[name]
                 lines.append(f"| {seed} | {label} | {_f(a['categories'].get('J3'))} | {_f(a.get('J3_following_point'))} "
@@ -552,6 +575,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="the training J3 targets state the prior where it holds (WorldOptions.shortcut_reasoning), "
                         "so SFT reasons from it as the paper's models do")
     p.add_argument("--no-temporal", action="store_true", help="leave T3 and the SGR + temporal arm out")
+    p.add_argument("--handoff-by", choices=("accuracy", "prior"), default="accuracy",
+                   help="shortcut world: hand off the first SFT checkpoint at --handoff-acc (accuracy) or, of those "
+                        "at --handoff-acc or above, the one whose J3 answers follow the point most often (prior)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
                    help="RL arms of the shortcut-world comparison (default: all; grpo, the baseline, is required)")
     p.add_argument("--skip-sft", action="store_true",

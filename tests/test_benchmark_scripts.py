@@ -9,6 +9,7 @@ rows K times) for both model families the speed scripts compare. README quotes f
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -131,7 +132,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     summary's keys hold the per-seed values (a smoke size: the figures themselves are README's)."""
     out = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14", "--bench", "7",
                       "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
-                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--handoff-by", "prior", "--threads", "1",
                       "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")], timeout=1500)
     per_seed, summary = out["per_seed"], out["summary"]
     assert sorted(per_seed) == ["0", "1"] and summary["seeds"] == [0, 1]
@@ -159,9 +160,11 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
         assert rl[arm]["temporal_iou"] is None or 0.0 <= rl[arm]["temporal_iou"] <= 1.0
         for key in ("J3_following_point", "J3_stating_prior"):  # 2 bench J3 items
             assert rl[arm][key] in (0.0, 0.5, 1.0) and summary[f"{arm}_{key}"]["min"] == rl[arm][key]
-    for seed in (0, 1):
+    from PIL import Image
+
+    for seed, width in ((0, 600), (1, 2000)):  # 100 dpi: seed 0 has the SFT panel alone, seed 1 the RL panels too
         assert (tmp_path / "results" / f"world_seed{seed}.json").is_file()
-        assert (tmp_path / "results" / f"world_seed{seed}.png").is_file()
+        assert Image.open(tmp_path / "results" / f"world_seed{seed}.png").size == (width, 400)
     assert json.loads((tmp_path / "results" / "world.json").read_text()) == out
     table = (tmp_path / "results" / "world.md").read_text()
     assert table.count("\n| 0 | ") == 1 and "+ GRPO + SGR + temporal" in table and "+ GRPO + SGR by modality" in table
@@ -169,7 +172,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     written = {f: f.stat().st_mtime for f in logs}
     again = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
                         "--bench", "7", "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
-                        "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                        "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--handoff-by", "prior", "--threads", "1",
                         "--skip-sft", "--reuse-sft", "--reuse-rl", "--work", str(tmp_path / "work"),
                         "--results", str(tmp_path / "results")], timeout=600)
     assert {f: f.stat().st_mtime for f in logs} == written  # nothing was trained again
@@ -194,7 +197,7 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     assert kept["summary"]["sgr_minus_grpo_acc_min"] == summary["sgr_minus_grpo_acc_min"]
     two = run_script(["benchmarks/world.py", "--seeds", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14",
                       "--bench", "7", "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
-                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--threads", "1",
+                      "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--handoff-by", "prior", "--threads", "1",
                       "--arms", "grpo", "sgr_modal", "--skip-sft", "--reuse-sft", "--reuse-rl",
                       "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")], timeout=300)
     assert {f: f.stat().st_mtime for f in logs} == written
@@ -205,6 +208,22 @@ def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path
     alone = _world_bench().markdown({"per_seed": {"1": {"seed": 1, "shortcut": two["per_seed"]["1"]["shortcut"]}}})
     assert alone.startswith("| seed | stage") and "SFT accuracy at 10 min" not in alone  # no empty SFT table
     assert alone.count("\n| 1 | + GRPO") == 2  # the two arms run
+    bench, work = _world_bench(), tmp_path / "work" / "seed1_shortcut"
+    # --handoff-by prior: of the checkpoints at --handoff-acc (0 here: both), the first whose J3 answers follow the
+    # point most often
+    rates = {k: bench.following_rate(work / "runs" / "sft" / "version_0", k, 1, options) for k in (1, 2)}
+    assert set(rates.values()) <= {0.0, 0.5, 1.0}  # 2 bench J3 items
+    assert rl["sft_handoff"]["step"] == min(k for k, v in rates.items() if v == max(rates.values()))
+    assert rl["sft_handoff"]["handoff_by"] == "prior"
+    args = argparse.Namespace(seed=1, train=14, bench=7, sft_steps=2, val_every=1, handoff_acc=0.0, threads=1,
+                              reuse_sft=True, work=tmp_path / "work")
+    with pytest.raises(ValueError, match="needs a world with J3"):
+        bench.sft_handoff(args, by_prior=True)  # the base world (seed 1's SFT above) has no J3
+    # --reuse-rl reuses an arm only from the hand-off it started from
+    step = rl["sft_handoff"]["step"]
+    assert json.loads((work / "grpo.done.json").read_text())["from_sft_step"] == step
+    assert bench.finished_run("grpo", work, 1, step)[0] == work / "runs" / "grpo" / "version_0"
+    assert bench.finished_run("grpo", work, 1, 3 - step) is None
 
 
 def test_world_arms_need_the_grpo_baseline(capsys) -> None:

@@ -558,7 +558,7 @@ def markdown(out: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Command line; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sft_options(p, sft_steps=1280, work=Path("/tmp/grasp_world_bench"), val_every=160)
+    add_sft_options(p, sft_steps=2400, work=Path("/tmp/grasp_world_bench"), val_every=160)
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: --seed)")
     p.add_argument("--rl-seeds", type=int, nargs="*", default=None,
                    help="seeds of the shortcut-world RL comparison (default: the first three of --seeds)")

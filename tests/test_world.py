@@ -134,17 +134,20 @@ def test_categories_and_letters_are_balanced() -> None:
     assert set(letters) == set("ABCD") and max(letters.values()) <= 16
 
 
-def _tip(src: tuple[int, int], dst: tuple[int, int], offset: float = 2.0) -> np.ndarray:
-    """Where a finished gaze's dot sits: ``offset`` pixels to the right of the target's centre (draw_gaze)."""
+def _tip(src: tuple[int, int], dst: tuple[int, int], offset: float = 2.0, short: float = world.DOT_SHORT) -> np.ndarray:
+    """Where a finished gaze's dot sits: ``offset`` pixels to the right of the target's centre and ``short``
+    pixels before it along the gaze (draw_gaze)."""
     d = np.array(dst, float) - np.array(src, float)
-    return np.array(dst, float) + np.array([-d[1], d[0]]) / np.hypot(*d) * offset
+    u = d / np.hypot(*d)
+    return np.array(dst, float) - u * short + np.array([-u[1], u[0]]) * offset
 
 
 def test_gaze_dots_end_inside_the_targets_square(out: Path) -> None:
     """From the second decoded frame on (t = 0.5 s) every gaze's white dot lies inside its target's square,
-    never in transit, and the square of a person who is neither looked at nor gesturing holds no white."""
+    never in transit, and the square of a person who is neither looked at nor gesturing holds no white. The
+    dot's middle is the gazer's colour where no later gaze is drawn over it (one ending in or leaving that square)."""
     store = bench_store(out / "test" / "grasp_bench.tar")
-    checked = 0
+    checked = cores = 0
     for k in range(N_BENCH):
         e, scene = world.make_world_item(3, "b", k)
         frames = decode_clip(store.open(f"video/{e.clip.name}"), fps=2.0).frames
@@ -155,15 +158,24 @@ def test_gaze_dots_end_inside_the_targets_square(out: Path) -> None:
                     dst = scene.point(a.target)
                     x, y = np.round(_tip(scene.point(a.actor), dst)).astype(int)
                     assert max(abs(x - dst[0]), abs(y - dst[1])) <= world.SQUARE // 2 - 2, (e.clip.name, a)
-                    assert light[y - 1:y + 2, x - 1:x + 2].any(), (e.clip.name, i, a, "no white dot at the target")
+                    r = world.DOT // 2
+                    assert light[y - r:y + r + 1, x - r:x + r + 1].any(), (e.clip.name, i, a, "no white dot at the target")
                     checked += 1
+            gazes = [a for a in e.question.actions if a.kind == "gaze"]
+            for j, a in enumerate(gazes):  # a dot no later gaze draws over: none ends in or leaves that square
+                if any(g.target == a.target or g.actor == a.target for g in gazes[j + 1:]):
+                    continue
+                x, y = np.round(_tip(scene.point(a.actor), scene.point(a.target))).astype(int)
+                core = frames[i][y - 1:y + 1, x - 1:x + 1].reshape(-1, 3).astype(float).mean(0)
+                assert np.abs(core - world.PERSON_COLOURS[a.actor]).max() < 40, (e.clip.name, i, a, core, "core")
+                cores += 1
             busy = {a.target for a in e.question.actions if a.kind == "gaze"} | {
                 a.actor for a in e.question.actions if a.kind != "gaze"}
             h = world.SQUARE // 2 - 1
             for pid, (x, y) in enumerate(scene.centres):
                 if pid not in busy:
                     assert not light[y - h:y + h + 1, x - h:x + h + 1].any(), (e.clip.name, i, pid, "white, idle square")
-    assert checked >= N_BENCH
+    assert checked >= N_BENCH and cores >= N_BENCH
 
 
 def test_generation_is_deterministic(tmp_path: Path) -> None:
@@ -413,7 +425,7 @@ def test_shortcut_prior_refuses_other_questions() -> None:
 
 
 def test_t3_clips_show_each_gaze_during_its_span_and_the_target_states_it() -> None:
-    """A T3 clip is 8 frames (4 s); the gazer's white dot is in the first target's square before the switch and
+    """A T3 clip is 8 frames (4 s); the gazer's dot (white, its colour at the middle) is in the first target's square before the switch and
     in the second's after it (from the first frame of each gaze on); the asked window lies inside the span the
     SFT target states (``from 2.0s to 4.0s``), which is the ground-truth event's span."""
     span_re = re.compile(r"from (\d\.\d)s to (\d\.\d)s")
@@ -431,7 +443,9 @@ def test_t3_clips_show_each_gaze_during_its_span_and_the_target_states_it() -> N
             light = frame.astype(float) @ np.array([0.299, 0.587, 0.114]) > 225
             gaze = first if i / world.FPS < first.end else second
             x, y = np.round(_tip(scene.point(gaze.actor), scene.point(gaze.target))).astype(int)
-            assert light[y - 1:y + 2, x - 1:x + 2].any(), (e.clip.name, i, gaze)
+            r = world.DOT // 2
+            assert light[y - r:y + r + 1, x - r:x + r + 1].any(), (e.clip.name, i, gaze)
+            assert (frame[y - 1:y + 1, x - 1:x + 1] == world.PERSON_COLOURS[gaze.actor]).all(), (e.clip.name, i, gaze)
         (lo, hi) = map(float, span_re.search(e.response).groups())
         assert q.events[0][2] == (lo, hi) and lo <= q.time_range[0] < q.time_range[1] <= hi
         assert q.time_range[1] - q.time_range[0] == 1.0

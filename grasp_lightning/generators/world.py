@@ -6,8 +6,9 @@ is drawn: the colour identifies them), placed in the four 16x16-pixel corner cel
 a random order per clip, with a grey object as large as a person in a token of its own below them, off every
 line between two persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16
 pixels: patch 8, merge 2). Social events are drawn with the primitives of
-:mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line in the gazer's colour whose white dot
-travels from the gazer into the target's square (it arrives by the second frame), mutual gaze is two such
+:mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line in the gazer's colour whose dot (white,
+the gazer's colour at its middle) travels from the gazer into the target's square (it arrives by the second
+frame), mutual gaze is two such
 lines side by side, joint attention two lines ending in the same square, pointing a short thin white bar; the
 other gestures of G2 are reaching (a long thick bar), showing (a magenta object held beside the actor) and
 giving (a magenta object carried into the receiver's square).
@@ -141,7 +142,17 @@ HELD_COLOUR, HELD_SIZE = (230, 40, 230), 6
 RAMP = 0.25
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)
-LINE, DOT = 2, 4  #: gaze line width and tip dot side in pixels
+LINE, DOT = 2, 6  #: gaze line width and tip dot side in pixels
+#: Side in pixels of the gazer's colour at the middle of a gaze's white dot, which stops :data:`DOT_SHORT` pixels
+#: before the target's centre. With an all-white 4-pixel dot at the centre the tip said only *that* someone
+#: looks at a square, and whose gaze a line was had to be read from its 2-pixel colour: the SFT models answered
+#: T4's second look-up ("Person b looks at ...") with the end of the line that is not the a-b pair's, whoever's
+#: it was (seed 0, step 2,400: mutual clips where the third gazer looks at a 7 of 7 right, at the object or the
+#: fourth person 1 of 16). With the coloured core the tip says whose gaze ends there, in the target's own token:
+#: 2,400 SFT steps (1 thread, two runs at once) gave 0.94 / 0.97 overall, T4 0.85 / 0.925 on seeds 0 and 2,
+#: against 0.90 / 0.925, T4 0.625 / 0.75 with the white dot. (A 2 x 2 core in a 4-pixel dot at the centre, commit
+#: d6b399f, 1,280 steps: T4 0.725 / 0.65, within the seeds' spread.)
+DOT_CORE, DOT_SHORT = 4, 3.0
 CRF = 18  #: libx264 quality (lower is better)
 #: Encoded pixel format. The world's cue for *who* looks is the colour of a 2-pixel gaze line; 4:2:0 (colour
 #: at half resolution) smeared it into the background and into the neighbouring line of a mutual gaze: the
@@ -193,8 +204,9 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
 
     Cues are bold and aligned with the visual tokens, which a model trained from scratch needs: a
     gaze is a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is
-    nearly as light as the white dot) with a ``DOT``-pixel white dot that ends inside the target's
-    square (:func:`~grasp_lightning.generators.sample.drawing.draw_gaze`); pointing and reaching are white bars
+    nearly as light as the white dot) with a ``DOT``-pixel white dot, the gazer's colour at its middle
+    (``DOT_CORE``), that ends inside the target's square, ``DOT_SHORT`` pixels before its centre on the
+    gazer's side (:func:`~grasp_lightning.generators.sample.drawing.draw_gaze`); pointing and reaching are white bars
     from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample.drawing.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
     magenta object held beside the actor, toward the middle of the frame; giving a magenta object that
@@ -220,7 +232,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
         src, dst = scene.point(a.actor), scene.point(a.target)
         if a.kind == "gaze":
             progress = 1.0 if ramp is None else a.progress(t, ramp=ramp)
-            draw_gaze(frame, src, dst, progress, PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT)
+            draw_gaze(frame, src, dst, progress, PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT,
+                      core=DOT_CORE, short=DOT_SHORT)
         elif a.kind in ("pointing", "reaching"):
             length, width = ARM if a.kind == "pointing" else REACH
             draw_pointing(frame, src, dst, length, width, square=ARM_START)

@@ -92,21 +92,30 @@ def draw_object(frame: np.ndarray, centre: tuple[int, int], size: int = 6, colou
 
 
 def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], progress: float,
-              colour: Sequence[int], offset: float = 2.0, thickness: int = 1, dot: int = 3) -> None:
+              colour: Sequence[int], offset: float = 2.0, thickness: int = 1, dot: int = 3, core: int = 0,
+              short: float = 0.0) -> None:
     """Draw a gaze: a line from ``src`` toward ``dst`` with a ``dot`` x ``dot`` white dot at its tip.
 
     ``progress`` in [0, 1] is how far the dot has travelled; at 1 it sits ``offset`` pixels beside
-    ``dst`` (the centre of the target square, so still inside it). The line is shifted ``offset``
-    pixels to the right of its direction, so the two gazes of a mutual gaze are drawn side by side.
-    ``thickness`` is the line width in pixels (the synthetic world draws 2-pixel lines).
+    ``dst`` (the centre of the target square, so still inside it), and ``short`` pixels before it along
+    the gaze (gazes arriving from different directions then end on different sides of the centre). The
+    line is shifted ``offset`` pixels to the right of its direction, so the two gazes of a mutual gaze are
+    drawn side by side. ``thickness`` is the line width in pixels (the synthetic world draws 2-pixel
+    lines). ``core`` > 0 fills the dot's middle ``core`` x ``core`` pixels with the gazer's ``colour``: a white
+    ring around it, so the tip shows both that a gaze ends there and whose it is.
     """
     d = np.array(dst, float) - np.array(src, float)
     n = np.array([-d[1], d[0]]) / max(float(np.hypot(*d)), 1e-6) * offset
+    if short:
+        dst = tuple(np.array(dst, float) - d / max(float(np.hypot(*d)), 1e-6) * short)
     src, dst = (src[0] + n[0], src[1] + n[1]), (dst[0] + n[0], dst[1] + n[1])
     p = min(max(progress, 0.0), 1.0)
     tip = (src[0] + p * (dst[0] - src[0]), src[1] + p * (dst[1] - src[1]))
     draw_line(frame, src, tip, colour, thickness)
-    draw_object(frame, (int(round(tip[0])), int(round(tip[1]))), dot, DOT)
+    centre = (int(round(tip[0])), int(round(tip[1])))
+    draw_object(frame, centre, dot, DOT)
+    if core:
+        draw_object(frame, centre, core, colour)
 
 
 def draw_pointing(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], length: int = 7,

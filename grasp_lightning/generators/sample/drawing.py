@@ -105,9 +105,10 @@ def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], pro
     ring around it, so the tip shows both that a gaze ends there and whose it is.
     """
     d = np.array(dst, float) - np.array(src, float)
-    n = np.array([-d[1], d[0]]) / max(float(np.hypot(*d)), 1e-6) * offset
+    length = max(float(np.hypot(*d)), 1e-6)
+    n = np.array([-d[1], d[0]]) / length * offset
     if short:
-        dst = tuple(np.array(dst, float) - d / max(float(np.hypot(*d)), 1e-6) * short)
+        dst = tuple(np.array(dst, float) - d / length * short)
     src, dst = (src[0] + n[0], src[1] + n[1]), (dst[0] + n[0], dst[1] + n[1])
     p = min(max(progress, 0.0), 1.0)
     tip = (src[0] + p * (dst[0] - src[0]), src[1] + p * (dst[1] - src[1]))

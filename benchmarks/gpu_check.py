@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("USE_HUB_KERNELS", "NO")  # offline: transformers' own layers, not Hub kernels (gpu_check.sh)
     if mode == "gpu":
         require_cuda()
     import torch
@@ -377,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
             if peak and figures.get("model_tflops_per_s") is not None:
                 figures["mfu"] = round(figures["model_tflops_per_s"] / peak, 4)
             report[phase] = figures
+            # each phase's figures as soon as it ends, so a run stopped by the 480-s limit keeps the ones it has
+            print(f"gpu_check: {phase}: {json.dumps(figures)}", file=sys.stderr, flush=True)
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(report))
     sys.exit(0 if report["ok"] else 1)

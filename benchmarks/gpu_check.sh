@@ -13,5 +13,7 @@ if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Offline: no download. transformers 5.25 would otherwise swap layers for Hugging Face Hub kernels on CUDA by
+# default (the `kernels` package fetches them from the Hub); the check measures transformers' own PyTorch layers.
+export HF_HUB_OFFLINE=1 USE_HUB_KERNELS=NO TOKENIZERS_PARALLELISM=false
 exec timeout --kill-after=20 480 python benchmarks/gpu_check.py "$@"

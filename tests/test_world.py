@@ -452,35 +452,6 @@ def test_t3_clips_show_each_gaze_during_its_span_and_the_target_states_it() -> N
     assert seen_switch == set(world.TEMPORAL_SWITCH)
 
 
-def test_t4_training_rows_put_the_gaze_outside_the_pair_on_the_object_as_configured() -> None:
-    """In training rows the gaze outside the a-b pair (b's in "No one" clips, the third person's in mutual ones)
-    is at the object with probability T4_OBJECT_P; the bench keeps each target alike (1/3 "No one", 1/4 mutual)."""
-    def share(train: bool) -> dict[bool, float]:
-        on_object, n = collections.Counter(), collections.Counter()
-        for i in range(4000):
-            acts = world._question("T4", random.Random(i), False, 1.0, train=train).question.actions
-            a, b = acts[0].actor, acts[0].target
-            mutual = (b, a) in {(x.actor, x.target) for x in acts}
-            other = acts[2].target if mutual else acts[1].target
-            assert other != acts[2].actor if mutual else other not in (a, b)
-            n[mutual] += 1
-            on_object[mutual] += other == OBJECT
-        return {m: on_object[m] / n[m] for m in n}
-
-    train, bench = share(True), share(False)
-    assert train[True] == pytest.approx(world.T4_OBJECT_P, abs=0.035)
-    assert train[False] == pytest.approx(world.T4_OBJECT_P, abs=0.035)
-    assert bench[True] == pytest.approx(1 / 4, abs=0.035) and bench[False] == pytest.approx(1 / 3, abs=0.035)
-    for i in range(200):  # the bench draws as before T4_OBJECT_P (commit aa604d0), so its clips are unchanged
-        r = random.Random(i)
-        a, b, c, d = r.sample(range(4), 4)
-        no_one = r.random() < world.NO_ONE_P
-        other = r.choice([c, d, OBJECT]) if no_one else r.choice([a, b, d, OBJECT])
-        acts = world._t4(random.Random(i), False).question.actions
-        assert (acts[0].actor, acts[0].target) == (a, b)
-        assert (acts[1].target, acts[2].actor, acts[2].target) == ((other, c, a) if no_one else (a, c, other))
-
-
 def test_world_options_are_checked() -> None:
     with pytest.raises(ValueError, match="shortcut must be a share in"):
         world.WorldOptions(shortcut=1.5)

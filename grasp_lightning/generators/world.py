@@ -164,12 +164,6 @@ DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
 #: seed 0 never answered "No one" after 900 steps (all its T4 errors); half the clips give it as much
 #: signal as the mutual case.
 NO_ONE_P = 0.5
-#: Probability, in the training rows' ``T4`` clips, that the gaze outside the a-b pair (b's in a "No one" clip,
-#: the third person's in a mutual one) is at the object; the bench keeps each target alike (1/3 and 1/4).
-#: Both cases put one dot on the object and one in a's square, of swapped colours, so only the dots' colours
-#: tell "Person b looks at the object" from "... at Person a"; the SFT models of seeds 0 and 3 named the
-#: object in 14 of 17 mutual bench clips where the third person looked at it (2,400 steps, coloured dot).
-T4_OBJECT_P = 0.5
 SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the seven the format allows)
 COLOUR_NAMES = ("red", "green", "blue", "yellow")
 CATEGORIES = ("T1", "T4", "T6", "G1", "G2")  #: the base world's categories (no option set)
@@ -299,29 +293,19 @@ def _t1(rng: random.Random, shuffle: bool) -> WorldQuestion:
     return WorldQuestion(q, f"<gaze>Person {a} looks at {person_name(target)}.</gaze>")
 
 
-def _pick(rng: random.Random, persons: list[int], object_p: float | None) -> int:
-    """One of ``persons`` or :data:`OBJECT`: uniformly over all of them when ``object_p`` is ``None``, else
-    :data:`OBJECT` with probability ``object_p``."""
-    if object_p is None:
-        return rng.choice(persons + [OBJECT])
-    return OBJECT if rng.random() < object_p else rng.choice(persons)
-
-
-def _t4(rng: random.Random, shuffle: bool, object_p: float | None = None) -> WorldQuestion:
+def _t4(rng: random.Random, shuffle: bool) -> WorldQuestion:
     """``T4``, mutual gaze, reasoned as two gaze look-ups (each a ``T1`` question): where Person a looks
     (Person b), then where Person b looks; the answer is b when b looks back, else "No one". A third
-    person always gazes too (at a in every "No one" clip, so a's square always holds someone's dot).
-    ``object_p``: the probability that the gaze which is not the a-b pair's (b's in "No one" clips, the third
-    person's in mutual ones) is at the object (``None``: each of its targets alike; see :data:`T4_OBJECT_P`)."""
+    person always gazes too (at a in every "No one" clip, so a's square always holds someone's dot)."""
     a, b, c, d = rng.sample(range(4), 4)
     pool = _persons(a) + ("No one",)
     if rng.random() < NO_ONE_P:  # nobody returns Person a's gaze: b looks elsewhere, c looks at a
-        x = _pick(rng, [c, d], object_p)
+        x = rng.choice([c, d, OBJECT])
         acts = (_gaze(a, b), _gaze(b, x), _gaze(c, a))
         q = Question("T4", f"Who shares mutual gaze with Person {a}?", "No one", pool, acts,
                      (("gaze", (a, b)), ("gaze", participants(b, x))), (0.0, DURATION), sort_options=shuffle)
         return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {b} looks at {person_name(x)}.</gaze>")
-    acts = (_gaze(a, b), _gaze(b, a), _gaze(c, _pick(rng, [a, b, d], object_p)))
+    acts = (_gaze(a, b), _gaze(b, a), _gaze(c, rng.choice([a, b, d, OBJECT])))
     q = Question("T4", f"Who shares mutual gaze with Person {a}?", f"Person {b}", pool, acts,
                  (("gaze", (a, b)),), (0.0, DURATION), sort_options=shuffle)
     return WorldQuestion(q, f"<gaze>Person {a} looks at Person {b}. Person {b} looks at Person {a}.</gaze>")
@@ -496,15 +480,11 @@ class WorldOptions:
         return out + (f" --train-mix {','.join(self.train_mix)}" if self.train_mix else "")
 
 
-def _question(category: str, rng: random.Random, shuffle: bool, follow: float, state_prior: bool = False,
-              train: bool = False) -> WorldQuestion:
+def _question(category: str, rng: random.Random, shuffle: bool, follow: float, state_prior: bool = False) -> WorldQuestion:
     """The category's question (``follow``: the ``J3`` share of clips in which the gaze follows the point;
-    ``state_prior``: ``J3`` reasoning states the prior where it holds, see :func:`_j3`; ``train``: a training
-    row, whose ``T4`` clips put the gaze outside the a-b pair on the object more often, :data:`T4_OBJECT_P`)."""
+    ``state_prior``: ``J3`` reasoning states the prior where it holds, see :func:`_j3`)."""
     if category == "J3":
         return TEMPLATES[category](rng, shuffle, follow, state_prior)
-    if category == "T4":
-        return _t4(rng, shuffle, T4_OBJECT_P if train else None)
     return TEMPLATES[category](rng, shuffle)
 
 
@@ -528,7 +508,7 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
     rng = random.Random(f"world:{seed}:{split}:{k}")
     category = options.category(split, k)
     wq = _question(category, rng, options.shuffle_options, options.follow(split),
-                   options.shortcut_reasoning and split != "b", train=split != "b")
+                   options.shortcut_reasoning and split != "b")
     scene = make_world_scene(rng)
     duration = TEMPORAL_DURATION if category == "T3" else DURATION
     frames = render_world_clip(scene, wq.question.actions, duration, None if category == "T3" else RAMP)

@@ -226,11 +226,14 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
     draw_object(frame, scene.object_centre, OBJECT_SIZE)
     for pid, centre in enumerate(scene.centres):
         draw_person(frame, centre, pid, SQUARE, label=False)
-    active = [a for a in actions if a.start <= t < a.end]
-    for a in active:
+    for a in actions:
+        if not a.start <= t < a.end:
+            continue
         src, dst = scene.point(a.actor), scene.point(a.target)
         if a.kind == "gaze":
-            _draw_gaze(frame, scene, a, t, ramp, ("line",))
+            progress = 1.0 if ramp is None else a.progress(t, ramp=ramp)
+            draw_gaze(frame, src, dst, progress, PERSON_COLOURS[a.actor], offset=2.0, thickness=LINE, dot=DOT,
+                      core=DOT_CORE, short=DOT_SHORT)
         elif a.kind in ("pointing", "reaching"):
             length, width = ARM if a.kind == "pointing" else REACH
             draw_pointing(frame, src, dst, length, width, square=ARM_START)
@@ -240,17 +243,7 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
         else:  # giving
             draw_gesture(frame, a.kind, src, dst, 1.0 if ramp is None else a.progress(t, ramp=ramp), square=SQUARE,
                          held=HELD_COLOUR, held_size=HELD_SIZE)
-    for part in ("dot", "core"):  # every dot after every line and gesture, every core last: none is covered
-        for a in active:
-            if a.kind == "gaze":
-                _draw_gaze(frame, scene, a, t, ramp, (part,))
     return frame
-
-
-def _draw_gaze(frame: np.ndarray, scene: Scene, a: Action, t: float, ramp: float | None, parts: tuple[str, ...]) -> None:
-    progress = 1.0 if ramp is None else a.progress(t, ramp=ramp)
-    draw_gaze(frame, scene.point(a.actor), scene.point(a.target), progress, PERSON_COLOURS[a.actor], offset=2.0,
-              thickness=LINE, dot=DOT, core=DOT_CORE, short=DOT_SHORT, parts=parts)
 
 
 def render_world_clip(scene: Scene, actions: Sequence[Action], duration: float = DURATION,

@@ -93,7 +93,7 @@ def draw_object(frame: np.ndarray, centre: tuple[int, int], size: int = 6, colou
 
 def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], progress: float,
               colour: Sequence[int], offset: float = 2.0, thickness: int = 1, dot: int = 3, core: int = 0,
-              short: float = 0.0, parts: Sequence[str] = ("line", "dot", "core")) -> None:
+              short: float = 0.0) -> None:
     """Draw a gaze: a line from ``src`` toward ``dst`` with a ``dot`` x ``dot`` white dot at its tip.
 
     ``progress`` in [0, 1] is how far the dot has travelled; at 1 it sits ``offset`` pixels beside
@@ -102,16 +102,8 @@ def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], pro
     line is shifted ``offset`` pixels to the right of its direction, so the two gazes of a mutual gaze are
     drawn side by side. ``thickness`` is the line width in pixels (the synthetic world draws 2-pixel
     lines). ``core`` > 0 fills the dot's middle ``core`` x ``core`` pixels with the gazer's ``colour``: a white
-    ring around it, so the tip shows both that a gaze ends there and whose it is. ``parts`` draws some of
-    the ``"line"``, the white ``"dot"`` and its coloured ``"core"`` (a frame with several gazes can draw every
-    line, then every dot, then every core, so that no line or later dot covers a gaze's core).
-
-    Raises:
-        ValueError: a part other than ``"line"``, ``"dot"`` and ``"core"``.
+    ring around it, so the tip shows both that a gaze ends there and whose it is.
     """
-    unknown = set(parts) - {"line", "dot", "core"}
-    if unknown:
-        raise ValueError(f"draw_gaze parts must be among 'line', 'dot' and 'core', got {sorted(unknown)}")
     d = np.array(dst, float) - np.array(src, float)
     length = max(float(np.hypot(*d)), 1e-6)
     n = np.array([-d[1], d[0]]) / length * offset
@@ -120,12 +112,10 @@ def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], pro
     src, dst = (src[0] + n[0], src[1] + n[1]), (dst[0] + n[0], dst[1] + n[1])
     p = min(max(progress, 0.0), 1.0)
     tip = (src[0] + p * (dst[0] - src[0]), src[1] + p * (dst[1] - src[1]))
-    if "line" in parts:
-        draw_line(frame, src, tip, colour, thickness)
+    draw_line(frame, src, tip, colour, thickness)
     centre = (int(round(tip[0])), int(round(tip[1])))
-    if "dot" in parts:
-        draw_object(frame, centre, dot, DOT)
-    if core and "core" in parts:
+    draw_object(frame, centre, dot, DOT)
+    if core:
         draw_object(frame, centre, core, colour)
 
 

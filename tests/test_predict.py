@@ -205,3 +205,50 @@ def test_readme_predict_on_your_own_questions_runs_as_written(tmp_path, in_repo,
     assert len(lines(out)) == 4
     assert answered(caplog) == [f"predict: 4 of 4 items of {moved / 'questions.jsonl'} were already answered by this "
                                 f"model and decoding (in the prediction file): left out, 0 left to answer"]
+
+
+def test_a_checkpoint_is_part_of_the_setup(tmp_path, in_repo, caplog) -> None:
+    """``predict --ckpt_path``: the restored checkpoint (known only after the restore, before the loader is
+    built) keys the answers: the same model and decoding without it answers again; with it, once."""
+    fit = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
+           "--data.bench=null", "--data.train_limit=2", "--trainer.logger.init_args.name=ck"]
+    cli = run_cli(fit, tmp_path)
+    (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
+    out = tmp_path / "p.jsonl"
+    args = ["predict", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.predict_limit=2",
+            f"--trainer.callbacks=[{{class_path: callbacks.predictions.PredictionWriter, init_args: {{output: {out}}}}}]"]
+    run_cli(args, tmp_path)
+    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)
+    assert not answered(caplog)
+    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)
+    assert len(answered(caplog)) == 1
+    records = lines(out)
+    assert [r["checkpoint"] for r in records] == [None, None, str(ckpt), str(ckpt)]
+    assert len({r["setup"] for r in records}) == 2
+
+
+def test_item_key_ignores_folders_and_lines_and_files_signature_sees_new_weights(tmp_path) -> None:
+    import dataclasses
+    import shutil
+
+    from grasp_lightning.data.records import ClipRef, GraspItem
+    from grasp_lightning.predictions import files_signature, item_key
+
+    item = GraspItem(uid="q1", origin="/data/a/questions.jsonl:3", clip=ClipRef("clips/c.mp4", start_seconds=1.0),
+                     question="Who waves?\nA) Person 0\nB) Person 1", options=("A) Person 0", "B) Person 1"), answer="A")
+    moved = dataclasses.replace(item, origin="/elsewhere/questions.jsonl:9", clip=ClipRef("/elsewhere/clips/c.mp4",
+                                                                                           start_seconds=1.0))
+    assert item_key(moved) == item_key(item)
+    for change in ({"question": "Who nods?\nA) Person 0\nB) Person 1"}, {"answer": "B"}, {"uid": "q2"},
+                   {"clip": ClipRef("clips/c.mp4", start_seconds=2.0)}, {"clip": ClipRef("clips/d.mp4", start_seconds=1.0)},
+                   {"image": "img.png"}):
+        assert item_key(dataclasses.replace(item, **change)) != item_key(item), change
+    model = tmp_path / "export"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    before = files_signature(model)
+    shutil.copytree(model, tmp_path / "copy")  # copy2 keeps the modification times: the same model
+    assert files_signature(tmp_path / "copy") == before
+    os.utime(model / "model.safetensors", ns=(1, 1))  # re-exported weights: a new modification time
+    assert files_signature(model) != before

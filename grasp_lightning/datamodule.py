@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
 from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
-from grasp_lightning.data.qa import decode_image, open_media, store_for
+from grasp_lightning.data.qa import decode_image, open_media, read_qa, store_for
 from grasp_lightning.data.readers import reader_for
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
@@ -33,6 +34,7 @@ from grasp_lightning.data.video import decode_clip, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError, is_number
 from grasp_lightning.evaluation.base import EvalSuite
+from grasp_lightning.predictions import item_key
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +217,9 @@ class GraspDataModule(L.LightningDataModule):
         eval_suites: more evaluation suites (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
             and its own ``results.json`` section and table (``configs/eval_suites.yaml``).
-        predict_file: what ``predict`` answers, relative to ``root``: any file the training rows may
-            be (the generic ``qa.jsonl`` included), or a GRASP-Bench tar or folder. ``None``: every evaluation suite's items (``bench`` and
+        predict_file: what ``predict`` answers, relative to ``root``: a GRASP-Bench tar or folder, a
+            GRASP file by its name (``data_sft``/``data_rl``/``annotations``), or a generic QA JSONL file of
+            any other name (``questions.jsonl``, :mod:`grasp_lightning.data.qa`). ``None``: every evaluation suite's items (``bench`` and
             ``eval_suites``), each encoded as it is for validation.
         predict_limit: answer only the first N items of ``predict_file`` (or of each suite).
     """
@@ -253,7 +256,9 @@ class GraspDataModule(L.LightningDataModule):
         self.train_items: list[GraspItem] = []
         self.val_items: list[GraspItem] = []
         self.predict_items: list[GraspItem] = []
-        self.predict_done: set[str] = set()  # origins answered by an earlier run (PredictionWriter), left out
+        # Set by the prediction writer: the item keys (predictions.item_key) an earlier run answered with the same
+        # model and decoding, asked when the predict loader is built (after a --ckpt_path is restored); left out.
+        self.predict_done: Callable[[], set[str]] | None = None
         self._epoch = 0
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
@@ -332,22 +337,20 @@ class GraspDataModule(L.LightningDataModule):
             self.val_suites = self._load_suites()
 
     def _read_predict_items(self) -> list[GraspItem]:
-        """The items of ``data.predict_file``: a GRASP-Bench tar or folder, or any training-rows file.
+        """The items of ``data.predict_file``: a GRASP-Bench tar or folder, a GRASP file by its name
+        (:func:`~grasp_lightning.data.readers.reader_for`), or else a generic QA JSONL file of any name.
 
         Raises:
-            GraspConfigError: the file is none of these.
+            GraspConfigError: no such file or folder.
+            GraspFormatError: (``data.on_bad_item: raise``) a bad row, naming its file and line.
         """
         path = self.root / self.hparams.predict_file
         if not path.exists():
             raise GraspConfigError(f"data.predict_file {path}: no such file or folder")
         if path.is_dir() or path.suffix == ".tar":
             result = read_bench(path, on_error=self.hparams.on_bad_item)
-        else:
-            reader = reader_for(path)
-            if reader is None:
-                raise GraspConfigError(f"data.predict_file {path}: expected a GRASP-Bench tar or folder, or a "
-                                       f"training-rows file (data_sft.jsonl, data_rl.jsonl, annotations.jsonl, qa.jsonl)")
-            result = reader(path, on_error=self.hparams.on_bad_item)
+        else:  # a GRASP file by its name; any other name (questions.jsonl) is the generic QA format
+            result = (reader_for(path) or read_qa)(path, on_error=self.hparams.on_bad_item)
         self._record_skips(list(result.skipped))
         items = result.items
         return items[: self.hparams.predict_limit] if self.hparams.predict_limit else items
@@ -540,15 +543,17 @@ class GraspDataModule(L.LightningDataModule):
         """Prompts to answer, left-padded, ``data.val_batch_size`` per step; ranks padded with
         ``valid=False`` rows. ``data.predict_file``'s items (read from ``data.videos``; a bench file
         from its own archive), else one loader per evaluation suite as for validation. Items whose
-        ``origin`` is in :attr:`predict_done` (answered by an earlier run) are left out."""
+        :func:`~grasp_lightning.predictions.item_key` is among :attr:`predict_done`'s (answered by an
+        earlier run with the same model and decoding) are left out, said at WARNING with the count."""
+        done = self.predict_done() if self.predict_done is not None else set()
         if not self.hparams.predict_file:
             suites = [s for s in self.val_suites if s.items]
             for suite in suites:
-                suite.items = self._not_done(suite.items[: self.hparams.predict_limit or None])
+                suite.items = self._not_done(suite.items[: self.hparams.predict_limit or None], done, suite.name)
             loaders = [self._suite_loader(s) for s in suites]
             return loaders[0] if len(loaders) == 1 else loaders
         path = self.root / self.hparams.predict_file
-        items = self._not_done(self.predict_items)
+        items = self._not_done(self.predict_items, done, str(path))
         bench = path.is_dir() or path.suffix == ".tar"
         store = bench_store(path) if bench else store_for(items, self.root / self.hparams.videos)
         rank, world = self._rank()
@@ -556,12 +561,15 @@ class GraspDataModule(L.LightningDataModule):
         dataset = self.dataset(items, store, False)
         return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
 
-    def _not_done(self, items: list[GraspItem]) -> list[GraspItem]:
-        if self.predict_done:
-            left = [item for item in items if item.origin not in self.predict_done]
-            log.info("predict: %d of %d items already answered, %d left", len(items) - len(left), len(items), len(left))
-            return left
-        return items
+    @staticmethod
+    def _not_done(items: list[GraspItem], done: set[str], what: str) -> list[GraspItem]:
+        """``items`` without those whose key is in ``done``; the count left out is said at WARNING."""
+        left = [item for item in items if item_key(item) not in done] if done else items
+        if len(left) < len(items):
+            log.warning("predict: %d of %d items of %s were already answered by this model and decoding (in the "
+                        "prediction file): left out, %d left to answer", len(items) - len(left), len(items), what,
+                        len(left))
+        return left
 
     # ------------------------------------------------------------------ accounting
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:

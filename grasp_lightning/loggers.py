@@ -94,6 +94,21 @@ def run_dir(trainer: L.Trainer) -> str:
     return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
 
+def runs_root(trainer: L.Trainer) -> str:
+    """The folder every run of the first logger's name shares, one level above :func:`run_dir`: TensorBoard's
+    and CSV's ``root_dir`` (``<save_dir>/<name>``), ``<save_dir or default_root_dir>/<name>`` for the others
+    (W&B: ``<save_dir>/<project>``; MLflow: ``.../<experiment id>``); ``default_root_dir`` without a logger.
+    A file kept here is found again by the next run of the same command (``predict``'s answers). Reads the
+    logger on the calling rank, no collective."""
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return logger.root_dir
+    _ = logger.experiment  # MLflow's name is its experiment id, known once the experiment exists
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name))
+
+
 def _dispatch(trainer: L.Trainer, kind: str, tag: str, value, step: int) -> None:
     """Call the writer of ``kind`` for each logger's type (on global rank zero)."""
     if not trainer.is_global_zero:

@@ -40,7 +40,7 @@ from grasp_lightning.policy import (
     load_processor,
     load_reference,
 )
-from grasp_lightning.predictions import prediction_records
+from grasp_lightning.predictions import PredictionSetup, files_signature, model_identity, prediction_records
 from grasp_lightning.quantization import adapters_only, check_adapters_present, check_strategy
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
@@ -485,6 +485,25 @@ class GraspModule(L.LightningModule):
             raise GraspConfigError("predict writes its answers through a prediction writer, and trainer.callbacks has "
                                    "none: add `- class_path: callbacks.predictions.PredictionWriter` (as the recipes "
                                    "in configs/ do)")
+
+    def prediction_setup(self, prompt: dict) -> PredictionSetup:
+        """What, besides the item, decides this module's ``predict`` answers: the policy (its
+        :func:`~grasp_lightning.predictions.model_identity`, dtype, attention, LoRA), the checkpoint
+        ``predict`` restored (``trainer.ckpt_path``, known once it is loaded), the trainer's precision,
+        the ``model.evaluation`` decoding (``max_new_tokens`` resolved) and ``prompt`` (the DataModule's
+        :data:`~grasp_lightning.predictions.PROMPT_SETTINGS`). ``PredictionWriter`` keys its resume on it."""
+        cfg = self.policy_cfg
+        trainer = self._trainer
+        checkpoint = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
+        decoding = {**dataclasses.asdict(self.eval_cfg), "max_new_tokens": self.eval_max_new_tokens}
+        identity = {
+            "model": model_identity(cfg.name_or_path, cfg.revision), "dtype": cfg.dtype,
+            "attn_implementation": cfg.attn_implementation,
+            "lora": dataclasses.asdict(self.lora_cfg) if self.lora_cfg.enabled else None,
+            "checkpoint": files_signature(checkpoint) if checkpoint else None,
+            "precision": str(trainer.precision) if trainer is not None else None, "prompt": prompt,
+        }
+        return PredictionSetup(model=cfg.name_or_path, checkpoint=checkpoint, decoding=decoding, identity=identity)
 
     def predict_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         """Answer a batch: one completion per prompt (``model.evaluation`` decoding), returned as

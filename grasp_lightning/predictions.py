@@ -1,17 +1,132 @@
-"""What ``predict`` writes for each item: one JSON-ready record per answered (or skipped) item.
+"""What ``predict`` writes for each item, and the keys its resume matches on.
 
 ``GraspModule.predict_step`` samples one completion per prompt (the ``model.evaluation`` decoding)
 and returns :func:`prediction_records`; ``callbacks.predictions.PredictionWriter`` writes them to a
 JSONL file as each batch ends, so an interrupted run keeps every line it wrote.
+
+A rerun leaves out an item only when an earlier line holds the same item *and* the same setup:
+
+- :func:`item_key`: the item as read (id, question with options, answer, category, the file names of
+  its media and its clip window), never a path or line number, so a changed working directory or
+  ``data.root`` finds the same keys; an edited item is answered again.
+- :class:`PredictionSetup`: the model (``name_or_path`` and a signature of its files, or the Hub
+  snapshot), the checkpoint ``predict`` restores (``--ckpt_path``), LoRA, dtype, attention, precision, the
+  decoding and the prompt settings of the data (system prompt, instruction, frames); its
+  :attr:`~PredictionSetup.key` and the model, checkpoint and decoding are written on every line.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any
+
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.formats import option_letters
+from grasp_lightning.data.records import GraspItem
 from grasp_lightning.parsing import answer_block, extract_answer, extract_participants, reasoning_text
 
-__all__ = ["parsed_answer", "prediction_records"]
+__all__ = ["PROMPT_SETTINGS", "PredictionSetup", "files_signature", "item_key", "model_identity", "parsed_answer",
+           "prediction_records", "prompt_settings"]
+
+#: The DataModule settings that shape every prompt (``data.*``): a change answers every item again.
+PROMPT_SETTINGS = ("system_prompt", "instruction", "fps", "max_frames", "max_pixels", "max_image_pixels")
+
+
+def _digest(value: Any) -> str:
+    """16 hex digits of the SHA-256 of ``value`` as canonical JSON (sorted keys)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def item_key(item: GraspItem) -> str:
+    """The key ``predict``'s resume matches an item on: 16 hex digits over its id, question (options
+    included), options, answer, category, its clip's file name and window (start, end, fps) and its
+    image's file name.
+
+    No folder and no line number enters it (a clip or image path counts by its file name), so the same
+    file read from another working directory or ``data.root`` gives the same keys, while an item edited
+    in any of these fields is answered again. Two rows identical in all of them share a key."""
+    clip = None
+    if item.clip is not None:
+        clip = {**dataclasses.asdict(item.clip), "path": PurePath(item.clip.path).name}
+    return _digest({"id": item.uid, "question": item.question, "options": list(item.options), "answer": item.answer,
+                    "category": item.category, "clip": clip,
+                    "image": PurePath(item.image).name if item.image is not None else None})
+
+
+def files_signature(path: str | Path) -> str:
+    """16 hex digits over the relative name, size (bytes) and modification time (ns) of every file
+    under ``path`` (or of ``path`` itself when it is a file), without reading them: re-exported or
+    retrained weights in the same folder change it, a copy that keeps the times (``cp -p``, ``mv``) does
+    not.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(root)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    stats = []
+    for f in files:
+        st = os.stat(f)
+        stats.append([f.name if f == root else f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns])
+    return _digest(stats)
+
+
+def model_identity(name_or_path: str, revision: str | None = None) -> dict:
+    """What names a model's weights for :class:`PredictionSetup`: a local folder by
+    :func:`files_signature` (not its path: a moved folder is the same model), a Hub id by the id, the
+    requested ``revision`` and the commit of its cached snapshot (``None`` when not cached)."""
+    if Path(name_or_path).exists():
+        return {"files": files_signature(name_or_path)}
+    snapshot = None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+        snapshot = Path(cached).parent.name if isinstance(cached, str) else None
+    except Exception:  # noqa: BLE001 - not a valid repo id: the id alone names it
+        snapshot = None
+    return {"hub": name_or_path, "revision": revision, "snapshot": snapshot}
+
+
+@dataclass(frozen=True)
+class PredictionSetup:
+    """What, besides the item, decides ``predict``'s answers (built by ``GraspModule.prediction_setup``).
+
+    Attributes:
+        model: ``model.policy.name_or_path`` as configured (written on every line).
+        checkpoint: the Lightning checkpoint ``predict`` restored (``--ckpt_path``), ``None`` for none.
+        decoding: the ``model.evaluation`` settings, ``max_new_tokens`` resolved (written on every line).
+        identity: everything :attr:`key` hashes: the model's :func:`model_identity`, the checkpoint's
+            :func:`files_signature`, dtype, attention, LoRA, precision, ``decoding`` and the prompt settings.
+    """
+
+    model: str
+    checkpoint: str | None
+    decoding: dict
+    identity: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """16 hex digits over :attr:`identity` (and :attr:`decoding`): lines of another key are never reused."""
+        return _digest({"identity": self.identity, "decoding": self.decoding})
+
+    def stamp(self) -> dict:
+        """The fields every line of this setup carries: ``model``, ``checkpoint``, ``decoding``, ``setup`` (the key)."""
+        return {"model": self.model, "checkpoint": self.checkpoint, "decoding": self.decoding, "setup": self.key}
+
+
+def prompt_settings(hparams: Mapping[str, Any]) -> dict:
+    """The :data:`PROMPT_SETTINGS` of a DataModule's ``hparams`` (absent ones left out)."""
+    return {k: hparams[k] for k in PROMPT_SETTINGS if k in hparams}
 
 
 def parsed_answer(completion: str, options: tuple[str, ...] | list[str]) -> str | None:
@@ -37,7 +152,7 @@ def prediction_records(batch: Batch, texts: list[str], completion_tokens: list[i
         seconds: wall time of the batch's generation (seconds), shared evenly by its rows.
 
     Returns:
-        Dicts with ``id``, ``origin``, ``video`` and ``image`` (the paths, ``None`` where absent), ``question``, ``completion``,
+        Dicts with ``id``, ``item_key`` (:func:`item_key`), ``origin``, ``video`` and ``image`` (the paths, ``None`` where absent), ``question``, ``completion``,
         ``answer`` (:func:`parsed_answer`), ``target`` (the item's answer, ``None`` when it has none),
         ``correct`` (``None`` without a target), ``participants`` (named in the reasoning),
         ``category``, ``prompt_tokens``, ``completion_tokens``, ``seconds`` (the row's share); a
@@ -52,7 +167,7 @@ def prediction_records(batch: Batch, texts: list[str], completion_tokens: list[i
         answer = parsed_answer(texts[n], item.options)
         target = item.answer.strip() or None
         rows.append({
-            "id": item.uid, "origin": item.origin, "video": item.clip.path if item.clip is not None else None,
+            "id": item.uid, "item_key": item_key(item), "origin": item.origin, "video": item.clip.path if item.clip is not None else None,
             "image": item.image, "question": item.question,
             "completion": texts[n], "answer": answer, "target": target,
             "correct": None if target is None else answer == target,

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,26 @@ def test_module_config_numbers(cls, kwargs, message):
     with pytest.raises(GraspConfigError) as err:
         getattr(m, cls)(**kwargs)
     assert str(err.value) == message
+
+
+def test_counts_of_a_bad_file_add_up(in_repo, tmp_path, capsys):
+    """Six RL rows: three unreadable (not JSON, no video spec twice) and one readable row with two
+    problems (no participants, a missing clip). Before: "6 rows, 5 bad" with sources adding up to 3."""
+    root = tmp_path / "data"
+    (root / "train").mkdir(parents=True)
+    (root / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")
+    rows = _rows(SAMPLE / "train" / "data_rl.jsonl")[:3]
+    next(x for x in rows[1] if x["type"] == "meta")["gt_events"] = []
+    next(x for x in rows[1] if x["type"] == "video")["path"] = "social_gesture/video/missing.mp4"
+    rl = root / "train" / "data_rl.jsonl"
+    write_jsonl(rl, [*rows, "{not json", [], [{"type": "text", "content": "q"}]])
+    sources = Counter(next(x for x in r if x["type"] == "video")["path"].split("/")[0] for r in rows)
+    rc, report = _report(tmp_path, f"--data.root={root}", "--data.bench=null", "--files=[train/data_rl.jsonl]",
+                         "--decode=false")
+    info = report["files"]["train/data_rl.jsonl"]
+    assert rc == 1 and len(report["problems"]) == 5  # 3 unreadable + 2 on row 2
+    assert (info["rows"], info["unreadable"], info["bad"], info["problems"]) == (6, 3, 4, 5)  # rows 2, 4, 5, 6
+    assert info["source"] == {**sources, "unreadable": 3}
+    for key in ("source", "category", "difficulty", "format"):
+        assert sum(info[key].values()) == 6, (key, info[key])
+    assert "train/data_rl.jsonl: 6 rows, 4 bad (3 unreadable), 5 problem(s)" in capsys.readouterr().out

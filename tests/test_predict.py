@@ -21,8 +21,8 @@ from tests.conftest import REPO, run_cli
 pytestmark = pytest.mark.slow
 SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 README_PREDICT = ["predict", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml"]
-FIELDS = {"id", "origin", "video", "image", "question", "completion", "answer", "target", "correct", "participants", "category",
-          "prompt_tokens", "completion_tokens", "seconds"}
+FIELDS = {"id", "item_key", "origin", "video", "image", "question", "completion", "answer", "target", "correct", "participants",
+          "category", "prompt_tokens", "completion_tokens", "seconds", "model", "checkpoint", "decoding", "setup"}
 
 
 def lines(path: Path) -> list[dict]:
@@ -30,8 +30,8 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_readme_predict_answers_every_bench_item(tmp_path, in_repo) -> None:
-    cli = run_cli(README_PREDICT, tmp_path)
-    out = Path(cli.trainer.log_dir) / "predictions.jsonl"
+    run_cli(README_PREDICT, tmp_path)
+    out = tmp_path / "demo" / "predictions.jsonl"  # <save_dir>/<name>: the same file for the next run
     records = lines(out)
     bench = read_bench(SAMPLE / "test" / "grasp_bench.tar")
     assert [r["id"] for r in records] == [item.uid for item in bench]  # every item once, in bench order
@@ -43,6 +43,9 @@ def test_readme_predict_answers_every_bench_item(tmp_path, in_repo) -> None:
         assert r["answer"] == extract_answer(r["completion"])  # the bench's ABCD letters
         assert r["correct"] == (r["answer"] == item.answer)
         assert 0 < r["completion_tokens"] <= 24 and r["prompt_tokens"] > 100 and r["seconds"] > 0
+        assert r["model"] == "grasp_lightning/assets/tiny-qwen3vl" and r["checkpoint"] is None
+        assert r["decoding"]["max_new_tokens"] == 24 and r["decoding"]["do_sample"] is False
+    assert len({r["item_key"] for r in records}) == 32 and len({r["setup"] for r in records}) == 1
 
 
 def predict_command(tmp_path: Path, output: Path, *extra: str) -> list[str]:
@@ -120,3 +123,132 @@ def test_predict_on_generic_qa_rows_with_images_and_a_rerun_after_the_end(tmp_pa
     before = out.read_text()
     run_cli(args, tmp_path)  # everything answered: the rerun has nothing to do, and says so
     assert out.read_text() == before
+
+
+# ------------------------------------------------------------------ the README's commands, run twice
+def readme_predict_commands() -> list[list[str]]:
+    """The arguments of every ``python -m grasp_lightning predict`` line of README's ``predict`` section."""
+    from tests.test_own_task import blocks, command, section
+
+    text = section("### Answers for your own questions: `predict`")
+    found = []
+    for block in blocks(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            if "grasp_lightning predict" in line:
+                found.append(command(line.split("#")[0]))
+    return found
+
+
+def answered(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "already answered" in r.getMessage()]
+
+
+def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp_path, in_repo, caplog) -> None:
+    """Before: two runs of the README's bench command wrote version_0 and version_1, 4 lines each (8 answers
+    of 4 items); a second model with configs/predict.yaml wrote nothing. After: one file, 4 lines, then 4
+    more for each other model or decoding."""
+    bench_cmd = readme_predict_commands()[0]
+    assert bench_cmd == README_PREDICT
+    args = [*bench_cmd, "--data.predict_limit=4"]
+    out = tmp_path / "demo" / "predictions.jsonl"
+    run_cli(args, tmp_path)
+    first = out.read_text()
+    assert len(lines(out)) == 4 and not answered(caplog)
+    caplog.clear()
+    run_cli(args, tmp_path)  # the same command: the same file, nothing answered again
+    assert out.read_text() == first
+    assert answered(caplog) == ["predict: 4 of 4 items of grasp_bench were already answered by this model and decoding "
+                                "(in the prediction file): left out, 0 left to answer"]
+    assert sorted(p.name for p in out.parent.rglob("predictions*.jsonl")) == ["predictions.jsonl"]
+    caplog.clear()
+    qwen35 = "grasp_lightning/assets/tiny-qwen3_5"
+    run_cli([*args, f"--model.policy.name_or_path={qwen35}"], tmp_path)  # another model: every item again
+    run_cli([*args, "--model.evaluation.max_new_tokens=6"], tmp_path)  # other decoding: every item again
+    assert not answered(caplog)
+    records = lines(out)
+    assert out.read_text().startswith(first) and len(records) == 12
+    by_run = [records[:4], records[4:8], records[8:]]
+    assert [[r["id"] for r in run] for run in by_run] == [[r["id"] for r in by_run[0]]] * 3
+    assert [{r["model"] for r in run} for run in by_run] == [{"grasp_lightning/assets/tiny-qwen3vl"}, {qwen35},
+                                                             {"grasp_lightning/assets/tiny-qwen3vl"}]
+    assert [{r["decoding"]["max_new_tokens"] for r in run} for run in by_run] == [{24}, {24}, {6}]
+    assert len({r["setup"] for r in records}) == 3 and all(len({r["setup"] for r in run}) == 1 for run in by_run)
+    assert all(r["completion_tokens"] <= 6 for r in by_run[2])
+    caplog.clear()
+    run_cli([*args, f"--model.policy.name_or_path={qwen35}"], tmp_path)  # the second model's answers are found
+    assert len(lines(out)) == 12 and len(answered(caplog)) == 1
+
+
+def test_readme_predict_on_your_own_questions_runs_as_written(tmp_path, in_repo, caplog) -> None:
+    """The README's second command (its own file name ``questions.jsonl``: refused before, as the reader
+    wanted a name starting with ``qa``), made a CPU run by configs/demo.yaml after the recipe, twice; the
+    resume key does not depend on ``data.root``: the same file under another root is found again."""
+    from tests.data_fixtures import make_qa_dataset
+
+    cmd = readme_predict_commands()[1]
+    assert cmd[cmd.index("--data.predict_file") + 1] == "questions.jsonl"
+    mine = tmp_path / "mine"
+    make_qa_dataset(mine, name="questions.jsonl")
+    values = {"runs/sgr/export": "grasp_lightning/assets/tiny-qwen3_5", "/data/mine": str(mine)}
+    args = [values.get(word, word) for word in cmd]
+    args[args.index("configs/sgr.yaml") + 1: args.index("configs/sgr.yaml") + 1] = ["--config", "configs/demo.yaml"]
+    out = tmp_path / "answers.jsonl"
+    args += [f"--trainer.callbacks.init_args.output={out}"]
+    run_cli(args, tmp_path)
+    records = lines(out)
+    assert [r["id"] for r in records] == ["qa_0001", "qa_0002", "qa_0003", "qa_0004"]
+    assert {r["model"] for r in records} == {"grasp_lightning/assets/tiny-qwen3_5"}
+    moved = tmp_path / "elsewhere"
+    mine.rename(moved)  # another data.root (and working directory): the same items, found by their keys
+    args[args.index(str(mine))] = str(moved)
+    run_cli(args, tmp_path)
+    assert len(lines(out)) == 4
+    assert answered(caplog) == [f"predict: 4 of 4 items of {moved / 'questions.jsonl'} were already answered by this "
+                                f"model and decoding (in the prediction file): left out, 0 left to answer"]
+
+
+def test_a_checkpoint_is_part_of_the_setup(tmp_path, in_repo, caplog) -> None:
+    """``predict --ckpt_path``: the restored checkpoint (known only after the restore, before the loader is
+    built) keys the answers: the same model and decoding without it answers again; with it, once."""
+    fit = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
+           "--data.bench=null", "--data.train_limit=2", "--trainer.logger.init_args.name=ck"]
+    cli = run_cli(fit, tmp_path)
+    (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
+    out = tmp_path / "p.jsonl"
+    args = ["predict", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.predict_limit=2",
+            f"--trainer.callbacks=[{{class_path: callbacks.predictions.PredictionWriter, init_args: {{output: {out}}}}}]"]
+    run_cli(args, tmp_path)
+    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)
+    assert not answered(caplog)
+    run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)
+    assert len(answered(caplog)) == 1
+    records = lines(out)
+    assert [r["checkpoint"] for r in records] == [None, None, str(ckpt), str(ckpt)]
+    assert len({r["setup"] for r in records}) == 2
+
+
+def test_item_key_ignores_folders_and_lines_and_files_signature_sees_new_weights(tmp_path) -> None:
+    import dataclasses
+    import shutil
+
+    from grasp_lightning.data.records import ClipRef, GraspItem
+    from grasp_lightning.predictions import files_signature, item_key
+
+    item = GraspItem(uid="q1", origin="/data/a/questions.jsonl:3", clip=ClipRef("clips/c.mp4", start_seconds=1.0),
+                     question="Who waves?\nA) Person 0\nB) Person 1", options=("A) Person 0", "B) Person 1"), answer="A")
+    moved = dataclasses.replace(item, origin="/elsewhere/questions.jsonl:9", clip=ClipRef("/elsewhere/clips/c.mp4",
+                                                                                           start_seconds=1.0))
+    assert item_key(moved) == item_key(item)
+    for change in ({"question": "Who nods?\nA) Person 0\nB) Person 1"}, {"answer": "B"}, {"uid": "q2"},
+                   {"clip": ClipRef("clips/c.mp4", start_seconds=2.0)}, {"clip": ClipRef("clips/d.mp4", start_seconds=1.0)},
+                   {"image": "img.png"}):
+        assert item_key(dataclasses.replace(item, **change)) != item_key(item), change
+    model = tmp_path / "export"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    before = files_signature(model)
+    shutil.copytree(model, tmp_path / "copy")  # copy2 keeps the modification times: the same model
+    assert files_signature(tmp_path / "copy") == before
+    os.utime(model / "model.safetensors", ns=(1, 1))  # re-exported weights: a new modification time
+    assert files_signature(model) != before

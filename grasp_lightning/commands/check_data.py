@@ -21,7 +21,9 @@ only those named with ``--files``:
   and ``max_target_tokens`` -- exactly the decoding and encoding training does: the DataModule's
   own dataset (``GraspDataModule._dataset``) encodes each item (``GraspDataset.encode``).
 
-It prints counts per file by source, category, difficulty and format, then every bad item as
+It prints per file its rows, its bad rows (a row with several problems counted once, the rows no
+reader could parse among them) and its problems, and its rows by source, category, difficulty and
+format, each adding up to the rows (the unparsed ones under ``unreadable``), then every problem as
 ``file:line: reason``, and exits with status 1 when anything is bad (0 otherwise). Decoding runs
 in a process pool over all CPU cores (``--workers``), with a progress bar on stderr; workers are
 replaced every 256 clips so native decoder memory cannot accumulate.
@@ -230,17 +232,39 @@ def _progress(iterable, total: int, desc: str | None):
     return tqdm(iterable, total=total, desc=desc, unit="item", file=sys.stderr, dynamic_ncols=True)
 
 
-def _counts(items: list[GraspItem]) -> dict[str, dict[str, int]]:
-    out = {}
+#: The bucket of the per-key counts that holds the rows no reader could turn into an item.
+UNREADABLE = "unreadable"
+
+
+def _counts(items: list[GraspItem], unreadable: int) -> dict:
+    """A file's counts: ``rows`` (every line or member read, ``unreadable`` of them failing the schema),
+    and per key (source, category, difficulty, format) the rows by value, the unreadable ones under
+    :data:`UNREADABLE`, so every breakdown adds up to ``rows``."""
+    out: dict = {"rows": len(items) + unreadable, "unreadable": unreadable}
     for key in ("source", "category", "difficulty", "format"):
-        out[key] = dict(sorted(Counter(str(getattr(i, key)) for i in items).items()))
+        counts = Counter(str(getattr(i, key)) for i in items)
+        out[key] = {**dict(sorted(counts.items())), **({UNREADABLE: unreadable} if unreadable else {})}
     return out
+
+
+def _row_of(problem: Problem) -> str:
+    """The row a problem is about: its ``where`` without the clip named in parentheses."""
+    return problem.where.split(" (")[0]
+
+
+def _in_file(where: str, path: str) -> bool:
+    """True when ``where`` (``file:line``, ``archive:member`` or a bench folder's JSON file) lies in ``path``."""
+    return where == path or (where.startswith(path) and where[len(path)] in ":/")
 
 
 def run_check(data: GraspDataModule, files: list[str] | None = None, workers: int | None = None, decode: bool = True,
               progress: bool = True) -> dict:
-    """Run every check and return the report ``{"root", "files": {name: {"rows", "bad", counts}},
-    "problems": [Problem as dict], "ok"}`` (see the module docstring for the checks).
+    """Run every check and return the report ``{"root", "files": {name: {"rows", "unreadable", "bad",
+    "problems", "warnings", counts}}, "problems": [Problem as dict], "ok"}`` (see the module docstring for
+    the checks). Per file: ``rows`` every line (bench: item), ``unreadable`` those no reader could parse,
+    ``bad`` the rows with at least one problem (a row is counted once however many it has), ``problems``
+    its problems, and per key (source, category, difficulty, format) the rows by value, the unreadable ones
+    under ``"unreadable"``, so each adds up to ``rows``.
 
     Args:
         data: the run's DataModule (``load_run``): its ``hparams`` (root, train_file, videos, bench,
@@ -293,10 +317,12 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
         else:
             problems.extend(_missing(it, root, stores.get(name)) for _, name, _, it in jobs
                             if not all(media_present(stores.get(name), path) for path in _media(it)))
-    for name, info in report_files.items():
-        prefix = str(root / name)
-        info["bad"] = sum(1 for p in problems if p.where.startswith(prefix))
-        info["warnings"] = sum(1 for p in warnings if p.where.startswith(prefix))
+    for name, info in report_files.items():  # a row with two problems is one bad row; archive members are no rows
+        path = str(root / name)
+        mine = [p for p in problems if _in_file(_row_of(p), path)]
+        info["bad"] = len({_row_of(p) for p in mine if p.check != "archive"})
+        info["problems"] = len(mine)
+        info["warnings"] = sum(1 for p in warnings if _in_file(_row_of(p), path))
     problems.sort(key=lambda p: _sort_key(p.where.split(" (")[0]))
     warnings.sort(key=lambda p: _sort_key(p.where))
     return {"root": str(root), "files": report_files, "problems": [asdict(p) for p in problems],
@@ -353,7 +379,7 @@ def _read_rows(data: GraspDataModule, rel: str, kind: str, store_name: str, is_t
         with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind in ("annotations", "qa")
                                                                                 and bool(item.response)))
         jobs.append((len(jobs), store_name, with_target, item))
-    return {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+    return _counts(result.items, len(result.skipped))
 
 
 def _read_bench_items(bench_path: Path | None, bad_shards: set, jobs: list, problems: list[Problem]) -> dict | None:
@@ -366,7 +392,7 @@ def _read_bench_items(bench_path: Path | None, bad_shards: set, jobs: list, prob
     result = read_bench(bench_path, on_error="skip")
     problems.extend(Problem(k.where, k.reason, k.uid, "format") for k in result.skipped)
     jobs += [(len(jobs) + i, "bench", False, item) for i, item in enumerate(result.items)]
-    return {"rows": len(result.items) + len(result.skipped), **_counts(result.items)}
+    return _counts(result.items, len(result.skipped))
 
 
 def _bench_store(path: Path | None, bad_shards: set, problems: list[Problem]):
@@ -411,11 +437,13 @@ def add_arguments(parser) -> None:
 
 
 def format_report(report: dict) -> str:
-    """The human-readable report: per file its row count, bad count and counts by source, category,
-    difficulty and format; then every problem as ``where: reason [uid]``."""
+    """The human-readable report: per file its row count, its bad rows (rows with at least one problem,
+    the unreadable ones included), its problems, and its rows by source, category, difficulty and format
+    (each adding up to the rows); then every problem as ``where: reason [uid]``."""
     lines = [f"GRASP data check of {report['root']}"]
     for name, info in report["files"].items():
-        lines.append(f"\n{name}: {info['rows']} rows, {info['bad']} bad")
+        unreadable = f" ({info['unreadable']} unreadable)" if info.get("unreadable") else ""
+        lines.append(f"\n{name}: {info['rows']} rows, {info['bad']} bad{unreadable}, {info['problems']} problem(s)")
         for key in ("source", "category", "difficulty", "format"):
             lines.append(f"  {key:<11}" + ", ".join(f"{k} {v}" for k, v in info[key].items()))
     warnings = report.get("warnings", [])

@@ -181,10 +181,8 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
     prompt, suffix = render_texts(processor, item, target, system_prompt, instruction)
     media: dict = {}
     if frames is not None:
-        media.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False)
-        if resize_frames:
-            media["cap_pixels_per_frame"] = True
-        else:
+        media.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False, cap_pixels_per_frame=True)
+        if not resize_frames:
             media["do_resize"] = False
     if image is not None:
         media["images"] = [image]

@@ -27,13 +27,14 @@ from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
 from grasp_lightning.data.qa import decode_image, open_media, read_qa, store_for
 from grasp_lightning.data.readers import reader_for
-from grasp_lightning.data.records import GraspItem
+from grasp_lightning.data.records import DIFFICULTIES, GraspItem
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
-from grasp_lightning.data.video import decode_clip, video_metadata
+from grasp_lightning.data.video import decode_clip, resize_area, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError, is_number
 from grasp_lightning.evaluation.base import EvalSuite
+from grasp_lightning.evaluation.protocol import resolve_resolution
 from grasp_lightning.predictions import item_key
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ class GraspDataset(Dataset):
             :func:`~grasp_lightning.data.prompts.user_text`.
         max_image_pixels: cap on an image's pixels (height × width), applied by the processor
             (generic QA rows with an ``image``).
+        frame_max_tokens: ``None``: frames capped at ``max_pixels`` (ours). An integer: the released
+            training resolution rule instead: frames decoded at their source size, then shrunk (area
+            averaging) to the largest grid of whole tokens (processor patch × merge pixels) holding at
+            most this many tokens per 2-frame temporal patch, aspect kept
+            (:func:`~grasp_lightning.evaluation.protocol.resolve_resolution`), and passed unresized.
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
     e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
@@ -74,8 +80,9 @@ class GraspDataset(Dataset):
     def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
                  max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
                  system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION,
-                 max_image_pixels: int | None = None) -> None:
+                 max_image_pixels: int | None = None, frame_max_tokens: int | None = None) -> None:
         self.items = items
+        self.frame_max_tokens = frame_max_tokens
         self.max_image_pixels = max_image_pixels
         self.store = store
         self.processor = processor
@@ -108,14 +115,27 @@ class GraspDataset(Dataset):
             data = open_media(self.store, item.clip.path, item.origin)
             if self.encoder is not None and target is None and image is None:
                 return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
+            released_size = self.frame_max_tokens is not None
             clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
                                end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
-                               max_pixels=self.max_pixels, where=f"{item.origin} ({item.clip.path})")
+                               max_pixels=None if released_size else self.max_pixels,
+                               where=f"{item.origin} ({item.clip.path})")
             frames, metadata = clip.frames, video_metadata(clip)
+            if released_size:
+                frames = resize_area(frames, self._released_size(*frames.shape[1:3]))
         return encode_example(self.processor, item, frames, metadata, target=target,
                               system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
                               max_target_tokens=self.max_target_tokens, instruction=self.instruction,
-                              image=image, max_image_pixels=self.max_image_pixels)
+                              image=image, max_image_pixels=self.max_image_pixels,
+                              resize_frames=self.frame_max_tokens is None)
+
+    def _released_size(self, height: int, width: int) -> tuple[int, int]:
+        """``(height, width)`` of the released training rule for a ``height x width`` source frame
+        (``socialmllm/utils/input_processing.py:154-173`` via ``qwen3vl.py:114-121``): whole tokens of
+        ``patch_size * merge_size`` pixels, at most ``frame_max_tokens`` per 2-frame temporal patch."""
+        video = self.processor.video_processor
+        unit = int(video.patch_size) * int(video.merge_size)
+        return resolve_resolution(height, width, spatial_patch=unit, max_tokens=self.frame_max_tokens)
 
     def __getitem__(self, index: int) -> Sample:
         valid = index < len(self.items)
@@ -141,7 +161,7 @@ def validate_numbers(**values) -> None:
 
     Raises:
         GraspConfigError: ``data.fps`` not > 0; ``data.max_frames``, ``max_pixels``, ``max_image_pixels``, ``batch_size``,
-            ``val_batch_size`` not integers >= 1; ``max_prompt_tokens``, ``max_target_tokens``,
+            ``val_batch_size`` not integers >= 1; ``max_prompt_tokens``, ``max_target_tokens``, ``frame_max_tokens``,
             ``train_limit``, ``val_limit``, ``predict_limit`` neither ``None`` nor integers >= 1; ``num_workers`` < 0;
             ``max_skip_fraction`` outside [0, 1].
     """
@@ -160,7 +180,8 @@ def validate_numbers(**values) -> None:
     for key in ("max_frames", "max_pixels", "max_image_pixels", "batch_size", "val_batch_size"):
         if key in values:
             positive_int(key)
-    for key in ("max_prompt_tokens", "max_target_tokens", "train_limit", "val_limit", "predict_limit"):
+    for key in ("max_prompt_tokens", "max_target_tokens", "frame_max_tokens", "train_limit", "val_limit",
+                "predict_limit"):
         if key in values:
             positive_int(key, optional=True)
     if "num_workers" in values and not (is_number(values["num_workers"]) and values["num_workers"] >= 0
@@ -195,6 +216,12 @@ class GraspDataModule(L.LightningDataModule):
         max_pixels: cap on pixels per decoded frame (height × width).
         max_image_pixels: cap on pixels per image (height × width) of a generic QA row with an ``image``
             (``docs/data-format.md``), applied by the processor's image resize.
+        frame_max_tokens: ``None`` (ours): decoded frames are capped at ``max_pixels``. An integer:
+            the released GRASP training resolution rule (``resolve_resolution``,
+            ``socialmllm/utils/input_processing.py:154-173``; released value 256, ``arguments.py:29-31``):
+            each frame is shrunk to the largest grid of whole tokens (the processor's patch × merge
+            pixels, 32 for Qwen3-VL) with at most this many tokens per 2-frame temporal patch, aspect
+            kept, and ``max_pixels`` is not used.
         max_prompt_tokens: prompt budget in tokens, video included; longer prompts are refused or
             skipped, never truncated.
         max_target_tokens: SFT target budget in tokens.
@@ -202,6 +229,13 @@ class GraspDataModule(L.LightningDataModule):
         val_batch_size: bench items per device and step.
         num_workers: DataLoader worker processes (decoding happens there).
         seed: base seed of the shuffling (order = f(seed, epoch)).
+        curriculum: SFT easy → medium → hard within each epoch: the training order visits the rows by
+            difficulty (``meta.difficulty`` of ``data_sft.jsonl``/``data_rl.jsonl`` rows, ``difficulty``
+            of annotation and generic QA rows), shuffled by seed and epoch inside each difficulty, and
+            resumes exactly (the order is a function of seed, epoch and the rows; checkpoints record the
+            setting). Every row must carry a difficulty. Source: the released GRASP SFT trainer
+            (``_get_train_sampler`` with ``curriculum=True``, ``socialmllm/utils/train_utils.py:285-298``;
+            ``docs/released-recipe.md``). ``False``: one seeded permutation (the paper's recipe, and GRPO).
         on_bad_item: ``"raise"`` stops at the first unusable row or clip with an error naming it;
             ``"skip"`` counts, logs and writes it to ``skipped.jsonl`` in the run directory.
         max_skip_fraction: with ``"skip"``, stop with an error once more than this fraction of
@@ -228,9 +262,11 @@ class GraspDataModule(L.LightningDataModule):
                  videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str | None = None,
                  processor: str | None = None, trust_remote_code: bool = False, fps: float = 2.0,
                  max_frames: int = 240, max_pixels: int = 448 * 448, max_image_pixels: int = 1024 * 1024,
+                 frame_max_tokens: int | None = None,
                  max_prompt_tokens: int | None = 16384,
                  max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
-                 num_workers: int = 2, seed: int = 0, on_bad_item: str = "raise", max_skip_fraction: float = 0.01,
+                 num_workers: int = 2, seed: int = 0, curriculum: bool = False, on_bad_item: str = "raise",
+                 max_skip_fraction: float = 0.01,
                  system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int | None = None, train_limit: int | None = None,
                  val_limit: int | None = None, eval_suites: list[EvalSuite] | None = None,
                  instruction: str = INSTRUCTION, predict_file: str | None = None,
@@ -244,7 +280,7 @@ class GraspDataModule(L.LightningDataModule):
         if on_bad_item not in ("raise", "skip"):
             raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
         validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                         max_prompt_tokens=max_prompt_tokens,
+                         max_prompt_tokens=max_prompt_tokens, frame_max_tokens=frame_max_tokens,
                          max_target_tokens=max_target_tokens, batch_size=batch_size, val_batch_size=val_batch_size,
                          num_workers=num_workers, max_skip_fraction=max_skip_fraction, train_limit=train_limit,
                          val_limit=val_limit, predict_limit=predict_limit)
@@ -397,7 +433,7 @@ class GraspDataModule(L.LightningDataModule):
                             max_target_tokens=h.max_target_tokens,
                             system_prompt=h.system_prompt if system_prompt is None else system_prompt,
                             skip_bad=h.on_bad_item == "skip", instruction=h.instruction,
-                            max_image_pixels=h.get("max_image_pixels"))
+                            max_image_pixels=h.get("max_image_pixels"), frame_max_tokens=h.get("frame_max_tokens"))
 
     def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
@@ -460,7 +496,7 @@ class GraspDataModule(L.LightningDataModule):
             self._check_rl_answers()
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
-                                   world_size=world, pad="wrap")
+                                   world_size=world, pad="wrap", groups=self._curriculum_groups())
         windowed = self._window > 1 or self._repeat > 1 or self._draws
         per_item = self._window * self._repeat  # micro-batches Lightning sees per sampler item
         batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self._window)
@@ -493,6 +529,24 @@ class GraspDataModule(L.LightningDataModule):
                         micro, self._window, micro % self._window)
         return WindowLoader(loader, self._window, self._repeat, skip=skip, first_window=first, exclude=exclude,
                             on_draw=self._count_drawn)
+
+    def _curriculum_groups(self) -> list[int] | None:
+        """``data.curriculum``: each training row's place in easy → medium → hard (0, 1, 2), else ``None``.
+
+        Raises:
+            GraspDataError: naming the training file and the first row without a difficulty (the
+                released code would count such rows as ``medium``; here the curriculum needs every row's).
+        """
+        if not self.hparams.get("curriculum"):
+            return None
+        missing = [item for item in self.train_items if item.difficulty not in DIFFICULTIES]
+        if missing:
+            raise GraspDataError(missing[0].origin, f"data.curriculum orders rows easy -> medium -> hard, but "
+                                                    f"{len(missing)} of {len(self.train_items)} rows of "
+                                                    f"{self.hparams.train_file} carry no difficulty (a "
+                                                    f"`meta` spec with `difficulty`: easy, medium or hard); "
+                                                    f"add it or set data.curriculum=false")
+        return [DIFFICULTIES.index(item.difficulty) for item in self.train_items]
 
     def _check_rl_answers(self) -> None:
         """GRPO rows need the ``answer`` the accuracy reward compares with (a generic QA row may have
@@ -631,14 +685,26 @@ class GraspDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         """``{"epoch", "consumed", ...}``: micro-batches of the epoch this rank consumed, and the stream
         position and draws of the last consumed window (``stream_index``/``stream_draws``, -1/0 outside
-        window mode; see :func:`~grasp_lightning.data.windows.resume_position`)."""
+        window mode; see :func:`~grasp_lightning.data.windows.resume_position`), and ``curriculum`` (the
+        order's kind, checked on resume)."""
         w = self._last_window
         return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen,
+                "curriculum": bool(self.hparams.get("curriculum")),
                 "samples_skipped": self.samples_skipped,
                 "stream_index": int(w.index) if w is not None else -1, "stream_draws": int(getattr(w, "draws", 0))}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next train loader starts after the consumed batches."""
+        """Resume: the next train loader starts after the consumed batches.
+
+        Raises:
+            GraspConfigError: the checkpoint was written with another ``data.curriculum`` (the consumed
+                count would point into a different order).
+        """
+        saved, now = bool(state.get("curriculum", False)), bool(self.hparams.get("curriculum"))
+        if saved != now:
+            raise GraspConfigError(f"the checkpoint was trained with data.curriculum={str(saved).lower()}, this run "
+                                   f"sets {str(now).lower()}: the rows already consumed belong to the other order; "
+                                   f"resume with data.curriculum={str(saved).lower()}")
         self._resume = (int(state["epoch"]), int(state["consumed"]))
         index = int(state.get("stream_index", -1))
         self._stream = (index, int(state.get("stream_draws", 0))) if index >= 0 else None

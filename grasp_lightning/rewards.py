@@ -397,33 +397,42 @@ def temporal_grounding(completion: str, item: GraspItem, opened_think: bool = Fa
 
 
 def _question_people(item: GraspItem) -> frozenset[int]:
-    """People named in the bare question, by the released pattern (:func:`extract_participants_released`).
+    """People named in the item's ``question_text`` by the released pattern
+    (:func:`extract_participants_released`); nobody when it is ``None`` or empty.
 
-    ``item.question_text`` (the RL meta's ``question_text``, as the released code reads it); when an
-    item has none (``None``; our readers always set one), ``item.question`` minus its options, since
-    options (``"A) Person 0"``) would otherwise leave every option person out of the reward.
+    As the released code: the row's ``meta.question_text``, ``""`` when the meta has none
+    (``socialmllm/utils/train_utils.py:221``, ``socialmllm/train/reasoning/trainer.py:33-37``). The
+    reader keeps ``None`` for a missing one (:attr:`GraspItem.question_text`), so a row without it
+    excludes nobody, as in the released code.
     """
-    if item.question_text is not None:
-        return extract_participants_released(item.question_text)
-    text = item.question
-    for option in item.options:
-        text = text.replace(option, " ")
-    return extract_participants_released(text)
+    return extract_participants_released(item.question_text or "")
+
+
+def _released_event(event) -> tuple[str, set]:
+    """``(modality, persons)`` of an event as the released code reads its JSON: gaze only for a source
+    written exactly ``"gaze"`` (``"Gaze"`` is a gesture there), the persons as written, compared as
+    Python values (a digit string ``"1"`` never equals Person 1). Events built in code (no written
+    form) use :attr:`SocialEvent.source` and :attr:`SocialEvent.persons`."""
+    kind = event.kind or event.source
+    written = event.persons_written if event.persons_written is not None else event.persons
+    return ("gaze" if kind == "gaze" else "gesture"), set(written)
 
 
 @_register("social_grounding_released")
 def social_grounding_released(completion: str, item: GraspItem) -> float:
     """The released-code grounding reward ``0.7 * R + 0.3 * P``, in ``[0, 1]``.
 
-    Mirrors ``compute_grounding_score`` in ``socialmllm/train/reasoning/trainer.py`` of the GRASP
-    repository (github.com/Social-Reaoning/grasp):
+    Mirrors ``compute_grounding_score`` in ``socialmllm/train/reasoning/trainer.py:15-69`` of the GRASP
+    repository (github.com/Social-Reaoning/grasp, commit 805d115), end to end from the row:
 
     - people are read by the pattern ``(?:Person\\s+|\\bP)(\\d+)``
       (:func:`~grasp_lightning.parsing.extract_participants_released`) from all ``<gaze>`` blocks
-      (``named_gaze``) and all ``<gesture>`` blocks (``named_gesture``); people named in the bare
-      question (:func:`_question_people`) are left out of every event and of the named sets;
-    - a gaze event (``source == "gaze"``) is matched against ``named_gaze``, any other event
-      against ``named_gesture``;
+      (``named_gaze``) and all ``<gesture>`` blocks (``named_gesture``); people named in the row's
+      ``question_text`` (:func:`_question_people`; nobody when the row has none) are left out of every
+      event and of the named sets;
+    - an event whose source is written exactly ``"gaze"`` is matched against ``named_gaze``, any other
+      (``"Gaze"`` included) against ``named_gesture``; event persons are compared as written
+      (:func:`_released_event`: a digit-string id matches nobody);
     - ``R`` is the mean, over the events with at least one person left, of
       ``|named_m ∩ event| / |event|``;
     - ``P`` is the mean, over the modalities ``m`` with ground truth (``gt_m``: union of its events'
@@ -441,7 +450,7 @@ def social_grounding_released(completion: str, item: GraspItem) -> float:
     asked = _question_people(item)
     named = {m: extract_participants_released(" ".join(tag_contents(completion, m))) - asked
              for m in ("gaze", "gesture")}
-    events = [("gaze" if e.source == "gaze" else "gesture", set(e.persons) - asked) for e in item.events]
+    events = [(m, people - asked) for m, people in map(_released_event, item.events)]
     gt = {m: set().union(*[p for em, p in events if em == m]) for m in ("gaze", "gesture")}
     if not gt["gaze"] and not gt["gesture"]:
         return 0.0

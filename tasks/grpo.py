@@ -119,6 +119,10 @@ class GRPOTask(Task):
             ``None``: the whole accumulation window in one call (TRL ``generation_batch_size``).
         overlong_buffer: soft overlong penalty over the last this-many tokens of the budget
             (released recipe: 256), ``None`` for none.
+        overlong_buffer_fraction: the same buffer given as a fraction in (0, 1] of
+            ``model.rollout.max_new_tokens`` (rounded down, at least 1 token): ``0.25`` is the released
+            256 of 1,024, and follows a budget shrunk by ``configs/demo.yaml``. Exclusive with
+            ``overlong_buffer``.
         overlong_penalty: the penalty at the budget's end (linear from 0 at the buffer start).
         overlong_mode: ``reward`` (DAPO: added to the reward before the group normalisation, so a group
             where every rollout is equally long gets nothing from it) or ``released`` (released GRASP
@@ -140,7 +144,8 @@ class GRPOTask(Task):
                  advantage: str = "group", advantage_eps: float = 1e-4, advantage_clip: float | None = None,
                  epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
                  loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool | None = None,
-                 overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
+                 overlong_buffer: int | None = None, overlong_buffer_fraction: float | None = None,
+                 overlong_penalty: float = 1.0,
                  share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
                  max_resample: int = 4, rollout_batch_prompts: int | None = None,
                  importance_sampling_cap: float | None = None) -> None:
@@ -163,6 +168,12 @@ class GRPOTask(Task):
         if overlong_mode not in OVERLONG_MODES:
             raise GraspConfigError(f"model.task.init_args.overlong_mode must be one of {OVERLONG_MODES}, "
                                    f"got {overlong_mode!r}")
+        if overlong_buffer is not None and overlong_buffer_fraction is not None:
+            raise GraspConfigError("model.task.init_args: set overlong_buffer (tokens) or overlong_buffer_fraction "
+                                   "(of model.rollout.max_new_tokens), not both")
+        if overlong_buffer_fraction is not None and not 0 < overlong_buffer_fraction <= 1:
+            raise GraspConfigError(f"model.task.init_args.overlong_buffer_fraction must be in (0, 1], "
+                                   f"got {overlong_buffer_fraction}")
         if dynamic_sampling is None:
             dynamic_sampling = "drop" if drop_zero_variance_groups else "off"
         if dynamic_sampling not in DYNAMIC_SAMPLING:
@@ -186,6 +197,7 @@ class GRPOTask(Task):
         self.num_iterations = num_iterations
         self.drop_zero_variance_groups = dynamic_sampling != "off"
         self.overlong_buffer = overlong_buffer
+        self.overlong_buffer_fraction = overlong_buffer_fraction
         self.overlong_penalty = overlong_penalty
         self.overlong_mode = overlong_mode
         self.share_prompt = share_prompt
@@ -223,10 +235,17 @@ class GRPOTask(Task):
         """The rollout settings are read from the context wherever they are used, never copied.
 
         Raises:
-            GraspConfigError: ``model.rollout.num_generations`` < 2.
+            GraspConfigError: ``model.rollout.num_generations`` < 2; an overlong buffer longer than
+                ``model.rollout.max_new_tokens``.
         """
         if rollout_cfg.num_generations < 2:
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
+        buffer = self.overlong_buffer_tokens(rollout_cfg.max_new_tokens)
+        if buffer is not None and not 0 < buffer <= rollout_cfg.max_new_tokens:
+            raise GraspConfigError(f"model.task.init_args.overlong_buffer={buffer} must be in 1 … "
+                                   f"model.rollout.max_new_tokens={rollout_cfg.max_new_tokens} (a budget shrunk by "
+                                   f"an overlay, e.g. configs/demo.yaml, shrinks overlong_buffer_fraction's buffer "
+                                   f"with it)")
 
     @override
     def setup(self, ctx: TaskContext) -> None:
@@ -265,10 +284,18 @@ class GRPOTask(Task):
             adv = adv + penalty
         return rewards, grpo.clip_advantages(adv, self.advantage_clip)
 
+    def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
+        """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
+        ``overlong_buffer_fraction`` of the budget (rounded down, at least 1), or ``None`` (no penalty)."""
+        if self.overlong_buffer_fraction is not None:
+            return max(1, int(self.overlong_buffer_fraction * max_new_tokens))
+        return self.overlong_buffer or None
+
     def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
         budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
-        return grpo.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+        return grpo.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
+                                     self.overlong_penalty)
 
     @torch.no_grad()
     def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
@@ -291,7 +318,7 @@ class GRPOTask(Task):
         terms = compute_rewards(completions.texts, items, self.reward_terms,
                                 opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
         penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
-                   if self.overlong_buffer else None)
+                   if self.overlong_buffer_tokens(cfg.max_new_tokens) else None)
         rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
         zero_var = grpo.zero_variance_groups(rewards, k)
         t2 = time.perf_counter()

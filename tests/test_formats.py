@@ -12,6 +12,7 @@ from grasp_lightning.data.formats import (
     SkipRecord,
     bench_store,
     options_from_text,
+    question_only,
     read_annotations,
     read_bench,
     read_rl,
@@ -110,7 +111,9 @@ def test_rl_row_without_meta_and_dotted_options(tmp_path):
     row = [s for s in rl_row("A", options=dotted) if s["type"] != "meta"]
     item = read_rl(write_jsonl(tmp_path / "data_rl.jsonl", [row]))[0]
     assert item.options == tuple(dotted) and item.answer == "A" and item.events == ()
-    assert item.question_text == "Who does Person 1 point at?" and item.difficulty is None
+    # the reader keeps what the row says: no meta, no question_text (question_only gives the bare question)
+    assert item.question_text is None and item.difficulty is None
+    assert question_only(item) == "Who does Person 1 point at?"
 
 
 @pytest.mark.parametrize("row, needle", [

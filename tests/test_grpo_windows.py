@@ -61,6 +61,30 @@ def test_overlong_penalty_modes_by_hand():
         GRPOTask(overlong_mode="group")
 
 
+def test_overlong_buffer_fraction_follows_the_budget():
+    # 0.25 of the released 1,024-token budget is the released 256-token buffer; of demo.yaml's 32, 8 tokens
+    task = GRPOTask(rewards=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released")
+    assert (task.overlong_buffer_tokens(1024), task.overlong_buffer_tokens(32), task.overlong_buffer_tokens(2)) == \
+        (256, 8, 1)  # rounded down, at least one token
+    # budget 8, fraction 0.5 -> buffer 4: the penalties of the hand-worked case above
+    half = GRPOTask(rewards=["accuracy"], overlong_buffer_fraction=0.5)
+    assert half.overlong(torch.tensor([8, 8, 6, 4]), 8).tolist() == [-1.0, -1.0, -0.5, 0.0]
+    assert GRPOTask(rewards=["accuracy"]).overlong_buffer_tokens(1024) is None
+    with pytest.raises(GraspConfigError, match="not both"):
+        GRPOTask(overlong_buffer=256, overlong_buffer_fraction=0.25)
+    with pytest.raises(GraspConfigError, match=r"overlong_buffer_fraction must be in \(0, 1\]"):
+        GRPOTask(overlong_buffer_fraction=1.5)
+
+
+def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
+    from grasp_lightning.commands.config import config_args, load_run
+
+    # a budget shrunk to 32 tokens (as configs/demo.yaml does): a 256-token buffer cannot fit (the fraction can)
+    with pytest.raises(GraspConfigError, match="overlong_buffer=256 must be in 1 … model.rollout.max_new_tokens=32"):
+        load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"],
+                             {"model.task.init_args.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
+
+
 # ----------------------------------------------------------------------------------- two ranks
 def _free_port() -> int:
     with socket.socket() as s:

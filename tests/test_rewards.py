@@ -177,11 +177,85 @@ def test_released_variant_ignores_untagged_people_and_empty_cases() -> None:
     assert REWARDS["social_grounding_released"](think("<gaze>Person 0</gaze>"), asked) == 0.0
 
 
-def test_released_variant_falls_back_to_question_without_options() -> None:
-    # question_text None: the question minus its options names Person 3 only; options name 0, 1, 2.
+def test_released_variant_without_question_text_excludes_nobody() -> None:
+    # question_text None (a row whose meta has none): the released code reads "" and leaves nobody out,
+    # though the question names Person 3. gt {1, 3}; named {1}: R = 1/2, P = 1 -> 0.35 + 0.3 = 0.65
     item = make_item(events=(("gaze", (1, 3)),), question_text=None)
-    # gt {1, 3} - {3} = {1}; pred {1, 3} - {3} = {1} -> R = P = 1 -> 1.0
-    assert REWARDS["social_grounding_released"](think("<gaze>P1 and P3</gaze>"), item) == pytest.approx(1.0)
+    assert REWARDS["social_grounding_released"](think("<gaze>P1</gaze>"), item) == pytest.approx(0.65)
+
+
+# --- the released variant through our reader (data_rl.jsonl rows) --------------------------------
+# The row (tests/data_fixtures.py rl_row): "Who does Person 1 point at?" with options Person 0/2/4.
+# Expected values are compute_grounding_score (socialmllm/train/reasoning/trainer.py:15-69) worked by hand
+# on the row's JSON: question_text from the meta ("" when missing, train_utils.py:221), sources compared
+# with "gaze" exactly, persons as written.
+QUESTION = "Who does Person 1 point at?"
+
+
+def _read_rl_row(tmp_path, events: list[dict], **meta) -> GraspItem:
+    from grasp_lightning.data.formats import read_rl
+    from tests.data_fixtures import rl_row, write_jsonl
+
+    row = rl_row(meta={"type": "meta", "difficulty": "easy", "gt_events": events, **meta})
+    return read_rl(write_jsonl(tmp_path / "data_rl.jsonl", [row]))[0]
+
+
+def test_released_variant_through_the_reader_without_question_text(tmp_path) -> None:
+    events = [{"source": "gaze", "persons": [0, 3]}, {"source": "pointing", "persons": [1, 2]}]
+    item = _read_rl_row(tmp_path, events)  # no question_text in the meta
+    assert item.question_text is None
+    text = think("<gaze>Person 0</gaze><gesture>Person 2</gesture>")
+    # released, question_text "": nobody left out. R = mean(gaze {0,3}: 1/2, pointing {1,2}: 1/2) = 1/2;
+    # P = mean(gaze {0}/{0} = 1, gesture {2}/{2} = 1) = 1 -> 0.35 + 0.3 = 0.65. (Leaving out Person 1, named in
+    # the bare question, as the reader used to: R = (1/2 + 1) / 2 -> 0.825.)
+    assert REWARDS["social_grounding_released"](text, item) == pytest.approx(0.65, abs=1e-12)
+    with_question = _read_rl_row(tmp_path, events, question_text=QUESTION)
+    assert REWARDS["social_grounding_released"](text, with_question) == pytest.approx(0.825, abs=1e-12)
+    # an empty question_text is kept as written and excludes nobody either
+    empty = _read_rl_row(tmp_path, events, question_text="")
+    assert empty.question_text == "" and REWARDS["social_grounding_released"](text, empty) == pytest.approx(0.65)
+    # the paper's reward never reads question_text: the same with or without it (reasoning names {0, 2}, gt
+    # {0, 1, 2, 3}: P = 1, R = 1/2 -> 1.5)
+    for row in (item, with_question, empty):
+        assert REWARDS["social_grounding"](text, row) == pytest.approx(1.5)
+
+
+def test_released_variant_through_the_reader_gaze_spelling(tmp_path) -> None:
+    item = _read_rl_row(tmp_path, [{"source": "Gaze", "persons": [0, 3]}], question_text=QUESTION)
+    assert item.events[0].source == "gaze" and item.events[0].kind == "Gaze"  # ours: gaze
+    # released: "Gaze" != "gaze", a gesture event {0, 3}: named gesture {0, 3} -> R = 1, P = 1 -> 1.0
+    assert REWARDS["social_grounding_released"](think("<gesture>Person 0 and Person 3</gesture>"), item) == 1.0
+    # and the same people under <gaze> find nothing: R = 0; gaze named without gaze ground truth is not in P -> 0
+    assert REWARDS["social_grounding_released"](think("<gaze>Person 0 and Person 3</gaze>"), item) == 0.0
+    # " gaze " (spaces) is not "gaze" for the released code either
+    spaced = _read_rl_row(tmp_path, [{"source": " gaze ", "persons": [0]}], question_text=QUESTION)
+    assert spaced.events[0].source == "gaze"
+    assert REWARDS["social_grounding_released"](think("<gesture>Person 0</gesture>"), spaced) == 1.0
+
+
+def test_released_variant_through_the_reader_digit_string_ids(tmp_path) -> None:
+    item = _read_rl_row(tmp_path, [{"source": "gaze", "persons": ["0", 3]}], question_text=QUESTION)
+    assert item.events[0].persons == (0, 3) and item.participants == {0, 3}  # ours: "0" is Person 0
+    text = think("<gaze>Person 0 and Person 3</gaze>")
+    # released: the event is {"0", 3}; named gaze {0, 3}: R = |{3}| / 2 = 1/2, P = |{3}| / 2 = 1/2 -> 0.5
+    assert REWARDS["social_grounding_released"](text, item) == pytest.approx(0.5, abs=1e-12)
+    # a digit string is never left out as a question person either: question names Person 1, event {"1"}
+    asked = _read_rl_row(tmp_path, [{"source": "gaze", "persons": ["1"]}], question_text=QUESTION)
+    # released: {"1"} - {1} = {"1"}, gt {"1"}; named gaze {1} - {1} = {} -> R = 0, no P -> 0.0 (not "nobody left")
+    assert REWARDS["social_grounding_released"](think("<gaze>Person 1</gaze>"), asked) == 0.0
+    # an integral float is that person for Python's sets, hence for the released code: {0.0} & {0} = {0}
+    floats = _read_rl_row(tmp_path, [{"source": "gaze", "persons": [0.0]}], question_text=QUESTION)
+    assert REWARDS["social_grounding_released"](think("<gaze>P0</gaze>"), floats) == 1.0
+
+
+@pytest.mark.parametrize("event", [{"source": "gaze"}, {"source": "gaze", "persons": [True]}])
+def test_rows_the_released_code_scores_are_refused_by_the_reader(tmp_path, event) -> None:
+    # Ours: an event without persons and a `true` person are data errors naming the line (the released code
+    # scores them: an empty event; True as Person 1). docs/released-recipe.md.
+    from grasp_lightning.errors import GraspFormatError
+
+    with pytest.raises(GraspFormatError, match="data_rl.jsonl:1"):
+        _read_rl_row(tmp_path, [event], question_text=QUESTION)
 
 
 # --- accuracy, format, presence ------------------------------------------------------------------

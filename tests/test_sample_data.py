@@ -154,7 +154,8 @@ def test_sft_rows(out: Path) -> None:
     assert any(row[0]["type"] != "video" for row in rows), "no row with another spec order"
     for row, note in zip(rows, notes):
         video, user, target, meta = _specs(row)
-        assert meta is None and video["path"] == note["video"] and target == note["response"]
+        assert meta == {"type": "meta", "difficulty": note["difficulty"]}  # the SFT curriculum's key
+        assert video["path"] == note["video"] and target == note["response"]
         assert user.startswith(note["question"] + "\n") and "<gaze>" in user and "<answer>" in user
         answer = RESPONSE_RE.match(target).group("answer")
         if note["format"] == "mcq":

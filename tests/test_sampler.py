@@ -119,3 +119,83 @@ def test_batch_sampler_resume_leaves_out_drawn_windows():
     assert list(batches) == [full[2], *full[5:]] == [[4, 5], [10, 11], [12, 13], [14, 15]]
     batches.set_epoch(1)  # the next epoch is whole again
     assert list(batches) == full
+
+
+# ------------------------------------------------------------------------------- curriculum (data.curriculum)
+def test_curriculum_visits_groups_in_order_shuffled_inside_each():
+    groups = [2, 0, 1, 0, 2, 1, 0, 2, 1, 0]
+    plain = ResumableSampler(10, seed=5).order()
+    order = ResumableSampler(10, seed=5, groups=groups).order()
+    assert [groups[i] for i in order] == sorted(groups)  # easy, then medium, then hard
+    # inside a group, the order of the plain seeded permutation (the shuffle is the same, grouped stably)
+    for g in (0, 1, 2):
+        assert [i for i in order if groups[i] == g] == [i for i in plain if groups[i] == g]
+    later = ResumableSampler(10, seed=5, groups=groups)
+    later.set_epoch(1)
+    assert later.order() != order and [groups[i] for i in later.order()] == sorted(groups)
+    # two ranks over 9 items: each sees the lower groups first; rank 1's last position is the padding, which
+    # wraps to the first item of the order (an easy one)
+    nine = ResumableSampler(9, seed=5, groups=groups[:9]).order()
+    rank0, rank1 = (list(ResumableSampler(9, seed=5, groups=groups[:9], rank=r, world_size=2)) for r in range(2))
+    assert rank0 == nine[0::2] and rank1 == nine[1::2] + [nine[0]]
+    assert [groups[i] for i in rank0] == sorted(groups[i] for i in rank0)
+    assert [groups[i] for i in rank1[:-1]] == sorted(groups[i] for i in rank1[:-1])
+    with pytest.raises(ValueError, match="groups has 3 entries for 10 items"):
+        ResumableSampler(10, groups=[0, 1, 2])
+
+
+def test_curriculum_resumes_exactly_after_consumed_batches():
+    groups = [2, 0, 1, 0, 2, 1, 0]
+    full = list(ResumableBatchSampler(ResumableSampler(7, seed=1, groups=groups), batch_size=2))
+    resumed = ResumableBatchSampler(ResumableSampler(7, seed=1, groups=groups), batch_size=2)
+    resumed.set_start(0, 2)
+    assert list(resumed) == full[2:]
+
+
+def _curriculum_dm(root, **kwargs):
+    from grasp_lightning.datamodule import GraspDataModule
+
+    from .conftest import TINY
+
+    dm = GraspDataModule(root=str(root), train_file="train/data_sft.jsonl", bench=None, processor=str(TINY),
+                         curriculum=True, num_workers=0, batch_size=2, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
+    from grasp_lightning.data.records import DIFFICULTIES
+
+    from .conftest import SAMPLE
+
+    dm = _curriculum_dm(SAMPLE)
+    batches = list(dm.train_dataloader().batch_sampler)
+    rank = [DIFFICULTIES.index(dm.train_items[i].difficulty) for i in sum(batches, [])]
+    assert rank == sorted(rank) and len(set(rank)) == 3 and len(rank) == 24  # easy -> medium -> hard, every row
+    dm._consumed = 5  # five micro-batches consumed in epoch 0: the checkpoint records them with the setting
+    state = dm.state_dict()
+    assert state["curriculum"] is True
+    resumed = _curriculum_dm(SAMPLE)
+    resumed.load_state_dict(state)
+    assert list(resumed.train_dataloader().batch_sampler) == batches[5:]
+    from grasp_lightning.datamodule import GraspDataModule
+    from grasp_lightning.errors import GraspConfigError
+
+    with pytest.raises(GraspConfigError, match="resume with data.curriculum=true"):  # the other order: refused
+        GraspDataModule(bench=None, curriculum=False).load_state_dict(state)
+
+
+def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_path):
+    from grasp_lightning.errors import GraspDataError
+
+    from .conftest import SAMPLE
+    from .data_fixtures import sft_row, write_jsonl
+
+    write_jsonl(tmp_path / "train" / "data_sft.jsonl", [sft_row(), sft_row()])  # no meta spec
+    (tmp_path / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")
+    dm = _curriculum_dm(tmp_path)
+    with pytest.raises(GraspDataError) as err:
+        dm.train_dataloader()
+    assert err.value.where == f"{tmp_path / 'train' / 'data_sft.jsonl'}:1"
+    assert "2 of 2 rows of train/data_sft.jsonl carry no difficulty" in err.value.reason
+    assert "data.curriculum=false" in str(err.value)

@@ -223,6 +223,13 @@ def _person_id(p: Any) -> int | None:
 def parse_events(raw: Any, where: str) -> tuple[SocialEvent, ...]:
     """``[{"source": "gaze", "persons": [0, 3]}, ...]`` -> events; any non-gaze source is a gesture.
 
+    ``"gaze"`` is matched ignoring case and spaces (``"Gaze"`` is gaze here) and a digit-string person
+    id is that person (ours); each event also keeps its source and persons exactly as written
+    (:attr:`SocialEvent.kind`, :attr:`SocialEvent.persons_written`), which the released-code reward
+    variant reads as the released code does. An event without ``persons``, or with a person that is not
+    an id (``true``, ``-1``, ``"P1"``), is refused, where the released code scores it (an empty event;
+    ``true`` as Person 1): ``docs/released-recipe.md``.
+
     An event may also give its time as ``"start_seconds"`` and ``"end_seconds"`` (seconds from the
     clip start; both or neither): it then gets ``span=(start, end)``, else ``span=None``.
 
@@ -242,9 +249,9 @@ def parse_events(raw: Any, where: str) -> tuple[SocialEvent, ...]:
         persons = tuple(_person_id(p) for p in ev["persons"])
         if any(p is None for p in persons):
             raise GraspFormatError(where, f"event persons must be non-negative integer ids, got {ev['persons']!r}")
-        kind = ev["source"].strip()
-        events.append(SocialEvent("gaze" if kind.lower() == "gaze" else "gesture", persons, kind,
-                                  span=_event_span(ev, n, where)))
+        kind = ev["source"]
+        events.append(SocialEvent("gaze" if kind.strip().lower() == "gaze" else "gesture", persons, kind,
+                                  span=_event_span(ev, n, where), persons_written=tuple(ev["persons"])))
     return tuple(events)
 
 
@@ -415,7 +422,7 @@ def _spec_row(row: Any, where: str, uid: str, rl: bool) -> GraspItem:
         category=normalise_category(category, where) if category is not None else None,
         difficulty=parse_difficulty(meta.get("difficulty"), where), format="mcq" if options else "open_ended",
         source=_source_of(videos[0].get("path")), events=parse_events(meta.get("gt_events"), where),
-        question_text=text_field(meta, "question_text", where, required=False) or _bare_question(question),
+        question_text=text_field(meta, "question_text", where, required=False),
     )
 
 
@@ -446,6 +453,12 @@ def options_from_text(text: str) -> tuple[str, ...]:
         elif options and line.strip():
             break
     return tuple(options)
+
+
+def question_only(item: GraspItem) -> str:
+    """The item's question without options: its ``question_text`` when non-empty, else its user text
+    up to the first option line (a data_sft/data_rl row whose meta gives no ``question_text``)."""
+    return item.question_text or _bare_question(item.question)
 
 
 def _bare_question(text: str) -> str:

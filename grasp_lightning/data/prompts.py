@@ -149,7 +149,7 @@ class EncodedExample:
 def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *, target: str | None,
                    system_prompt: str = DEFAULT_SYSTEM_PROMPT, max_prompt_tokens: int | None = None,
                    max_target_tokens: int | None = None, instruction: str = INSTRUCTION, image: np.ndarray | None = None,
-                   max_image_pixels: int | None = None) -> EncodedExample:
+                   max_image_pixels: int | None = None, resize_frames: bool = True) -> EncodedExample:
     """Encode one example: prompt with video and/or image through the processor, target tokens appended.
 
     Args:
@@ -170,6 +170,9 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
             ``max_pixels`` for this call (``images_kwargs={"size": {"longest_edge": ...}}`` of the
             Qwen2-VL/Qwen3-VL image processor, whose ``size`` bounds the total pixels); ``None``: the
             processor's own cap.
+        resize_frames: let the video processor resize the frames (its pixel bounds, per-frame cap);
+            ``False``: the frames are already sized to whole tokens (``data.frame_max_tokens``, the
+            released rule) and go in as they are (``do_resize=False``, as the released code passes them).
 
     Raises:
         TokenBudgetError: the prompt or target is over its budget. A multimodal prompt is never
@@ -179,6 +182,8 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
     media: dict = {}
     if frames is not None:
         media.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False, cap_pixels_per_frame=True)
+        if not resize_frames:
+            media["do_resize"] = False
     if image is not None:
         media["images"] = [image]
         if max_image_pixels is not None:

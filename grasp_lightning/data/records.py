@@ -65,7 +65,9 @@ class SocialEvent:
         source: ``"gaze"`` or ``"gesture"``; any source other than gaze is a gesture event
             (``docs/data-format.md``, data_rl.jsonl).
         persons: 0-based person ids taking part, in the order given by the data.
-        kind: the source string as written in the data (e.g. ``"pointing"``), for reports.
+        kind: the source string exactly as written in the data (e.g. ``"pointing"``, ``"Gaze"``), for
+            reports and for the released-code reward variant, which calls only ``"gaze"`` gaze; ``""``
+            for an event built in code (then :attr:`source` stands for it).
         span: ``(start, end)`` seconds from the clip start when the data gives the event's time
             (optional keys ``start_seconds``/``end_seconds``; ``0 <= start < end``), else ``None``.
             Read by the ``temporal_grounding`` reward (:mod:`grasp_lightning.rewards`).
@@ -75,6 +77,11 @@ class SocialEvent:
     persons: tuple[int, ...]
     kind: str = ""
     span: tuple[float, float] | None = None
+    #: The ``persons`` list exactly as written in the data (ints, or the digit strings and integral
+    #: floats the reader tolerates), ``None`` for an event built in code; not part of equality. Read
+    #: only by the released-code reward variant, which compares ids as Python values (a digit string
+    #: ``"1"`` is never Person 1 there). See ``docs/released-recipe.md``.
+    persons_written: tuple | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -116,8 +123,11 @@ class GraspItem:
         format: ``"mcq"`` or ``"open_ended"``.
         source: the source dataset (``social_gesture``, ``werewolf``, ...) or ``None``.
         events: ground-truth social events (RL rows, bench items that carry them).
-        question_text: the bare question without options (RL meta), used by the released-code
-            reward variant to leave out people named in the question.
+        question_text: the bare question as the row gives it: ``meta.question_text`` of RL/SFT rows
+            (``None`` when the meta has none, ``""`` when it is empty: the reader keeps what the row
+            says), the ``question`` of annotation, bench and generic QA rows. The released-code reward
+            variant leaves out the people it names (none when it is ``None`` or empty, as the released
+            code); :func:`grasp_lightning.data.formats.question_only` gives a prompt's bare question.
         reasoning: reference reasoning of a bench item, if any.
         time_range: ``(start, end)`` seconds from the clip start the question is about, if any.
         image: path of an image shown before the clip (or alone), ``None`` for none; generic QA rows

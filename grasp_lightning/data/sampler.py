@@ -1,7 +1,8 @@
 """A deterministic, resumable sampler split across distributed ranks.
 
-Order: a permutation seeded by ``seed + epoch`` (or the identity), the same on every rank; rank
-``r`` of ``W`` takes positions ``r, r + W, ...``. Resuming sets the number of this rank's samples
+Order: a permutation seeded by ``seed + epoch`` (or the identity), the same on every rank; with
+``groups`` (a curriculum: 0 easy, 1 medium, 2 hard), the items of group 0 first, then group 1, ...,
+each group permuted by that seed. Rank ``r`` of ``W`` takes positions ``r, r + W, ...``. Resuming sets the number of this rank's samples
 already consumed in the epoch, and iteration continues with the next unseen one — the property
 tested by the resume tests. Mirrors ``torch.utils.data.DistributedSampler``'s split and padding.
 """
@@ -27,14 +28,21 @@ class ResumableSampler(Sampler[int]):
             order (training, as ``DistributedSampler``); ``"mark"`` yields ``N + k`` for padding
             positions, which the dataset turns into rows with ``valid=False`` that are never
             scored (evaluation).
+        groups: one integer per item (length ``N``), or ``None``: the epoch's order visits the groups in
+            increasing order, shuffled within each group (with ``shuffle``), so every rank sees the lower
+            groups first. The SFT curriculum passes 0/1/2 for easy/medium/hard (released GRASP
+            ``LengthGroupedSampler``, ``socialmllm/utils/data_processing.py:36-50``, without its length
+            grouping).
 
     Every rank yields ``ceil(N / W)`` indices per epoch, minus ``start``.
     """
 
     def __init__(self, num_items: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pad: str = "wrap") -> None:
+                 world_size: int = 1, pad: str = "wrap", groups: list[int] | None = None) -> None:
         if pad not in ("wrap", "mark"):
             raise ValueError(f"pad must be 'wrap' or 'mark', got {pad!r}")
+        if groups is not None and len(groups) != num_items:
+            raise ValueError(f"groups has {len(groups)} entries for {num_items} items")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
         self.num_items = num_items
@@ -43,6 +51,7 @@ class ResumableSampler(Sampler[int]):
         self.rank = rank
         self.world_size = world_size
         self.pad = pad
+        self.groups = list(groups) if groups is not None else None
         self.epoch = 0
         self.start = 0
 
@@ -69,6 +78,8 @@ class ResumableSampler(Sampler[int]):
             order = torch.randperm(self.num_items, generator=g).tolist()
         else:
             order = list(range(self.num_items))
+        if self.groups is not None:  # stable: the permutation's order inside each group
+            order.sort(key=self.groups.__getitem__)
         missing = self.per_rank * self.world_size - self.num_items
         if self.pad == "wrap":
             order += (order * (missing // max(1, len(order)) + 1))[:missing]

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from grasp_lightning.data.formats import question_only
 from grasp_lightning.data.prompts import EncodedExample
 from grasp_lightning.data.records import DIFFICULTIES, GROUPS, GraspItem
 from grasp_lightning.errors import GraspConfigError, TokenBudgetError
@@ -84,7 +85,7 @@ def compose_prompt(question: str, options: Sequence[str], reasoning: bool = True
 def released_messages(item: GraspItem, reasoning: bool = True) -> list[dict]:
     """Chat messages of the released evaluation: the system turn (reasoning mode), then the user
     turn with the video first and :func:`compose_prompt` of the item's bare question and options."""
-    question = item.question_text if item.question_text is not None else item.question
+    question = question_only(item)
     messages: list[dict] = []
     if reasoning:
         messages.append({"role": "system", "content": [{"type": "text", "text": RELEASED_SYSTEM_PROMPT}]})

@@ -70,9 +70,9 @@ def run_key() -> str:
     """What names a run's folder: the same on every rank of one launch and for a requeued job.
 
     ``GRASP_RUN_ID`` if set; else SLURM's job (and step) id, which a requeued job keeps; else
-    ``torchrun``'s ``TORCHELASTIC_RUN_ID``; else the rendezvous address ``MASTER_ADDR:MASTER_PORT``
-    (Lightning's and torchrun's launchers set it for every rank); else this process alone (its pid and
-    a counter, one folder per engine).
+    ``torchrun``'s ``TORCHELASTIC_RUN_ID``; else, with more than one rank, the rendezvous address
+    ``MASTER_ADDR:MASTER_PORT`` (Lightning's and torchrun's launchers set it for every rank); else this
+    process alone (its pid and a counter, one folder per engine). No collective is used.
     """
     global _ENGINES
     env = os.environ
@@ -82,10 +82,15 @@ def run_key() -> str:
         return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"
     if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return f"elastic:{env['TORCHELASTIC_RUN_ID']}"
-    if env.get("MASTER_PORT") and int(env.get("WORLD_SIZE", "1")) > 1:
+    if env.get("MASTER_PORT") and max(int(env.get("WORLD_SIZE", "1")), _world_size()) > 1:
         return f"rdzv:{env.get('MASTER_ADDR', '')}:{env['MASTER_PORT']}"
     _ENGINES += 1
     return f"pid:{os.getpid()}.{_ENGINES}"
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def folder_name(key: str, host: str | None = None) -> str:

@@ -187,20 +187,33 @@ def test_weight_file_written_tensor_by_tensor_reads_back_as_the_policy_state(tmp
         assert _mode(tmp_path / "m.safetensors") == 0o600
 
 
-def test_sync_folder_is_named_per_run_private_and_written_once_per_version(tmp_path):
+def test_sync_folder_is_named_per_run_private_and_written_once_per_version(tmp_path, monkeypatch):
+    import threading
+    import time
+
     from grasp_lightning.engines.vllm import language_model_entries
     from grasp_lightning.engines.weight_sync import SyncFolder, folder_name
 
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     entries = language_model_entries(_tiny_policy())
     a, b = SyncFolder(tmp_path, rank=0, key="job-7"), SyncFolder(tmp_path, rank=1, key="job-7")
     assert a.path == b.path == tmp_path / folder_name("job-7") and a.path.name.startswith("grasp-vllm-")
     assert _mode(a.path) == 0o700 and _mode(a.path / "lock") == 0o600
-    assert a.publish(1, entries, torch.float32) and not b.publish(1, entries, torch.float32)  # rank 1 only loads
+    assert a.first_local_rank  # no LOCAL_RANK: the writer
+    b.first_local_rank, b.writer_wait_s = False, 30.0  # LOCAL_RANK 1
+    waiting = threading.Thread(target=lambda: results.append(b.publish(1, entries, torch.float32)))
+    results: list[bool] = []
+    waiting.start()  # rank 1 needs version 1 first: it waits for the writer
+    time.sleep(0.3)
+    assert results == [] and a.publish(1, entries, torch.float32)
+    waiting.join(timeout=30)
+    assert results == [False]  # rank 1 only loads
     file = a.weights_dir / "model.safetensors"
     inode = file.stat().st_ino
     assert _mode(file) == 0o600 and _mode(a.weights_dir) == 0o700 and _mode(a.path / "weights.json") == 0o600
     assert not b.publish(1, entries, torch.float32) and file.stat().st_ino == inode
-    assert b.publish(2, entries, torch.float32) and not a.publish(2, entries, torch.float32)  # whoever comes first
+    b.writer_wait_s = 0.2  # the writer sampled nothing this step (its window skipped): after the wait, rank 1 writes
+    assert b.publish(2, entries, torch.float32) and not a.publish(2, entries, torch.float32)
     assert (a.writes, b.writes) == (1, 1) and [p.name for p in a.weights_dir.iterdir()] == ["model.safetensors"]
     path, metas = a.write_embeddings([torch.ones(3, 5)])
     assert _mode(path) == 0o600 and path.parent == a.path

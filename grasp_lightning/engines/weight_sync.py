@@ -6,10 +6,10 @@ that node:
 
 * ``weights/model.safetensors``: the language model at one policy version, written **once per node**
   per optimizer step. Under DDP and ZeRO-2 every rank holds the same weights after a step, so the
-  first rank of the node that needs version ``v`` writes it while holding ``write.lock`` (``flock``);
-  the others wait on that lock, find ``weights.json`` already at ``v`` and have their servers load
-  the same file. No collective is used, so a rank that samples nothing in a window (all its clips
-  skipped) never leaves the others waiting. The previous version is unlinked before the next is
+  node's first local rank writes version ``v`` while holding ``write.lock`` (``flock``) and then
+  ``weights.json``; the others wait for that marker and have their servers load the same file
+  (:meth:`SyncFolder.publish`). No collective is used, and a rank that samples nothing in a window
+  (all its clips skipped) never leaves the others waiting: past a bounded wait they write it. The previous version is unlinked before the next is
   written (the servers have loaded it already), and tensors are written one at a time
   (:func:`write_safetensors`), so a node holds one copy of the weights, not one per rank plus a
   staging copy.
@@ -222,6 +222,11 @@ def write_safetensors(path: Path, entries: list[Entry], dtype: torch.dtype) -> i
 class SyncFolder:
     """The run's folder on this node (see the module docstring): opened by each rank's engine.
 
+    Attributes:
+        first_local_rank: this rank writes the node's weight files (``LOCAL_RANK`` is 0 or unset).
+        writer_wait_s: how long another rank waits for that writer before writing itself (seconds).
+        writes: weight files this rank wrote.
+
     Args:
         root: ``model.rollout.vllm.weight_sync_dir`` (``None``: :func:`default_root`).
         rank: the trainer rank (names its embedding files).
@@ -237,6 +242,8 @@ class SyncFolder:
         self.rank = rank
         self.path = self.root / folder_name(key or run_key())
         self.writes = 0  # weight files this rank wrote
+        self.first_local_rank = os.environ.get("LOCAL_RANK", "0") == "0"  # the node's writer
+        self.writer_wait_s = 60.0  # how long the others wait for it before writing themselves
         self._requests = 0
         self._lock_fd: int | None = None
         self._open()
@@ -298,31 +305,44 @@ class SyncFolder:
                 f"with room (a local disk works; /dev/shm is faster), or enlarge it (docker run --shm-size)")
         return need
 
+    def _marker_version(self) -> int | None:
+        try:
+            return json.loads((self.path / "weights.json").read_text()).get("version")
+        except (FileNotFoundError, ValueError):
+            return None
+
     def publish(self, version: int, entries: list[Entry], dtype: torch.dtype) -> bool:
-        """Make ``weights/model.safetensors`` hold policy version ``version``: written by this rank unless
-        another rank of the node already wrote that version; waits while another writes.
+        """Make ``weights/model.safetensors`` hold policy version ``version``, written once per node.
+
+        The node's first local rank (``LOCAL_RANK`` 0, or no ``LOCAL_RANK``) writes it. The others wait
+        for it up to :attr:`writer_wait_s` seconds (and as long as it holds the write lock), then load
+        its file; past that, with no writer in sight (its rank sampled nothing this step: every clip of
+        its window skipped), the first of them to need the version writes it. So no rank ever waits on
+        one that will not come, and no collective is needed.
 
         Returns:
             ``True`` when this rank wrote the file.
         """
+        if not self.first_local_rank:
+            deadline = time.monotonic() + self.writer_wait_s
+            while self._marker_version() != version and time.monotonic() < deadline:
+                time.sleep(0.05)
         fd = _open_private(self.path / "write.lock")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another rank writes
+            if self._marker_version() == version:
+                return False
             marker = self.path / "weights.json"
-            try:
-                if json.loads(marker.read_text()).get("version") == version:
-                    return False
-            except (FileNotFoundError, ValueError):
-                pass
             marker.unlink(missing_ok=True)
             self.weights_dir.mkdir(mode=0o700, exist_ok=True)
             (self.weights_dir / FILE).unlink(missing_ok=True)  # every server loaded it: one copy, not two
             tmp = self.weights_dir / (FILE + ".tmp")
             size = write_safetensors(tmp, entries, dtype)
             os.replace(tmp, self.weights_dir / FILE)
-            mfd = _open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            mfd = _open_private(self.path / "weights.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             with os.fdopen(mfd, "w") as f:
                 json.dump({"version": version, "bytes": size, "rank": self.rank}, f)
+            os.replace(self.path / "weights.json.tmp", marker)  # readers see the whole marker or none
             self.writes += 1
             return True
         finally:

@@ -366,3 +366,27 @@ def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_pa
                                                r"model.rollout.vllm.weight_sync_dir to a directory with room"):
         run_cli(args, tmp_path / "run")
     assert started == [] and not list((tmp_path / "run").rglob("*.ckpt"))
+
+
+def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from grasp_lightning.engines import weight_sync
+    from grasp_lightning.engines.weight_sync import Entry, SyncFolder
+    from grasp_lightning.errors import GraspConfigError
+
+    folder = SyncFolder(tmp_path, rank=0, key="full")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video embeddings "
+                                               r"\(64 bytes\).*model.rollout.vllm.weight_sync_dir"):
+        folder.write_embeddings([torch.ones(4, 4)])
+    monkeypatch.setattr(weight_sync, "write_safetensors", full)
+    with pytest.raises(GraspConfigError, match="no space left in .* for the weights"):
+        folder.publish(1, [Entry("w", (2,), lambda: torch.ones(2))], torch.float32)
+    assert sorted(p.name for p in folder.path.rglob("*")) == ["lock", "weights", "write.lock"]  # nothing half-written
+    folder.close()

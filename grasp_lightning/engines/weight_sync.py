@@ -337,7 +337,12 @@ class SyncFolder:
             self.weights_dir.mkdir(mode=0o700, exist_ok=True)
             (self.weights_dir / FILE).unlink(missing_ok=True)  # every server loaded it: one copy, not two
             tmp = self.weights_dir / (FILE + ".tmp")
-            size = write_safetensors(tmp, entries, dtype)
+            try:
+                size = write_safetensors(tmp, entries, dtype)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                self._raise_if_full(e, "the weights")
+                raise
             os.replace(tmp, self.weights_dir / FILE)
             mfd = _open_private(self.path / "weights.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             with os.fdopen(mfd, "w") as f:
@@ -367,15 +372,29 @@ class SyncFolder:
             offset += -(-t.numel() * t.element_size() // 64) * 64
         fd = _open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
-            os.ftruncate(fd, max(offset, 1))
+            os.posix_fallocate(fd, 0, max(offset, 1))  # ENOSPC here, not a SIGBUS while copying into the mapping
+            mapped = torch.from_file(str(path), shared=True, size=max(offset, 1), dtype=torch.uint8)
+            for t, m in zip(tensors, metas):
+                n = t.numel() * t.element_size()
+                mapped[m["offset"]:m["offset"] + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+            del mapped
+            os.fsync(fd)  # a server on another node reads it through a shared filesystem (a no-op on tmpfs)
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            self._raise_if_full(e, f"one request's video embeddings ({offset} bytes)")
+            raise
         finally:
             os.close(fd)
-        mapped = torch.from_file(str(path), shared=True, size=max(offset, 1), dtype=torch.uint8)
-        for t, m in zip(tensors, metas):
-            n = t.numel() * t.element_size()
-            mapped[m["offset"]:m["offset"] + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-        del mapped
         return path, metas
+
+    def _raise_if_full(self, e: OSError, what: str) -> None:
+        """Raise a full filesystem (``ENOSPC``) as a :class:`GraspConfigError` naming the folder and the setting."""
+        import errno
+
+        if e.errno == errno.ENOSPC:
+            raise GraspConfigError(f"vLLM engine: no space left in {self.path} for {what} "
+                                   f"({_human(shutil.disk_usage(self.path).free)} free); set "
+                                   f"model.rollout.vllm.weight_sync_dir to a directory with room") from e
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:

@@ -13,8 +13,8 @@ What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding 
   Qwen3-VL vision tower returns them. They are written once to a file of the run's folder
   (:meth:`~grasp_lightning.engines.weight_sync.SyncFolder.write_embeddings`), which the server maps
   (``torch.from_file``): one copy from the trainer's tensor to the file, none on the way to vLLM,
-  against six through the socket when they were pickled (``tobytes``, the pickle, two receive buffers,
-  the unpickled ``bytes``, a ``bytearray``). vLLM never runs a vision tower or a video processor, so the
+  against five when they were pickled through the socket (``tobytes``, the pickle, the receive
+  buffer, the unpickled ``bytes``, a ``bytearray``). vLLM never runs a vision tower or a video processor, so the
   video inputs are the trainer's to the bit (no image/video normalisation mismatch) and the server
   needs no working torchvision.
 
@@ -184,8 +184,8 @@ class VLLMEngine(RolloutEngine):
         rank: this process's global rank (names the log and embedding files).
 
     The weights and embeddings go through the run's folder on this node in ``weight_sync_dir``
-    (:mod:`grasp_lightning.engines.weight_sync`): one weight file per node and policy version, whichever
-    rank needs it first writing it.
+    (:mod:`grasp_lightning.engines.weight_sync`): one weight file per node and policy version, written
+    by the node's first local rank.
 
     Raises:
         GraspConfigError: neither ``python`` (or ``GRASP_VLLM_PYTHON``) nor ``address`` is set, or the
@@ -442,6 +442,9 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ sampling
     def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
         """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
+
+        The batch's video embeddings are written to one file of the run's folder (``embeddings_file``),
+        which :meth:`sample` removes once the server has answered.
 
         Raises:
             EngineError: a prompt carries an image (generic QA rows: only video embeddings are sent to

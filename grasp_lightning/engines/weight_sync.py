@@ -223,7 +223,8 @@ class SyncFolder:
     """The run's folder on this node (see the module docstring): opened by each rank's engine.
 
     Attributes:
-        first_local_rank: this rank writes the node's weight files (``LOCAL_RANK`` is 0 or unset).
+        first_local_rank: this rank writes the node's weight files (``LOCAL_RANK``, else ``SLURM_LOCALID``,
+            is 0 or unset; with neither set every rank may write, and the first to take the lock does).
         writer_wait_s: how long another rank waits for that writer before writing itself (seconds).
         writes: weight files this rank wrote.
 
@@ -242,7 +243,8 @@ class SyncFolder:
         self.rank = rank
         self.path = self.root / folder_name(key or run_key())
         self.writes = 0  # weight files this rank wrote
-        self.first_local_rank = os.environ.get("LOCAL_RANK", "0") == "0"  # the node's writer
+        local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        self.first_local_rank = local == "0"  # the node's writer
         self.writer_wait_s = 60.0  # how long the others wait for it before writing themselves
         self._requests = 0
         self._lock_fd: int | None = None
@@ -314,7 +316,7 @@ class SyncFolder:
     def publish(self, version: int, entries: list[Entry], dtype: torch.dtype) -> bool:
         """Make ``weights/model.safetensors`` hold policy version ``version``, written once per node.
 
-        The node's first local rank (``LOCAL_RANK`` 0, or no ``LOCAL_RANK``) writes it. The others wait
+        The node's first local rank (:attr:`first_local_rank`) writes it. The others wait
         for it up to :attr:`writer_wait_s` seconds (and as long as it holds the write lock), then load
         its file; past that, with no writer in sight (its rank sampled nothing this step: every clip of
         its window skipped), the first of them to need the version writes it. So no rank ever waits on

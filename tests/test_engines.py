@@ -148,3 +148,245 @@ def test_vllm_engine_refuses_a_model_it_was_not_tested_with(monkeypatch, tmp_pat
     qwen35 = types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen3_5"))
     with pytest.raises(GraspConfigError, match=r"supports \['qwen3_vl'\].*the policy is 'qwen3_5'"):
         engine.start(qwen35)
+
+
+# ------------------------------------------------------------------ the weight-sync folder (no server)
+def _tiny_policy():
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(str(TINY), dtype=torch.float32)
+
+
+def _mode(path) -> int:
+    import stat
+
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_weight_file_written_tensor_by_tensor_reads_back_as_the_policy_state(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    from grasp_lightning.engines.vllm import language_model_entries, language_model_state
+    from grasp_lightning.engines.weight_sync import safetensors_header, write_safetensors
+
+    model = get_peft_model(_tiny_policy(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    for dtype in (torch.bfloat16, torch.float32):
+        want = language_model_state(model, dtype)
+        size = write_safetensors(tmp_path / "m.safetensors", language_model_entries(model), dtype)
+        got = load_file(tmp_path / "m.safetensors")  # safetensors' own reader: our header is the format's
+        assert list(got) == list(want) or set(got) == set(want)
+        assert all(got[k].dtype == dtype and torch.equal(got[k], want[k]) for k in want)
+        data = sum(t.numel() * t.element_size() for t in want.values())
+        head, counted = safetensors_header(language_model_entries(model), dtype)
+        assert counted == data and size == len(head) + data == (tmp_path / "m.safetensors").stat().st_size
+        assert _mode(tmp_path / "m.safetensors") == 0o600
+
+
+def test_sync_folder_is_named_per_run_private_and_written_once_per_version(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from grasp_lightning.engines.vllm import language_model_entries
+    from grasp_lightning.engines.weight_sync import SyncFolder, folder_name
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    entries = language_model_entries(_tiny_policy())
+    a, b = SyncFolder(tmp_path, rank=0, key="job-7"), SyncFolder(tmp_path, rank=1, key="job-7")
+    assert a.path == b.path == tmp_path / folder_name("job-7") and a.path.name.startswith("grasp-vllm-")
+    assert _mode(a.path) == 0o700 and _mode(a.path / "lock") == 0o600
+    assert a.first_local_rank  # no LOCAL_RANK: the writer
+    b.first_local_rank, b.writer_wait_s = False, 30.0  # LOCAL_RANK 1
+    waiting = threading.Thread(target=lambda: results.append(b.publish(1, entries, torch.float32)))
+    results: list[bool] = []
+    waiting.start()  # rank 1 needs version 1 first: it waits for the writer
+    time.sleep(0.3)
+    assert results == [] and a.publish(1, entries, torch.float32)
+    waiting.join(timeout=30)
+    assert results == [False]  # rank 1 only loads
+    file = a.weights_dir / "model.safetensors"
+    inode = file.stat().st_ino
+    assert _mode(file) == 0o600 and _mode(a.weights_dir) == 0o700 and _mode(a.path / "weights.json") == 0o600
+    assert not b.publish(1, entries, torch.float32) and file.stat().st_ino == inode
+    b.writer_wait_s = 0.2  # the writer sampled nothing this step (its window skipped): after the wait, rank 1 writes
+    assert b.publish(2, entries, torch.float32) and not a.publish(2, entries, torch.float32)
+    assert (a.writes, b.writes) == (1, 1) and [p.name for p in a.weights_dir.iterdir()] == ["model.safetensors"]
+    path, metas = a.write_embeddings([torch.ones(3, 5)])
+    assert _mode(path) == 0o600 and path.parent == a.path
+    a.close()
+    assert a.path.exists()  # rank 1 still holds it
+    b.close()
+    assert not a.path.exists()  # the last one out removes it
+    assert SyncFolder(tmp_path, rank=0, key="job-8").path != a.path  # another run, another folder
+
+
+def test_run_key_comes_from_the_launcher_so_a_requeued_job_reuses_its_folder(monkeypatch):
+    from grasp_lightning.engines.weight_sync import run_key
+
+    for var in ("GRASP_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    alone = run_key()
+    assert alone.startswith(f"pid:{__import__('os').getpid()}.") and run_key() != alone  # one folder per engine
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_key() == run_key() == "rdzv:10.0.0.1:29500"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert run_key() == "slurm:4242."  # a requeued job keeps its id
+    monkeypatch.setenv("GRASP_RUN_ID", "mine")
+    assert run_key() == "id:mine"
+
+
+def test_a_killed_runs_folder_is_removed_by_the_next_start_and_a_requeued_run_empties_its_own(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from grasp_lightning.engines.weight_sync import SyncFolder, folder_name, sweep_leftovers
+
+    code = ("import sys, time; from grasp_lightning.engines.weight_sync import SyncFolder\n"
+            "f = SyncFolder(sys.argv[1], 0, key=sys.argv[2]); (f.path / 'weights').mkdir(); "
+            "(f.path / 'weights' / 'model.safetensors').write_bytes(b'x' * 100)\n"
+            "print('ready', flush=True); time.sleep(120)")
+    killed = []
+    for key in ("killed-run", "requeued-run"):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), key], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            live = tmp_path / folder_name(key)
+            assert sweep_leftovers(tmp_path) == [] and live.exists()  # held by a live process: kept
+        finally:
+            proc.send_signal(signal.SIGKILL)  # no atexit, no cleanup
+            proc.wait(timeout=30)
+        killed.append(live)
+    legacy = tmp_path / "grasp-vllm-weights-999999999-rank0"  # the pid-named folders of earlier versions
+    legacy.mkdir()
+    held = SyncFolder(tmp_path, rank=0, key="running")
+    again = SyncFolder(tmp_path, rank=0, key="requeued-run")  # the requeued job: same name, emptied, reused
+    assert again.path == killed[1] and sorted(p.name for p in again.path.iterdir()) == ["lock"]
+    assert not killed[0].exists() and not legacy.exists() and held.path.exists()
+    held.close()
+    again.close()
+
+
+def test_a_too_small_weight_sync_dir_fails_before_the_server_starts_naming_the_setting(tmp_path, monkeypatch):
+    import shutil
+
+    from grasp_lightning.engines.config import VLLMConfig
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.errors import GraspConfigError
+
+    python = tmp_path / "python"
+    python.write_text("")
+    policy = _tiny_policy()
+    data = sum(p.numel() for n, p in policy.state_dict().items() if "visual" not in n and not n.startswith("lm_head"))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=100_000))  # the tiny model needs 0.5 MB
+    big = tmp_path / "shm"
+    engine = VLLMEngine(VLLMConfig(python=str(python), weight_sync_dir=str(big), dtype="float32"), model_path="m")
+    with pytest.raises(GraspConfigError) as err:
+        engine.start(policy)
+    msg = str(err.value)
+    need = int(msg.split("need ")[1].split(" bytes")[0])
+    assert data * 4 < need < data * 4 + 65536  # float32 language-model weights plus the safetensors header
+    assert f"{big} has 100000 bytes (0.10 MiB) free" in msg and "Set model.rollout.vllm.weight_sync_dir" in msg
+    assert engine.proc is None  # refused before the server was started
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=need))
+    from grasp_lightning.engines.vllm import language_model_entries
+
+    assert engine.folder().check_space(language_model_entries(policy), torch.float32) == need  # exactly enough
+    engine.close()
+    assert not any(big.iterdir())  # the run's folder is gone with the engine
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` in this process (``/proc/self/maps``), ``None`` for anonymous memory."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 else None
+    return None
+
+
+def test_embeddings_reach_the_server_mapped_from_one_file_without_copies(tmp_path):
+    import tracemalloc
+
+    from grasp_lightning.engines.server.vllm_server import _tensor
+    from grasp_lightning.engines.weight_sync import SyncFolder
+
+    folder = SyncFolder(tmp_path, rank=3, key="emb")
+    g = torch.Generator().manual_seed(0)
+    clips = [torch.randn(1000, 2048, generator=g).to(torch.bfloat16), torch.randn(7, 33, generator=g),
+             torch.randn(2000, 2048, generator=g).to(torch.bfloat16)]
+    payload = sum(t.numel() * t.element_size() for t in clips)
+    tracemalloc.start()
+    path, metas = folder.write_embeddings(clips)
+    got = [_tensor(m) for m in metas]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert path.name == "embeds-rank3-1.raw" and path.stat().st_size >= payload
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, clips))
+    assert all(_mapped_file(t.data_ptr()) == str(path) for t in got)  # views of the file's mapping, not copies
+    assert peak < payload / 100  # no Python-side copy (pickling made 6 of the payload)
+    path.unlink()  # the trainer removes the file after the answer; the server's mapping stays valid
+    assert torch.equal(got[2], clips[2])
+    folder.close()
+
+
+def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_path, monkeypatch, in_repo):
+    """``fit`` of GRPO-SGR with ``engine: vllm`` (no vLLM environment needed: the check comes first) stops at
+    the first rollout, before the server starts and before any optimizer step, naming the setting."""
+    import shutil
+
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.errors import GraspConfigError
+
+    from .conftest import run_cli
+
+    python = tmp_path / "python"
+    python.write_text("")
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
+    started = []
+    monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.train_limit=4",
+            "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
+            f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
+    with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "
+                                               r"language-model weights need \d+ bytes .*Set "
+                                               r"model.rollout.vllm.weight_sync_dir to a directory with room"):
+        run_cli(args, tmp_path / "run")
+    assert started == [] and not list((tmp_path / "run").rglob("*.ckpt"))
+
+
+def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from grasp_lightning.engines import weight_sync
+    from grasp_lightning.engines.weight_sync import Entry, SyncFolder
+    from grasp_lightning.errors import GraspConfigError
+
+    folder = SyncFolder(tmp_path, rank=0, key="full")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video embeddings "
+                                               r"\(64 bytes\).*model.rollout.vllm.weight_sync_dir"):
+        folder.write_embeddings([torch.ones(4, 4)])
+    monkeypatch.setattr(weight_sync, "write_safetensors", full)
+    with pytest.raises(GraspConfigError, match="no space left in .* for the weights"):
+        folder.publish(1, [Entry("w", (2,), lambda: torch.ones(2))], torch.float32)
+    assert sorted(p.name for p in folder.path.rglob("*")) == ["lock", "weights", "write.lock"]  # nothing half-written
+    folder.close()

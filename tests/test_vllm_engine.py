@@ -15,6 +15,7 @@ CPU attention refuses the shipped tiny model's 16). Checked:
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -261,6 +262,50 @@ def test_fit_grpo_sgr_with_the_vllm_engine_then_a_server_death_leaves_a_valid_ch
     assert calls == [2] and cli.trainer.global_step == 3
     resumed = scalars(cli.trainer.log_dir)
     assert [s for s, _ in resumed["train/loss"]] == [2] and resumed["train/time/weight_sync_s"][0][1] > 0
+
+
+def test_two_ranks_on_a_node_share_one_weight_file_per_sync(vllm_python, tiny32, tmp_path):
+    """2 gloo ranks (``tests/vllm_two_ranks.py``), each with its own server, sync policy versions 1 and 2: one
+    file is written per version for both (by local rank 0; the other waits for it and loads it),
+    both servers read the same inode, and each greedy sample matches ``generate`` on the policy, so the rank
+    that did not write serves the weights it holds. A hang fails at the timeout."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    sync, procs = tmp_path / "sync", []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "GRASP_VLLM_PYTHON": vllm_python, "OMP_NUM_THREADS": "1",
+               "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        out = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 (closed by the process's end)
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.vllm_two_ranks", str(tiny32), str(tmp_path),
+                                       str(sync)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        for p in procs:
+            p.wait(timeout=900)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = "\n----\n".join((tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(2))
+    assert [p.returncode for p in procs] == [0, 0], logs
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["folder"] == ranks[1]["folder"] and all(r["syncs"] == 2 for r in ranks)
+    assert [r["writes"] for r in ranks] == [2, 0]  # one file per sync for both ranks (was 2), by local rank 0
+    for version in range(2):
+        a, b = (r["loaded"][version] for r in ranks)
+        assert len(a) == 1 and a == b  # both servers read the same file: same path, inode and size
+    size = ranks[0]["loaded"][0][0]["bytes"]
+    logging.getLogger(__name__).info("2 ranks, 2 syncs: writes per rank %s, bytes written per rank %s, file %d bytes",
+                                     [r["writes"] for r in ranks], [r["bytes_written"] for r in ranks], size)
+    assert sum(r["bytes_written"] for r in ranks) == 2 * size  # one file's bytes per sync
+    assert all(r["matches"] == [True, True] for r in ranks), ranks  # the weights served are the policy's
+    assert not sync.exists() or not any(sync.iterdir())  # the last rank out removed the run's folder
 
 
 def test_rollout_engines_benchmark_smoke_prints_both_rates_and_the_sync_share(vllm_python):

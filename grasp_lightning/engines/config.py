@@ -35,7 +35,11 @@ class VLLMConfig:
         startup_timeout_s: seconds to wait for the server to load the model (CPU: about 90 s).
         request_timeout_s: seconds to wait for one answer before the engine is declared hung.
         weight_sync_dir: where the policy's language-model weights are written for the server to
-            reload after each optimizer step (``None``: ``/dev/shm`` if there, else the temp dir).
+            reload after each optimizer step, and each request's video embeddings (``None``: ``/dev/shm``
+            if there, else the temp dir). The run's ranks on a node share one folder in it
+            (``grasp-vllm-<run>-<host>``, readable by the run's user only) and one weight file per
+            optimizer step; its free space is checked against that file's size before the server starts
+            (:mod:`grasp_lightning.engines.weight_sync`).
         env: more environment variables for the server process (e.g. ``VLLM_CPU_KVCACHE_SPACE``).
         engine_kwargs: more ``vllm.LLM`` keyword arguments (e.g. ``enforce_eager``).
         log_file: the server's stdout/stderr (``None``: a file in the temp dir, named in errors); ``{rank}``

@@ -10,7 +10,11 @@ What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding 
 * the timestamps of those groups (seconds), read from the same text;
 * the video embeddings of the trainer's frozen vision tower: main and DeepStack features
   concatenated on the last dimension (``(tokens, hidden * (1 + len(deepstack)))``), as vLLM's own
-  Qwen3-VL vision tower returns them. vLLM never runs a vision tower or a video processor, so the
+  Qwen3-VL vision tower returns them. They are written once to a file of the run's folder
+  (:meth:`~grasp_lightning.engines.weight_sync.SyncFolder.write_embeddings`), which the server maps
+  (``torch.from_file``): one copy from the trainer's tensor to the file, none on the way to vLLM,
+  against five when they were pickled through the socket (``tobytes``, the pickle, the receive
+  buffer, the unpickled ``bytes``, a ``bytearray``). vLLM never runs a vision tower or a video processor, so the
   video inputs are the trainer's to the bit (no image/video normalisation mismatch) and the server
   needs no working torchvision.
 
@@ -29,6 +33,7 @@ import secrets
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Client
 from pathlib import Path
 
@@ -36,6 +41,7 @@ import torch
 
 from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.engines.config import VLLMConfig
+from grasp_lightning.engines.weight_sync import Entry, SyncFolder
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.generation import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_key
@@ -50,13 +56,6 @@ class EngineError(GraspError, RuntimeError):
     """The vLLM engine failed: its server did not start, died, timed out or refused a request.
 
     The message names the engine, what happened and the server's log file with its last lines."""
-
-
-def _wire(t: torch.Tensor) -> dict:
-    """A tensor as builtins: ``{"dtype", "shape", "data"}`` (raw bytes, any dtype, bfloat16 included)."""
-    t = t.detach().contiguous().cpu()
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-            "data": t.view(torch.uint8).numpy().tobytes()}
 
 
 def fold_video_prompt(text: str, tokens: dict[str, str]) -> tuple[str, list[float]]:
@@ -117,8 +116,9 @@ def _sizes(core, grid: torch.Tensor) -> list[int]:
     return (grid.prod(-1) // merge // merge).tolist()
 
 
-def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """The policy's language-model weights under the checkpoint's names, LoRA merged, vision tower left out.
+def language_model_entries(policy) -> list[Entry]:
+    """The policy's language-model weights under the checkpoint's names, LoRA merged, vision tower left
+    out, each computed only when asked for (:class:`~grasp_lightning.engines.weight_sync.Entry`).
 
     LoRA layers give ``W + ΔW`` (peft ``LoraLayer.get_delta_weight``) without merging in place (merging
     and unmerging bf16 weights would change the policy by rounding). A QLoRA policy's 4-bit weights are
@@ -126,28 +126,25 @@ def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.T
 
     Args:
         policy: the trainer's policy (plain or peft-wrapped).
-        dtype: cast to this (the engine's weight dtype), or keep each tensor's.
 
     Returns:
-        ``{name: tensor}`` on the CPU, names as ``save_pretrained`` writes them
-        (``model.language_model.…``; ``lm_head.weight`` unless tied to the embedding).
+        Entries named as ``save_pretrained`` writes them (``model.language_model.…``; ``lm_head.weight``
+        unless tied to the embedding), in the state dict's order.
     """
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    merged: dict[str, torch.Tensor] = {}
+    merged: dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]] = {}
     try:
         from peft.tuners.lora import LoraLayer
     except ImportError:  # pragma: no cover - peft is a dependency
         LoraLayer = ()  # noqa: N806
     for name, module in base.named_modules():
         if is_4bit(module):  # QLoRA: a 4-bit weight dequantized (adapters, if any, added below)
-            merged[f"{name}.weight"] = dense_weight(module)
+            merged[f"{name}.weight"] = ((module.out_features, module.in_features), lambda m=module: dense_weight(m))
         if LoraLayer and isinstance(module, LoraLayer) and hasattr(module, "base_layer"):
-            w = dense_weight(module.base_layer)
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    w = w + module.get_delta_weight(adapter).to(w.dtype)
-            merged[f"{name}.weight"] = w
-    state, seen = {}, set()
+            layer = module.base_layer
+            shape = (layer.out_features, layer.in_features) if is_4bit(layer) else tuple(layer.weight.shape)
+            merged[f"{name}.weight"] = (shape, lambda m=module: _merged_lora(m))
+    entries, seen = [], set()
     for name, t in base.state_dict().items():
         if "lora_" in name or ".visual." in f".{name}" or "modules_to_save" in name or is_quant_state_key(name):
             continue
@@ -155,8 +152,26 @@ def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.T
             continue  # tied to the embedding: the checkpoint holds it once (vLLM ties it back)
         seen.add(t.data_ptr())
         name = name.replace(".base_layer.", ".")
-        t = merged.get(name, t)
-        state[name] = (t.to(dtype) if dtype is not None else t).detach().cpu().contiguous()
+        shape, make = merged.get(name, (tuple(t.shape), lambda t=t: t))
+        entries.append(Entry(name, tuple(shape), make))
+    return entries
+
+
+def _merged_lora(module) -> torch.Tensor:
+    w = dense_weight(module.base_layer)
+    for adapter in module.active_adapters:
+        if adapter in module.lora_A:
+            w = w + module.get_delta_weight(adapter).to(w.dtype)
+    return w
+
+
+def language_model_state(policy, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """:func:`language_model_entries` computed: ``{name: tensor}`` on the CPU, cast to ``dtype`` (the engine's
+    weight dtype) or each tensor's own (``None``)."""
+    state = {}
+    for e in language_model_entries(policy):
+        t = e.make()
+        state[e.name] = (t.to(dtype) if dtype is not None else t).detach().cpu().contiguous()
     return state
 
 
@@ -166,7 +181,11 @@ class VLLMEngine(RolloutEngine):
     Args:
         cfg: ``model.rollout.vllm``.
         model_path: the directory the server loads (``model.rollout.vllm.model`` or the policy's).
-        rank: this process's global rank (names the log and weight files).
+        rank: this process's global rank (names the log and embedding files).
+
+    The weights and embeddings go through the run's folder on this node in ``weight_sync_dir``
+    (:mod:`grasp_lightning.engines.weight_sync`): one weight file per node and policy version, written
+    by the node's first local rank.
 
     Raises:
         GraspConfigError: neither ``python`` (or ``GRASP_VLLM_PYTHON``) nor ``address`` is set, or the
@@ -209,7 +228,11 @@ class VLLMEngine(RolloutEngine):
         self.weight_reload_seconds = 0.0
         self.weight_syncs = 0
         self.server_info: dict = {}
-        self._sync_dir: Path | None = None
+        self.sync: SyncFolder | None = None  # the run's folder on this node (weights, embeddings), opened at start
+        self.weight_writes = 0  # weight files this rank wrote (the other syncs loaded a file another rank wrote)
+        self.weight_bytes_written = 0
+        self.embeddings_file: Path | None = None  # the last request's embeddings (removed after its answer)
+        self.loaded_files: list[list[dict]] = []  # per sync, the files the server loaded: name, inode, bytes
         self._tied_name = ""
 
     # ------------------------------------------------------------------ server
@@ -235,6 +258,7 @@ class VLLMEngine(RolloutEngine):
             return
         if policy is not None:
             self._check_model(policy)
+            self.folder().check_space(language_model_entries(policy), self._weight_dtype(policy))
         if self.cfg.address is not None:
             host, _, port = self.cfg.address.replace("{rank}", str(self.rank)).rpartition(":")
             key = os.environ.get("GRASP_VLLM_AUTHKEY")
@@ -364,11 +388,9 @@ class VLLMEngine(RolloutEngine):
             except subprocess.TimeoutExpired:
                 pass
             self._kill()
-        if self._sync_dir is not None and self.cfg.weight_sync_dir is None:
-            import shutil
-
-            shutil.rmtree(self._sync_dir, ignore_errors=True)
-            self._sync_dir = None
+        if self.sync is not None:
+            self.sync.close()
+            self.sync = None
 
     def __del__(self):  # a server must not outlive its trainer
         try:
@@ -377,38 +399,40 @@ class VLLMEngine(RolloutEngine):
             pass
 
     # ------------------------------------------------------------------ weights
-    def _weight_dtype(self, policy) -> torch.dtype | None:
+    def folder(self) -> SyncFolder:
+        """The run's folder on this node (:class:`~grasp_lightning.engines.weight_sync.SyncFolder`), opened once:
+        leftovers of killed runs are removed then."""
+        if self.sync is None:
+            self.sync = SyncFolder(self.cfg.weight_sync_dir, self.rank)
+        return self.sync
+
+    def _weight_dtype(self, policy) -> torch.dtype:
+        """The weight file's dtype: ``dtype`` when set, else the policy config's, else its embedding's."""
         if self.cfg.dtype in ("float32", "float16", "bfloat16"):
             return getattr(torch, self.cfg.dtype)
         dtype = getattr(policy.config, "dtype", None) or getattr(policy.config, "torch_dtype", None)
-        return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        return dtype if isinstance(dtype, torch.dtype) else policy.get_input_embeddings().weight.dtype
 
     def update_weights(self, policy, version: int) -> float:
-        """Write the policy's language-model weights (:func:`language_model_state`) and have the server
-        reload them in place; records ``weight_write_seconds`` / ``weight_reload_seconds``.
+        """Have the server reload the policy's language-model weights (:func:`language_model_entries`) at
+        ``version``: the node's one file, written by this rank unless another rank of the node already
+        wrote that version (:meth:`SyncFolder.publish <grasp_lightning.engines.weight_sync.SyncFolder.publish>`);
+        records ``weight_write_seconds`` (writing or waiting) and ``weight_reload_seconds``.
 
         Returns:
             The wall time of both in seconds.
         """
-        from safetensors.torch import save_file
-
         self.start(policy)
-        if self._sync_dir is None:
-            root = self.cfg.weight_sync_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-            self._sync_dir = Path(root) / f"grasp-vllm-weights-{os.getpid()}-rank{self.rank}"
-            self._sync_dir.mkdir(parents=True, exist_ok=True)
-            if self.cfg.weight_sync_dir is None:  # a copy of the weights in RAM-backed storage: never left behind
-                import shutil
-
-                atexit.register(shutil.rmtree, self._sync_dir, True)
+        sync = self.folder()
         t0 = time.perf_counter()
-        state = language_model_state(policy, self._weight_dtype(policy))
-        tmp = self._sync_dir / "model.safetensors.tmp"
-        save_file(state, str(tmp))
-        os.replace(tmp, self._sync_dir / "model.safetensors")
+        if sync.publish(version, language_model_entries(policy), self._weight_dtype(policy)):
+            self.weight_writes += 1
+            self.weight_bytes_written += (sync.weights_dir / "model.safetensors").stat().st_size
         t1 = time.perf_counter()
-        self._call({"op": "update_weights", "path": str(self._sync_dir)})
+        answer = self._call({"op": "update_weights", "path": str(sync.weights_dir)})
         t2 = time.perf_counter()
+        self.loaded_files.append(answer.get("files", []))
         self.version = version
         self.weight_write_seconds, self.weight_reload_seconds = t1 - t0, t2 - t1
         self.weight_sync_seconds = t2 - t0
@@ -418,6 +442,9 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ sampling
     def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
         """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
+
+        The batch's video embeddings are written to one file of the run's folder (``embeddings_file``),
+        which :meth:`sample` removes once the server has answered.
 
         Raises:
             EngineError: a prompt carries an image (generic QA rows: only video embeddings are sent to
@@ -436,13 +463,14 @@ class VLLMEngine(RolloutEngine):
         names = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
         with torch.no_grad():
             embeds = video_embeddings(policy, prompt["pixel_values_videos"], grid)
+        self.embeddings_file, metas = self.folder().write_embeddings(embeds)
         entries, rows = [], []
         for b in range(ids.shape[0]):
             row = ids[b][mask[b].bool()] if mask is not None else ids[b]
             rows.append(row.tolist())
             text = tokenizer.decode(row, skip_special_tokens=False, clean_up_tokenization_spaces=False)
             folded, stamps = fold_video_prompt(text, names)
-            entries.append({"text": folded, "video": {"embeds": _wire(embeds[b]), "grid_thw": grid[b].tolist(),
+            entries.append({"text": folded, "video": {"embeds": metas[b], "grid_thw": grid[b].tolist(),
                                                       "timestamps": stamps}})
         return entries, rows
 
@@ -462,10 +490,13 @@ class VLLMEngine(RolloutEngine):
         stop = eos_ids(policy, tokenizer)
         stop_strings = ("</answer>",) if cfg.stop_at_answer else ()
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
-        answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
-                             "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
-                             "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
-                             "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
+        try:
+            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
+                                 "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
+                                 "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
+                                 "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
+        finally:  # the server mapped it: its pages live until the server lets go of the embeddings
+            self.embeddings_file.unlink(missing_ok=True)
         for b, (theirs, ours) in enumerate(zip(answer["prompt_token_ids"], rows)):
             if theirs != ours:
                 at = next((i for i, (x, y) in enumerate(zip(theirs, ours)) if x != y), min(len(theirs), len(ours)))

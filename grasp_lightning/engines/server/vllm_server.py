@@ -5,13 +5,16 @@ GPU ``vllm`` 0.33: torch 2.14.0, transformers < 5.21), neither of which can live
 So the trainer (:class:`grasp_lightning.engines.vllm.VLLMEngine`) starts this file with that
 environment's Python, or reaches one already running, and talks to it over
 ``multiprocessing.connection`` (an authenticated socket) with messages made only of Python builtins:
-``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``, ``bytes`` and ``None``. Tensors travel as
-``{"dtype": str, "shape": [int], "data": bytes}``. Nothing version-specific crosses the socket.
+``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` and ``None``. Tensors do not cross the socket:
+the trainer writes them once to a file in its weight-sync folder and sends
+``{"file": str, "offset": bytes, "dtype": str, "shape": [int]}``, which the server maps without copying
+(so a server on another node needs that folder on a filesystem both see). Nothing version-specific
+crosses the socket.
 
 Requests (``{"op": ...}``) and answers:
 
 * ``hello`` → ``{"vllm": version, "torch": version, "model": path}``.
-* ``generate`` with ``prompts`` (each ``{"text": str, "video": {"embeds": tensor, "grid_thw": [t, h, w],
+* ``generate`` with ``prompts`` (each ``{"text": str, "video": {"embeds": file tensor, "grid_thw": [t, h, w],
   "timestamps": [seconds]}}``), ``n``, ``max_tokens``, ``temperature`` (0: greedy), ``top_p``,
   ``top_k``, ``stop`` (strings), ``stop_token_ids``, ``suppress_token_ids``, ``seed`` → ``{"outputs": [[{"token_ids": [int],
   "logprobs": [float], "finish_reason": str}] * n] * B, "prompt_token_ids": [[int]] * B, "seconds": float}``.
@@ -22,7 +25,8 @@ Requests (``{"op": ...}``) and answers:
   distribution. The trainer's scoring divides by the temperature only, so the two agree where top-p is
   1, top-k off and the suppressed vision tokens carry no mass.
 * ``update_weights`` with ``path`` (a directory of ``*.safetensors`` in the checkpoint's names) →
-  ``{"seconds": float}``. In place (``reload_weights``; it points the model config at ``path``, which is
+  ``{"seconds": float, "files": [{"name", "inode", "bytes"}]}`` (the files read). In place
+  (``reload_weights``; it points the model config at ``path``, which is
   put back, as the processor is loaded from it), then the tied-embedding fix of
   :class:`GraspWorkerExtension`, then both the encoder and the prefix cache are reset: with neither
   reset the next rollout reads stale log-probs; resetting only the prefix cache kills the engine at
@@ -47,12 +51,28 @@ from multiprocessing.connection import Listener
 
 
 def _tensor(msg: dict):
-    """A torch tensor from ``{"dtype", "shape", "data"}`` (the bytes are copied once)."""
+    """A torch tensor mapped from the trainer's file, without copying: ``{"file", "offset" (bytes), "dtype",
+    "shape"}``. The mapping is private (copy-on-write), and the trainer writes each file once, so the tensor
+    stays valid after the trainer removes the file."""
+    import math
+
     import torch
 
     dtype = getattr(torch, msg["dtype"])
-    flat = torch.frombuffer(bytearray(msg["data"]), dtype=dtype)
-    return flat.reshape(msg["shape"])
+    size = os.path.getsize(msg["file"])
+    raw = torch.from_file(msg["file"], shared=False, size=size, dtype=torch.uint8)
+    n = math.prod(msg["shape"]) * torch.empty((), dtype=dtype).element_size()
+    return raw[msg["offset"]:msg["offset"] + n].view(dtype).reshape(msg["shape"])
+
+
+def _files(path: str) -> list[dict]:
+    """``[{"name", "inode", "bytes"}]`` of the ``*.safetensors`` files in ``path``: which file a reload read."""
+    out = []
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            st = os.stat(os.path.join(path, name))
+            out.append({"name": os.path.join(path, name), "inode": st.st_ino, "bytes": st.st_size})
+    return out
 
 
 class GraspWorkerExtension:
@@ -164,6 +184,7 @@ class Server:
         for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace"):
             logging.getLogger(name).setLevel(logging.ERROR)
         t0 = time.perf_counter()
+        files = _files(req["path"])
         config = self.llm.llm_engine.model_config
         saved = {k: getattr(config, k) for k in ("model", "model_weights", "revision")}
         try:
@@ -176,7 +197,7 @@ class Server:
         engine = self.llm if hasattr(self.llm, "reset_encoder_cache") else self.llm.llm_engine  # 0.32: the engine's
         engine.reset_encoder_cache()
         self.llm.reset_prefix_cache()
-        return {"seconds": time.perf_counter() - t0}
+        return {"seconds": time.perf_counter() - t0, "files": files}
 
     def serve(self, listener: Listener) -> None:
         """Answer requests, one client at a time, until ``close``."""

@@ -9,24 +9,36 @@ each logged value by hand from it.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import run_cli, scalars
+from tests.conftest import REPO, run_cli, scalars
 
 ACCUMULATE, STEPS, K = 4, 2, 2
 
 
 class WindowRecorder(L.Callback):
     """Per training micro-batch: ``trainer.global_step`` at its start and its task output's KL and
-    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class)."""
+    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class).
 
-    def __init__(self) -> None:
+    Args:
+        path: if given, each rank saves its rows to ``<path>.rank<r>`` (``torch.save``) at the end of fit.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
         self.rows: list[dict] = []
         self._step = -1
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.path:
+            torch.save(self.rows, f"{self.path}.rank{trainer.global_rank}")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = trainer.global_step
@@ -42,10 +54,6 @@ class WindowRecorder(L.Callback):
 @pytest.fixture(scope="module")
 def accumulated_fit(tmp_path_factory):
     """The SGR demo, accumulate 4, batch 1, K = 2, 2 steps; a second RolloutSamples writes every step."""
-    import os
-
-    from tests.conftest import REPO
-
     tmp_path = tmp_path_factory.mktemp("accumulate")
     cwd = os.getcwd()
     os.chdir(REPO)
@@ -136,3 +144,32 @@ def test_step_timing_writes_one_record_per_step_summing_its_micro_batches(accumu
         assert record["throughput/samples_per_s"] == pytest.approx(ACCUMULATE * K / (step_s + wait), rel=1e-9)
         assert record["throughput/prompt_tokens_per_step"] == pytest.approx(
             sum(r["throughput/prompt_tokens_per_step"] for r in micro))
+
+
+def test_kl_logging_reduces_the_step_over_both_ranks(tmp_path):
+    """Two gloo ranks (DDP), accumulate 2: each KL point is the token mean over both ranks' windows, and
+    the histogram holds every rank's loss tokens (a collective every rank joins; a hang fails the timeout)."""
+    record = tmp_path / "rows"
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--config",
+           "configs/demo.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--data.bench=null",
+           "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2", "--data.batch_size=1",
+           "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
+           "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.logger.init_args.save_dir={tmp_path}",
+           "--trainer.callbacks+=tests.test_callbacks.WindowRecorder", f"--trainer.callbacks.path={record}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(f"{record}.rank{r}") for r in range(2)]
+    (log_dir,) = (tmp_path / "demo").glob("version_*")
+    series = scalars(log_dir)
+    acc = EventAccumulator(str(log_dir), size_guidance={"histograms": 0})
+    acc.Reload()
+    counts = [h.histogram_value.num for h in acc.Histograms("kl/per_token")]
+    for step in range(2):
+        window = [row for rows in ranks for row in rows if row["step"] == step]
+        assert len(window) == 2 * 2  # 2 micro-batches on each rank
+        entropy = torch.cat([row["entropy"] for row in window]).double()
+        kl = torch.cat([row["kl"] for row in window]).double()
+        assert dict(series["kl/entropy"])[step] == pytest.approx(float(entropy.mean()), rel=2e-6)
+        assert dict(series["kl/mean"])[step] == pytest.approx(float(kl.mean()), rel=2e-6, abs=1e-12)
+        assert counts[step] == kl.numel() > sum(row["kl"].numel() for row in ranks[0] if row["step"] == step)

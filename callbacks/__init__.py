@@ -4,7 +4,8 @@
   evaluate, and never change training — :mod:`callbacks.kl_logging` (KL statistics),
   :mod:`callbacks.rollout_samples` (sampled completions and their rewards), :mod:`callbacks.timing`
   (step-time shares and throughput), :mod:`callbacks.bench` (GRASP-Bench reports),
-  :mod:`callbacks.predictions` (``predict``'s JSON lines).
+  :mod:`callbacks.predictions` (``predict``'s JSON lines). Those that watch training act once per
+  optimizer step, on the whole accumulation window (:mod:`callbacks.step_window`).
 - Control (:mod:`callbacks.control`): callbacks that change training — stop, skip, save:
   ``guards.NonFiniteGuard``, ``preemption.Preemption``, ``checkpoint.AtomicModelCheckpoint``.
 

@@ -1,39 +1,39 @@
-"""Time accounting of every training step: data wait, rollout, scoring, update, model calls, throughput.
+"""Time accounting of every optimizer step: data wait, rollout, scoring, update, model calls, throughput.
 
-Per micro-batch, in seconds (wall clock, ``time.perf_counter``; CUDA is synchronised at each
-boundary so asynchronous kernels are charged to the phase that launched them):
+One record per optimizer step, written when the optimizer has stepped, at the step's 0-based index
+(where Lightning writes the module's ``train/`` values of the same window); each time is the sum over
+the micro-batches of the step's accumulation window (:class:`callbacks.step_window.StepWindow`), in
+seconds (wall clock, ``time.perf_counter``; CUDA is synchronised at each boundary so asynchronous
+kernels are charged to the phase that launched them), on rank zero:
 
-* ``time/data_wait_s``: from the end of the previous batch (or the epoch start) to this batch's
+* ``time/data_wait_s``: from the end of the previous batch (or the epoch start) to each micro-batch's
   ``on_train_batch_start`` — the DataLoader fetch and the host-to-device transfer.
-* ``time/step_s``: ``on_train_batch_start`` to ``on_train_batch_end`` — everything else.
-* ``time/rollout_s``, ``time/scoring_s``: read from the task's metrics (GRPO logs them).
-* ``time/update_s``: the backward pass (``on_before_backward`` → ``on_after_backward``) plus the
-  optimizer step (``on_before_optimizer_step`` → ``on_train_batch_end``, clipping included).
-* ``time/other_s``: ``step_s`` minus rollout, scoring and update (rewards, logging, Lightning).
+* ``time/step_s``: ``on_train_batch_start`` to ``on_train_batch_end`` of each micro-batch — everything else.
+* ``time/optimizer_step_s``: ``time/step_s`` + ``time/data_wait_s``, the step's wall seconds.
+* ``time/update_s``: the backward passes (``on_before_backward`` → ``on_after_backward``, also as
+  ``time/backward_s``) plus the optimizer step (``on_before_optimizer_step`` → ``on_train_batch_end``,
+  clipping included, ``time/optimizer_s``).
+* ``time/other_s``: ``step_s`` minus rollout, scoring and update (rewards, logging, Lightning); the
+  rollout and scoring times are the task's ``time/rollout_s`` and ``time/scoring_s`` (GRPO logs them).
 * ``time/model_s``: time inside the forward calls of the policy and the reference model (measured
   with forward hooks on the top-level modules; each ``generate`` step is one call);
   ``time/overhead_fraction`` = 1 − (model + update) / step: the share of the step spent outside the
   model (sampling logic in ``generate``, rewards, advantages, Lightning).
-* ``throughput/samples_per_s``: completions (or rows) of the batch per second of ``step_s`` +
-  ``data_wait_s``; ``throughput/generated_tokens_per_s`` likewise for the generated tokens;
-  ``throughput/prompt_tokens_per_step``: prompt tokens the language model ran this step (the
-  task's ``tokens/prompt_forwarded``).
-
-Per optimizer step (logged at the micro-batch whose optimizer step ran, i.e. when
-``trainer.global_step`` advanced; sums over the step's micro-batches):
-
-* ``time/optimizer_step_s``: wall seconds of the step's micro-batches, data wait included.
 * ``time/rollout_share``, ``time/update_share``, ``time/data_wait_share``, ``time/other_share``:
-  shares of ``time/optimizer_step_s`` (rollout = generation + rewards + old/reference log-probs,
-  the task's ``time/rollout_s``; update = backward + optimizer; other = the policy's scoring forward
-  and everything else), summing to 1; ``time/generation_share`` the generation part of the rollout.
-* ``throughput/step_generated_tokens_per_s``: generated tokens of the step per second of the step;
-  ``throughput/generation_tokens_per_s``: per second of generation (``time/generation_s``).
+  shares of ``time/optimizer_step_s`` (rollout = generation + rewards + old/reference log-probs;
+  update = backward + optimizer; other = the policy's scoring forward and everything else), summing
+  to 1; ``time/generation_share`` the generation part of the rollout.
+* ``throughput/samples_per_s``: completions (or rows) of the step per second of ``time/optimizer_step_s``;
+  ``throughput/generated_tokens_per_s`` likewise for the generated tokens (the task's
+  ``tokens/generated``); ``throughput/generation_tokens_per_s``: per second of generation
+  (``time/generation_s``); ``throughput/prompt_tokens_per_step``: prompt tokens the language model
+  ran in the step (the task's ``tokens/prompt_forwarded``, summed).
 * ``throughput/sequences_per_generation_call``: completions per ``generate`` call (the task's
   ``rollout/sequences_per_call``, ``B·A·K`` for a rollout batch of a whole window).
 
 The callback only reads the task output (``module.last_task_output``) and the clock; it never
-changes training. ``history`` keeps every record (benchmarks read it).
+changes training. ``history`` keeps every micro-batch's record (benchmarks read it; not logged),
+``step_history`` every logged step record.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import time
 import lightning as L
 import torch
 from typing_extensions import override
+
+from callbacks.step_window import StepWindow
 
 
 class StepTiming(L.Callback):
@@ -71,7 +73,7 @@ class StepTiming(L.Callback):
         self._model = 0.0
         self._depth = 0
         self._call_start = 0.0
-        self._step_no = -1
+        self._window = StepWindow()
         self._acc: dict[str, float] = {}
         self.step_history: list[dict[str, float]] = []
 
@@ -106,7 +108,8 @@ class StepTiming(L.Callback):
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = self._now()
-        self._step_no = trainer.global_step
+        if self._window.start(trainer):
+            self._acc = {}
         self._wait = self._start - self._last_end if self._last_end is not None else 0.0
         self._backward, self._model, self._depth, self._optimizer_start = 0.0, 0.0, 0, None
         if self.model_calls:
@@ -138,52 +141,60 @@ class StepTiming(L.Callback):
         record = out.rollout if out is not None else None
         rows = len(record.completions or batch) if record is not None else len(batch)
         wall = step + self._wait
-        record = {
-            "time/data_wait_s": self._wait, "time/step_s": step, "time/update_s": update,
-            "time/backward_s": self._backward, "time/optimizer_s": optimizer,
-            "time/other_s": step - rollout - scoring - update,
-            "throughput/samples_per_s": rows / wall if wall > 0 else 0.0,
-        }
-        if self.model_calls:
-            record["time/model_s"] = self._model
-            record["time/overhead_fraction"] = 1.0 - (self._model + update) / step if step > 0 else 0.0
-        if "tokens/generated" in metrics:
-            record["throughput/generated_tokens_per_s"] = float(metrics["tokens/generated"]) / wall if wall else 0.0
-        if "tokens/prompt_forwarded" in metrics:
-            record["throughput/prompt_tokens_per_step"] = float(metrics["tokens/prompt_forwarded"])
-        if self.keep_history:
-            self.history.append(dict(record, **{"time/rollout_s": rollout, "time/scoring_s": scoring}))
+        if self.keep_history:  # this micro-batch alone
+            self.history.append({
+                "time/data_wait_s": self._wait, "time/step_s": step, "time/update_s": update,
+                "time/rollout_s": rollout, "time/scoring_s": scoring, "time/model_s": self._model,
+                "time/overhead_fraction": 1.0 - (self._model + update) / step if step > 0 else 0.0,
+                "throughput/samples_per_s": rows / wall if wall > 0 else 0.0,
+                "throughput/prompt_tokens_per_step": float(metrics.get("tokens/prompt_forwarded", 0.0))})
         acc = self._acc
-        for key, value in (("wall", wall), ("wait", self._wait), ("rollout", rollout), ("update", update),
+        for key, value in (("wall", wall), ("wait", self._wait), ("step", step), ("rollout", rollout),
+                           ("scoring", scoring), ("update", update), ("backward", self._backward),
+                           ("optimizer", optimizer), ("model", self._model), ("rows", float(rows)),
                            ("generation", float(metrics.get("time/generation_s", 0.0))),
                            ("tokens", float(metrics.get("tokens/generated", 0.0))),
+                           ("prompt_tokens", float(metrics.get("tokens/prompt_forwarded", 0.0))),
                            ("calls", float(metrics.get("rollout/generation_calls", 0.0))),
                            ("sequences", float(metrics.get("rollout/generation_calls", 0.0))
                             * float(metrics.get("rollout/sequences_per_call", 0.0)))):
             acc[key] = acc.get(key, 0.0) + value
-        if trainer.global_step > self._step_no:  # this micro-batch ran the optimizer step
-            step_record = self._step_record(acc)
-            record.update(step_record)
-            self._acc = {}
-            if self.keep_history:
-                self.step_history.append(step_record)
+        acc["has_tokens"] = acc.get("has_tokens", 0.0) + float("tokens/generated" in metrics)
+        acc["has_prompt"] = acc.get("has_prompt", 0.0) + float("tokens/prompt_forwarded" in metrics)
+        if not self._window.stepped(trainer):
+            return  # still accumulating
+        step_record = self._step_record(acc, self.model_calls)
+        self._acc = {}
+        if self.keep_history:
+            self.step_history.append(step_record)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(record, step=trainer.global_step)
+                logger.log_metrics(step_record, step=self._window.step)
 
     @staticmethod
-    def _step_record(acc: dict[str, float]) -> dict[str, float]:
-        """Shares and rates of one optimizer step from the sums over its micro-batches."""
-        wall = acc.get("wall", 0.0)
+    def _step_record(acc: dict[str, float], model_calls: bool = True) -> dict[str, float]:
+        """Times, shares and rates of one optimizer step from the sums over its micro-batches."""
+        get = acc.get
+        wall, step, update = get("wall", 0.0), get("step", 0.0), get("update", 0.0)
         share = (lambda x: x / wall) if wall > 0 else (lambda x: 0.0)
-        rollout, update, wait = acc.get("rollout", 0.0), acc.get("update", 0.0), acc.get("wait", 0.0)
-        gen, calls = acc.get("generation", 0.0), acc.get("calls", 0.0)
-        return {"time/optimizer_step_s": wall, "time/rollout_share": share(rollout), "time/update_share": share(update),
-                "time/data_wait_share": share(wait), "time/other_share": share(wall - rollout - update - wait),
-                "time/generation_share": share(gen),
-                "throughput/step_generated_tokens_per_s": share(acc.get("tokens", 0.0)),
-                "throughput/generation_tokens_per_s": acc.get("tokens", 0.0) / gen if gen > 0 else 0.0,
-                "throughput/sequences_per_generation_call": acc.get("sequences", 0.0) / calls if calls else 0.0}
+        rollout, wait, gen, calls = get("rollout", 0.0), get("wait", 0.0), get("generation", 0.0), get("calls", 0.0)
+        record = {
+            "time/data_wait_s": wait, "time/step_s": step, "time/optimizer_step_s": wall, "time/update_s": update,
+            "time/backward_s": get("backward", 0.0), "time/optimizer_s": get("optimizer", 0.0),
+            "time/other_s": step - rollout - get("scoring", 0.0) - update,
+            "time/rollout_share": share(rollout), "time/update_share": share(update),
+            "time/data_wait_share": share(wait), "time/other_share": share(wall - rollout - update - wait),
+            "time/generation_share": share(gen), "throughput/samples_per_s": share(get("rows", 0.0)),
+            "throughput/generation_tokens_per_s": get("tokens", 0.0) / gen if gen > 0 else 0.0,
+            "throughput/sequences_per_generation_call": get("sequences", 0.0) / calls if calls else 0.0}
+        if model_calls:
+            record["time/model_s"] = get("model", 0.0)
+            record["time/overhead_fraction"] = 1.0 - (get("model", 0.0) + update) / step if step > 0 else 0.0
+        if get("has_tokens"):
+            record["throughput/generated_tokens_per_s"] = share(get("tokens", 0.0))
+        if get("has_prompt"):
+            record["throughput/prompt_tokens_per_step"] = get("prompt_tokens", 0.0)
+        return record
 
     @override
     def on_fit_end(self, trainer, pl_module) -> None:

@@ -245,7 +245,7 @@ def _run_files(folder: Path) -> None:
     """The run's own files are in its folder: the config, the rollouts (2 groups x K = 2) and the bench reports."""
     assert (folder / "config.yaml").is_file() and (folder / "bench" / "latest" / "results.json").is_file()
     rows = [json.loads(line) for line in (folder / "rollouts.jsonl").open()]
-    assert len(rows) == 4 and {row["step"] for row in rows} == {1}
+    assert len(rows) == 4 and {row["step"] for row in rows} == {0}  # the first step: 0
 
 
 def test_grpo_demo_with_configs_wandb_logs_rollouts_kl_and_bench_to_the_run(in_repo, tmp_path, wandb_offline):
@@ -260,11 +260,11 @@ def test_grpo_demo_with_configs_wandb_logs_rollouts_kl_and_bench_to_the_run(in_r
     (run,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     rows = _wandb_history(run)
     table, step = _wandb_media(rows, "rollouts/samples")
-    assert step == 1 and table["nrows"] == 4
+    assert step == 0 and table["nrows"] == 4
     columns = json.loads((run / "files" / table["path"]).read_text())["columns"]
     assert columns[:3] == ["uid", "k", "target"] and "social_grounding" in columns and columns[-1] == "completion"
     hist, step = _wandb_media(rows, "kl/per_token")
-    assert step == 1 and hist["_type"] == "histogram" and sum(hist["values"]) > 0
+    assert step == 0 and hist["_type"] == "histogram" and sum(hist["values"]) > 0
     image, _ = _wandb_media(rows, "bench/category_accuracy")
     assert image["_type"] == "image-file" and image["width"] > 100
     html, _ = _wandb_media(rows, "bench/table")
@@ -287,7 +287,7 @@ def test_grpo_demo_with_configs_mlflow_logs_rollouts_kl_and_bench_to_the_store(i
     assert client.get_run(run_id).info.status == "FINISHED"
     table = json.loads(Path(client.download_artifacts(run_id, "rollouts/samples.json", str(tmp_path))).read_text())
     assert table["columns"][:3] == ["step", "uid", "k"] and len(table["data"]) == 4
-    assert [(m.step, m.value >= 0) for m in client.get_metric_history(run_id, "kl/per_token/p50")] == [(1, True)]
+    assert [(m.step, m.value >= 0) for m in client.get_metric_history(run_id, "kl/per_token/p50")] == [(0, True)]
     files = _mlflow_files(client, run_id)
     assert any(f.startswith("images/bench~category_accuracy+step+1+") and f.endswith(".png") for f in files)
     text = Path(client.download_artifacts(run_id, "bench/table/step_1.md", str(tmp_path))).read_text()

@@ -30,7 +30,7 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_readme_predict_answers_every_bench_item(tmp_path, in_repo) -> None:
-    run_cli(README_PREDICT, tmp_path)
+    cli = run_cli(README_PREDICT, tmp_path)
     out = tmp_path / "demo" / "predictions.jsonl"  # <save_dir>/<name>: the same file for the next run
     records = lines(out)
     bench = read_bench(SAMPLE / "test" / "grasp_bench.tar")
@@ -42,16 +42,17 @@ def test_readme_predict_answers_every_bench_item(tmp_path, in_repo) -> None:
         assert r["target"] == item.answer and r["category"] == item.category and r["video"] == item.clip.path and r["image"] is None
         assert r["answer"] == extract_answer(r["completion"])  # the bench's ABCD letters
         assert r["correct"] == (r["answer"] == item.answer)
-        assert 0 < r["completion_tokens"] <= 24 and r["prompt_tokens"] > 100 and r["seconds"] > 0
+        budget = cli.model.eval_cfg.max_new_tokens  # configs/demo.yaml's budget
+        assert 0 < r["completion_tokens"] <= budget and r["prompt_tokens"] > 100 and r["seconds"] > 0
         assert r["model"] == "grasp_lightning/assets/tiny-qwen3vl" and r["checkpoint"] is None
-        assert r["decoding"]["max_new_tokens"] == 24 and r["decoding"]["do_sample"] is False
+        assert r["decoding"]["max_new_tokens"] == budget and r["decoding"]["do_sample"] is False
     assert len({r["item_key"] for r in records}) == 32 and len({r["setup"] for r in records}) == 1
 
 
 def predict_command(tmp_path: Path, output: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grasp_lightning", *README_PREDICT, "--config", "configs/predict.yaml",
             f"--trainer.callbacks.init_args.output={output}", f"--trainer.logger.init_args.save_dir={tmp_path}",
-            "--data.val_batch_size=1", *extra]
+            "--data.val_batch_size=1", "--model.evaluation.max_new_tokens=24", *extra]
 
 
 def test_a_killed_predict_keeps_its_lines_and_the_same_command_finishes_it(tmp_path, in_repo) -> None:

@@ -250,7 +250,7 @@ def test_step_timing_logs_every_phase_each_step(in_repo, tmp_path):
     """The SGR demo (sgr.yaml lists callbacks.timing.StepTiming) logs the time accounting every step."""
     cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
                    "--trainer.enable_progress_bar=false", "--trainer.max_steps=3", "--data.bench=null",
-                   "--model.rollout.num_generations=4"], tmp_path)
+                   "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=32"], tmp_path)
     series = {k: [v for _, v in vals] for k, vals in scalars(cli.trainer.log_dir).items()}
     keys = ["time/data_wait_s", "time/step_s", "time/update_s", "time/model_s", "time/other_s",
             "time/overhead_fraction", "throughput/samples_per_s", "throughput/generated_tokens_per_s",

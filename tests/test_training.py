@@ -24,6 +24,8 @@ from .test_rollout_sharing import GRAD_TOLS
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+# configs/demo.yaml's budgets fit a whole SFT-format completion (288 tokens); tests that need none use these
+SHORT = ["--model.rollout.max_new_tokens=32", "--model.evaluation.max_new_tokens=24"]
 SFT_STEPS = 24
 FALLBACK = "GRPO share_prompt: falling back to repeated prompt rows"
 
@@ -213,7 +215,7 @@ GRPO_METRICS = [
 
 
 def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_model_path, in_repo, tmp_path):
-    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST,
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST, *SHORT,
                    "--trainer.max_steps=3", "--model.rollout.num_generations=4",
                    f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     log_dir = _log_dir(cli)
@@ -316,7 +318,7 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
 
 
 def test_validate_prints_the_table_and_writes_reports(tiny_model_path, in_repo, tmp_path, capsys):
-    cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST,
+    cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST, *SHORT,
                    f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     out = capsys.readouterr().out
     for cat in ("T1", "T6", "G1", "G6", "J1", "J4"):

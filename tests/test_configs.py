@@ -1,0 +1,206 @@
+"""Every file in ``configs/``, loaded as it is meant to be used, through the loader ``fit`` uses.
+
+Each file is paired (:data:`USES`) with the ``--config`` lists its header gives: a recipe alone and
+with ``configs/demo.yaml``, an overlay after the recipe it varies, a logger or evaluation file after
+the demo. :func:`grasp_lightning.commands.config.load_run` (LightningCLI, ``run=False``) builds each
+list as ``fit`` would (no weights loaded), and every key the YAML files set must come out as the
+last file that sets it says. A file nobody paired fails :func:`test_every_config_file_is_paired`
+(as torchtune's ``tests/recipes/test_configs.py``). The paper recipes and their overlays carry the
+safety net: ``weights_only``, ``Preemption``, ``NonFiniteGuard`` and atomic checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grasp_lightning.commands.config import config_args, load_run
+
+from .conftest import REPO, SAMPLE, TINY
+
+CONFIGS = REPO / "configs"
+
+# file -> the --config lists (names in configs/, in order) it is used in, from its header
+USES: dict[str, list[tuple[str, ...]]] = {
+    "sft.yaml": [("sft",), ("sft", "demo")],
+    "sgr.yaml": [("sgr",), ("sgr", "demo")],
+    "grpo.yaml": [("sgr", "grpo"), ("sgr", "grpo", "demo")],
+    "demo.yaml": [("sft", "demo"), ("sgr", "demo")],
+    "lora.yaml": [("sft", "lora", "demo"), ("sgr", "lora"), ("sgr", "lora", "demo")],
+    "qlora.yaml": [("sft", "qlora", "demo"), ("sgr", "qlora")],
+    "eval_released.yaml": [("sgr", "eval_released"), ("sgr", "demo", "eval_released")],
+    "eval_suites.yaml": [("sgr", "demo", "eval_suites")],
+    "predict.yaml": [("sgr", "demo", "predict"), ("sgr", "predict")],
+    "tensorboard.yaml": [("sgr", "demo", "wandb", "tensorboard")],
+    "wandb.yaml": [("sgr", "demo", "wandb")],
+    "mlflow.yaml": [("sgr", "demo", "mlflow")],
+    "world_sft.yaml": [("world_sft",)],
+    "world_sgr.yaml": [("world_sgr",)],
+    "world_grpo.yaml": [("world_grpo",)],
+    "world_sgr_modal.yaml": [("world_sgr", "world_sgr_modal")],
+    "world_temporal.yaml": [("world_sgr", "world_temporal")],
+    "grasp_pipeline.yaml": [],  # the pipeline command's own file: test_the_pipeline_config_loads_every_stage
+}
+COMBOS = sorted({combo for uses in USES.values() for combo in uses})
+PAPER_RECIPES = ("sft", "sgr")  # the paper's stages; grpo.yaml is an overlay on sgr.yaml
+SAFETY = ("callbacks.control.checkpoint.AtomicModelCheckpoint", "callbacks.control.preemption.Preemption",
+          "callbacks.control.guards.NonFiniteGuard")
+
+
+def _yaml(name: str) -> dict:
+    return yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()) or {}
+
+
+def _merge(base, over):
+    """What a later ``--config`` does to an earlier one's value: mappings merge key by key, a subclass
+    value of another ``class_path`` starts afresh (its init_args only), anything else is replaced."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return over
+    if "class_path" in over and base.get("class_path") != over["class_path"]:
+        return over
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(base.get(key), value) if key in base else value
+    return out
+
+
+def _plain(value):
+    """A resolved value as YAML would write it (Namespaces as mappings, tuples as lists, paths as str)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def _mismatches(expected, resolved, where: str = "") -> list[str]:
+    """Every leaf of ``expected`` (the merged YAML) that ``resolved`` does not hold."""
+    if isinstance(expected, dict):
+        if not isinstance(resolved, dict):
+            return [f"{where}: {resolved!r} is not a mapping"]
+        return [m for k, v in expected.items()
+                for m in (_mismatches(v, resolved[k], f"{where}.{k}".strip(".")) if k in resolved
+                          else [f"{where}.{k}: missing"])]
+    if isinstance(expected, list) and expected and all(isinstance(v, dict) for v in expected):
+        if not isinstance(resolved, list) or len(resolved) != len(expected):
+            return [f"{where}: {len(expected)} items in the YAML, resolved {resolved!r}"]
+        return [m for i, (e, r) in enumerate(zip(expected, resolved)) for m in _mismatches(e, r, f"{where}[{i}]")]
+    if isinstance(expected, float) or isinstance(resolved, float):
+        return [] if resolved == pytest.approx(expected, rel=1e-12) else [f"{where}: {resolved!r} != {expected!r}"]
+    return [] if _plain(expected) == resolved else [f"{where}: {resolved!r} != {expected!r}"]
+
+
+def _logger_paths(combo: tuple[str, ...], tmp_path: Path) -> dict:
+    """Keep the loggers' stores out of the repository (the MLflow logger opens its database on creation)."""
+    if combo[-1] == "mlflow":
+        return {"trainer.logger.init_args.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "trainer.logger.init_args.artifact_location": str(tmp_path / "mlartifacts")}
+    return {"trainer.logger.init_args.save_dir": str(tmp_path)} if combo[-1] == "wandb" else {}
+
+
+def test_every_config_file_is_paired() -> None:
+    """A new file in configs/ fails here until USES says how it is used (and a gone one too)."""
+    assert sorted(p.name for p in CONFIGS.iterdir()) == sorted(USES)
+    for name, uses in USES.items():
+        assert all(name.removesuffix(".yaml") in combo for combo in uses), name
+        assert all((CONFIGS / f"{n}.yaml").is_file() for combo in uses for n in combo), name
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids="+".join)
+def test_every_pairing_loads_with_the_yaml_values(combo, in_repo, tmp_path) -> None:
+    overrides = _logger_paths(combo, tmp_path)
+    run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo], overrides))
+    expected = {}
+    for name in combo:
+        expected = _merge(expected, _yaml(name))
+    expected = _merge(expected, _as_tree(overrides))
+    expected.pop("seed_everything", None)  # load_run seeds nothing (seed_everything=false); fit's is the YAML's
+    resolved = _plain(run.config)
+    assert not _mismatches(expected, resolved)
+    callbacks = [cb["class_path"] for cb in resolved["trainer"]["callbacks"] or []]
+    if combo[0] in PAPER_RECIPES and "predict" not in combo:  # every training run of a paper recipe
+        assert resolved["weights_only"] is True
+        assert all(path in callbacks for path in SAFETY), callbacks
+        assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}
+    if "predict" in combo:
+        assert callbacks == ["callbacks.predictions.PredictionWriter"]
+
+
+def _as_tree(dotted: dict) -> dict:
+    tree: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
+    """configs/grpo.yaml on configs/sgr.yaml changes the rewards, their weights and the run name, nothing else."""
+    sgr = _plain(load_run(config_args([CONFIGS / "sgr.yaml"])).config)
+    run = load_run(config_args([CONFIGS / "sgr.yaml", CONFIGS / "grpo.yaml"]))
+    grpo = _plain(run.config)
+    assert (run.task.rewards, run.task.reward_weights) == (["accuracy", "format"], [1.0, 0.1])
+    assert grpo["trainer"]["logger"]["init_args"]["name"] == "grpo"
+    task, logger = grpo["model"]["task"]["init_args"], grpo["trainer"]["logger"]["init_args"]
+    sgr["model"]["task"]["init_args"].update(rewards=task["rewards"], reward_weights=task["reward_weights"])
+    sgr["trainer"]["logger"]["init_args"]["name"] = logger["name"]
+    assert {k: v for k, v in grpo.items() if k != "config"} == {k: v for k, v in sgr.items() if k != "config"}
+    assert run.config.weights_only is True
+
+
+@pytest.mark.parametrize("combo", [("sgr", "eval_released"), ("sgr", "demo", "eval_released")], ids="+".join)
+def test_eval_released_decodes_one_item_at_a_time(combo, in_repo) -> None:
+    """The released script generates one item at a time; exact parity needs data.val_batch_size 1."""
+    run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo]))
+    assert run.datamodule.hparams["val_batch_size"] == 1
+    assert run.module.eval_cfg.protocol == "released"
+
+
+def _sft_target_tokens() -> list[int]:
+    """Token counts of the bundled SFT data's targets (``<think>…</think><answer>…</answer>``) under the
+    tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    lines = (SAMPLE / "train" / "data_sft.jsonl").read_text().splitlines()
+    targets = [part["content"] for line in lines for part in json.loads(line) if part.get("output")]
+    assert targets and all(t.startswith("<think>") and t.endswith("</answer>") for t in targets)
+    return [len(tokenizer(t, add_special_tokens=False).input_ids) for t in targets]
+
+
+def test_demo_budgets_fit_the_format_the_sft_demo_teaches(in_repo) -> None:
+    """A policy that writes the SFT demo's targets is not cut off by the demo's rollout or evaluation budget."""
+    longest = max(_sft_target_tokens())
+    run = load_run(config_args([CONFIGS / "sgr.yaml", CONFIGS / "demo.yaml"]))
+    assert run.module.rollout_cfg.max_new_tokens >= longest
+    assert run.module.eval_cfg.max_new_tokens >= longest
+
+
+@pytest.mark.parametrize("demo", [False, True])
+def test_the_pipeline_config_loads_every_stage(demo, in_repo, tmp_path) -> None:
+    """configs/grasp_pipeline.yaml (the pipeline command's file): every stage's arguments, and the final
+    validate's, load through the same loader; the stages are the paper recipes, safety net included."""
+    from grasp_lightning.commands.pipeline import pipeline_from_args
+
+    pipeline, _ = pipeline_from_args(["--config", "configs/grasp_pipeline.yaml", "--demo", str(demo).lower(),
+                                      "--run_dir", str(tmp_path)])
+    assert [s.configs for s in pipeline.stages] == [["configs/sft.yaml"], ["configs/sgr.yaml"]]
+    export = None
+    for stage in pipeline.stages:
+        run = load_run(pipeline.stage_args(stage, export))
+        assert run.config.weights_only is True
+        assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}
+        if demo:
+            assert run.module.policy_cfg.name_or_path == (export or "grasp_lightning/assets/tiny-qwen3vl")
+        export = str(tmp_path / stage.name / "export")
+    for name in pipeline.final_validate or []:
+        assert (REPO / name).is_file()
+    assert pipeline.final_validate == (["configs/eval_suites.yaml"] if demo else None)

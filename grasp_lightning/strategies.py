@@ -128,13 +128,14 @@ class GraspDeepSpeedStrategy(DeepSpeedStrategy):
         frozen base, which reloads from ``model.policy.name_or_path``.
 
         ``DeepSpeedEngine.save_checkpoint`` writes ``module.state_dict()`` to ``mp_rank_00_model_states.pt``,
-        under ZeRO-2 plus a second copy of every frozen weight (``frozen_param_fragments``); its optimizer
-        shards hold the trainable parameters' float32 partitions and AdamW state only. Lightning's
-        ``exclude_frozen_parameters`` (turned on here for the save) drops both copies of the frozen weights,
-        except a frozen weight tied under a second name (Qwen3-VL-2B's ``lm_head.weight``, the 151,936 x
-        2,048 embedding: DeepSpeed finds frozen names through ``named_parameters``, which lists a tied
-        weight once), so a state-dict hook also keeps the module's state to its trainable parameters for
-        the save, as :meth:`~grasp_lightning.module.GraspModule.on_save_checkpoint` does without DeepSpeed.
+        under ZeRO-2 plus a CPU copy of every frozen weight (``frozen_param_fragments``; a second copy in the
+        file when the weights are on a GPU); its optimizer shards hold the trainable parameters' float32
+        partitions and AdamW state only. Lightning's ``exclude_frozen_parameters`` (turned on here for the
+        save) leaves the frozen weights out of both, except a frozen weight tied under a second name
+        (Qwen3-VL-2B's ``lm_head.weight``, the 151,936 x 2,048 embedding: DeepSpeed finds frozen names through
+        ``named_parameters``, which lists a tied weight once), so a state-dict hook also keeps the module's
+        state to its trainable parameters for the save, as
+        :meth:`~grasp_lightning.module.GraspModule.on_save_checkpoint` does without DeepSpeed.
         """
         module = self.lightning_module
         if not getattr(module, "trainable_only_checkpoints", False):

@@ -467,7 +467,7 @@ def test_zero2_lora_checkpoint_leaves_the_frozen_base_out(lora_zero2):
         assert flat.numel() * 2 >= numel and flat.numel() * 2 - numel < 2 * 2 ** 10  # half each, up to padding
     frozen = sum(p.numel() for p in policy.parameters() if not p.requires_grad)
     # float32 bytes: the adapters once in the model states (plus the run's state: RNG streams, loops, settings),
-    # their partitions and AdamW moments in the shards; the frozen base alone would be 4 x 206,304 B, twice.
+    # their partitions and AdamW moments in the shards; the frozen base alone would be 4 x 206,304 B.
     assert (ckpt / "mp_rank_00_model_states.pt").stat().st_size < 4 * numel + 100_000 < 4 * frozen
     for rank in (0, 1):
         assert (ckpt / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").stat().st_size < 3 * 4 * numel / 2 + 20_000

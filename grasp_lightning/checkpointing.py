@@ -9,6 +9,12 @@
   files no longer match (a copy cut short, a truncated shard).
 * RNG streams: :func:`rng_states_all_ranks` gathers the torch / numpy / Python (and CUDA) random
   states of every rank into the checkpoint, :func:`restore_rng_states` puts this rank's back.
+* Trainable state only: a LoRA or QLoRA checkpoint holds the trainable parameters
+  (:func:`trainable_state`: the adapters, and any module left trainable) and the optimizer state of
+  those alone, not the frozen base, which reloads from ``model.policy.name_or_path``;
+  :func:`check_trainable_state` refuses, on resume and on export, a state that lacks a trainable
+  parameter or names one the model does not have (peft, TRL and verl's ``save_lora_only`` save the
+  same).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from grasp_lightning.errors import GraspConfigError
 
@@ -229,3 +236,39 @@ def restore_rng_states(states: list[dict[str, Any]], rank: int) -> None:
         log.warning("checkpoint holds RNG states of %d ranks, this is rank %d: random streams will differ from "
                     "the original run", len(states), rank)
     _apply(states[rank % len(states)])
+
+
+# ---------------------------------------------------------------------- trainable state only (LoRA, QLoRA)
+def trainable_keys(module: nn.Module) -> set[str]:
+    """State-dict names of ``module``'s trainable parameters (``requires_grad``; with a LoRA policy its
+    adapters, plus any module left trainable, e.g. a vision tower with ``freeze_vision: false``)."""
+    return {name for name, param in module.named_parameters() if param.requires_grad}
+
+
+def trainable_state(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+    """``state`` (``module.state_dict()``) reduced to ``module``'s trainable parameters.
+
+    A LoRA or QLoRA checkpoint keeps these only: the frozen base is the same tensors as
+    ``from_pretrained`` of ``model.policy.name_or_path`` gives (quantizing it to 4 bit is deterministic),
+    so it reloads from there and a resume continues bit for bit."""
+    keep = trainable_keys(module)
+    return {name: tensor for name, tensor in state.items() if name in keep}
+
+
+def check_trainable_state(state: dict[str, torch.Tensor], module: nn.Module, where: str) -> None:
+    """Refuse a checkpoint ``state`` that would not restore ``module``'s trained function when loaded
+    without strictness (the frozen base is not in it, so ``strict=False`` would hide any mismatch).
+
+    Frozen names that ``module`` has are accepted (a checkpoint saved with the whole model loads too).
+
+    Raises:
+        GraspConfigError: a trainable parameter of ``module`` is missing from ``state``, or ``state`` holds a
+            name ``module``'s state dict does not have (naming the first few of either and their count).
+    """
+    missing = sorted(trainable_keys(module) - set(state))
+    unknown = sorted(set(state) - set(module.state_dict()))
+    if missing or unknown:
+        raise GraspConfigError(
+            f"{where}: {len(missing)} trainable parameter(s) missing, e.g. {missing[:3]}; {len(unknown)} unknown "
+            f"name(s), e.g. {unknown[:3]}; is it a checkpoint of this LoRA run (same model.policy.name_or_path and "
+            "model.lora settings)?")

@@ -21,7 +21,13 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
-from grasp_lightning.checkpointing import RNG_KEY, restore_rng_states, rng_states_all_ranks
+from grasp_lightning.checkpointing import (
+    RNG_KEY,
+    check_trainable_state,
+    restore_rng_states,
+    rng_states_all_ranks,
+    trainable_state,
+)
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import make_engine
 from grasp_lightning.engines.base import RolloutEngine
@@ -41,7 +47,7 @@ from grasp_lightning.policy import (
     load_reference,
 )
 from grasp_lightning.predictions import PredictionSetup, files_signature, model_identity, prediction_records
-from grasp_lightning.quantization import adapters_only, check_adapters_present, check_strategy
+from grasp_lightning.quantization import check_strategy
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
 log = logging.getLogger(__name__)
@@ -211,7 +217,7 @@ class GraspModule(L.LightningModule):
         self.eval_protocol  # noqa: B018 - validates model.evaluation before the (long) model load
         check_strategy(self.lora_cfg, self._trainer.strategy if self._trainer is not None else None)
         self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
-        if self.quantized:  # checkpoints hold the adapters, not the frozen 4-bit base (on_save_checkpoint)
+        if self.trainable_only_checkpoints:  # they lack the frozen base; load_state_dict checks what they hold
             self.strict_loading = False
         if self.task.needs_reference and not self.uses_adapter_reference:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
@@ -241,9 +247,16 @@ class GraspModule(L.LightningModule):
 
     @property
     def quantized(self) -> bool:
-        """True for QLoRA (``model.lora.quantize``): the policy's base is 4 bit and frozen, checkpoints
-        hold its adapters only (``on_save_checkpoint``), and a resume checks that each is there."""
+        """True for QLoRA (``model.lora.quantize``): the policy's base is 4 bit and frozen."""
         return self.lora_cfg.enabled and self.lora_cfg.quantize is not None
+
+    @property
+    def trainable_only_checkpoints(self) -> bool:
+        """True for LoRA and QLoRA (``model.lora.enabled``): checkpoints hold the trainable parameters (the
+        adapters, and any module left trainable) and their optimizer state, not the frozen base, which
+        reloads from ``model.policy.name_or_path`` (:meth:`on_save_checkpoint`, :meth:`load_state_dict`; under
+        DeepSpeed :meth:`grasp_lightning.strategies.GraspDeepSpeedStrategy.save_checkpoint`)."""
+        return self.lora_cfg.enabled
 
     @property
     def uses_adapter_reference(self) -> bool:
@@ -538,25 +551,44 @@ class GraspModule(L.LightningModule):
         random streams (rollout sampling, dropout), and every rank's task state under
         :data:`TASK_STATE_KEY` (GRPO: the cached rollouts of the current window, so a run stopped inside
         a rollout batch resumes with the same samples). Both are gathered to every rank because DeepSpeed
-        saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``)."""
+        saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``).
+
+        LoRA and QLoRA (:attr:`trainable_only_checkpoints`): ``state_dict`` keeps the trainable parameters only
+        (:func:`~grasp_lightning.checkpointing.trainable_state`); the optimizer holds nothing else
+        (:meth:`configure_optimizers`), so its state is the adapters' too. DeepSpeed writes the weights itself
+        and ignores this ``state_dict``: :meth:`grasp_lightning.strategies.GraspDeepSpeedStrategy.save_checkpoint`."""
         checkpoint[RNG_KEY] = rng_states_all_ranks()
         checkpoint[TASK_STATE_KEY] = self.cross_rank.gather(self.task.state_dict())
-        if self.quantized:  # QLoRA: the adapters only; the 4-bit base reloads from model.policy.name_or_path
-            checkpoint["state_dict"] = adapters_only(checkpoint["state_dict"], self)
+        if self.trainable_only_checkpoints and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = trainable_state(checkpoint["state_dict"], self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Keep the saved random states; they are set at the first training batch after the resume,
         once the data loader has drawn its seeds, which is where the uninterrupted run stood. Restore this
         rank's task state (``Task.load_state_dict``)."""
         self._pending_rng_states = checkpoint.get(RNG_KEY)
-        if self.quantized and self.policy is not None:
-            check_adapters_present(checkpoint["state_dict"], self, "the resumed checkpoint")
         states = checkpoint.get(TASK_STATE_KEY) or []
         rank = self.global_rank if self._trainer is not None else 0
         if len(states) > rank:
             self.task.load_state_dict(states[rank])
         elif states:
             log.warning("checkpoint holds the task state of %d ranks, this is rank %d: not restored", len(states), rank)
+
+    @override
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``; for LoRA and QLoRA (:attr:`trainable_only_checkpoints`), whose
+        checkpoints lack the frozen base, first :func:`~grasp_lightning.checkpointing.check_trainable_state`,
+        then a non-strict load. Lightning calls it on resume, and so does DeepSpeed's engine with the module
+        state of its checkpoint directory.
+
+        Raises:
+            GraspConfigError: a trainable parameter is missing from ``state_dict``, or it names a weight this
+                model does not have.
+        """
+        if self.trainable_only_checkpoints and self.policy is not None:
+            check_trainable_state(state_dict, self, "the resumed checkpoint")
+            strict = False
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @override
     def on_train_batch_start(self, batch, batch_idx: int) -> None:

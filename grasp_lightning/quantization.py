@@ -192,29 +192,3 @@ def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         name = name.replace(".base_layer.", ".")
         state[name] = dense.get(name, tensor).detach()
     return state
-
-
-def trainable_keys(module: nn.Module) -> set[str]:
-    """State-dict names of ``module``'s trainable parameters (with a QLoRA policy: its adapters)."""
-    return {name for name, param in module.named_parameters() if param.requires_grad}
-
-
-def adapters_only(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
-    """``state`` reduced to ``module``'s trainable parameters: a QLoRA checkpoint holds the adapters,
-    not the frozen 4-bit base, which reloads from ``model.policy.name_or_path`` (re-quantizing is
-    deterministic)."""
-    keep = trainable_keys(module)
-    return {name: tensor for name, tensor in state.items() if name in keep}
-
-
-def check_adapters_present(state: dict[str, torch.Tensor], module: nn.Module, where: str) -> None:
-    """Refuse a checkpoint that lacks a trainable parameter of ``module`` (loaded without strictness,
-    since the frozen 4-bit base is not in it).
-
-    Raises:
-        GraspConfigError: naming the first missing keys.
-    """
-    missing = sorted(trainable_keys(module) - set(state))
-    if missing:
-        raise GraspConfigError(f"{where}: {len(missing)} trainable parameter(s) missing, e.g. {missing[:3]}; "
-                               "is it a checkpoint of this QLoRA run (same model.lora settings)?")

@@ -24,6 +24,10 @@ Inputs: Lightning's ``DeepSpeedPrecision.convert_input`` walks the whole batch w
 `apply_to_collection`"), so every DeepSpeed run failed at its first batch. The strategy installs
 :class:`BatchDeepSpeedPrecision`, which converts the floating tensors of ``batch.inputs`` only.
 
+LoRA (a module whose ``trainable_only_checkpoints`` is true): DeepSpeed writes the module's weights itself
+(``DeepSpeedEngine.save_checkpoint``; Lightning drops the checkpoint's ``state_dict``), so
+:meth:`GraspDeepSpeedStrategy.save_checkpoint` keeps the frozen base out of it: see there.
+
 Resume: a sharded checkpoint directory is loaded only if it carries the completion marker that
 ``callbacks.control.checkpoint.AtomicModelCheckpoint`` writes last
 (:func:`grasp_lightning.checkpointing.require_complete`). DeepSpeed restores a checkpoint after
@@ -41,7 +45,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from grasp_lightning.checkpointing import require_complete
+from grasp_lightning.checkpointing import require_complete, trainable_keys
 from grasp_lightning.errors import GraspConfigError
 
 
@@ -118,6 +122,37 @@ class GraspDeepSpeedStrategy(DeepSpeedStrategy):
         if module is not None and module.automatic_optimization:
             kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """DeepSpeed's checkpoint directory; for a LoRA module (``trainable_only_checkpoints``) without the
+        frozen base, which reloads from ``model.policy.name_or_path``.
+
+        ``DeepSpeedEngine.save_checkpoint`` writes ``module.state_dict()`` to ``mp_rank_00_model_states.pt``,
+        under ZeRO-2 plus a CPU copy of every frozen weight (``frozen_param_fragments``; a second copy in the
+        file when the weights are on a GPU); its optimizer shards hold the trainable parameters' float32
+        partitions and AdamW state only. Lightning's ``exclude_frozen_parameters`` (turned on here for the
+        save) leaves the frozen weights out of both, except a frozen weight tied under a second name
+        (Qwen3-VL-2B's ``lm_head.weight``, the 151,936 x 2,048 embedding: DeepSpeed finds frozen names through
+        ``named_parameters``, which lists a tied weight once), so a state-dict hook also keeps the module's
+        state to its trainable parameters for the save, as
+        :meth:`~grasp_lightning.module.GraspModule.on_save_checkpoint` does without DeepSpeed.
+        """
+        module = self.lightning_module
+        if not getattr(module, "trainable_only_checkpoints", False):
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        keep = trainable_keys(module)
+
+        def trainable_only(_module, state: dict, prefix: str, _metadata) -> None:
+            for name in [n for n in state if n.startswith(prefix) and n[len(prefix):] not in keep]:
+                del state[name]
+
+        hook = module.register_state_dict_post_hook(trainable_only)
+        exclude, self.exclude_frozen_parameters = self.exclude_frozen_parameters, True
+        try:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        finally:
+            hook.remove()
+            self.exclude_frozen_parameters = exclude
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a DeepSpeed checkpoint directory after checking it is complete.

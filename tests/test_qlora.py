@@ -15,9 +15,10 @@ import pytest
 import torch
 import yaml
 
+from grasp_lightning.checkpointing import check_trainable_state
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy
-from grasp_lightning.quantization import SKIP_MODULES, bnb_config, check_adapters_present, check_strategy, is_4bit
+from grasp_lightning.quantization import SKIP_MODULES, bnb_config, check_strategy, is_4bit
 
 from .conftest import REPO, TINY, TINY35, run_cli, scalars
 from .test_training import FAST, WeightRecorder, _callback, _one_sgr_step
@@ -125,10 +126,10 @@ def test_an_eval_forward_leaves_the_training_gradients_and_the_dense_weights_as_
 def test_a_checkpoint_without_an_adapter_is_refused() -> None:
     model = load_policy(PolicyConfig(name_or_path=str(TINY), dtype="float32"), QLORA)
     state = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    check_adapters_present(state, model, "ckpt")
+    check_trainable_state(state, model, "ckpt")
     state.pop(next(iter(state)))
     with pytest.raises(GraspConfigError, match="ckpt: 1 trainable parameter"):
-        check_adapters_present(state, model, "ckpt")
+        check_trainable_state(state, model, "ckpt")
 
 
 def test_qlora_sft_step_checkpoints_adapters_resumes_and_exports(in_repo, tmp_path) -> None:

@@ -417,3 +417,84 @@ def test_adapter_export_of_a_relative_base_loads_from_any_directory(tmp_path, mo
     assert base == str(TINY.resolve())
     monkeypatch.chdir(tmp_path)
     assert AutoModelForImageTextToText.from_pretrained(adapter) is not None
+
+
+# ---------------------------------------------------------------------------- LoRA under ZeRO-2
+LORA_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def lora_zero2(tmp_path_factory):
+    """A LoRA SFT run under ZeRO-2 (2 ranks x batch 1 x accumulate 2, 4 steps, checkpoints at 2 and 4; LoRA
+    dropout 0 so the recorder's final logits are the trained function), its resume from step 2, and the
+    merged export of its step-4 checkpoint."""
+    from grasp_lightning.commands.export import main as export_main
+
+    root = tmp_path_factory.mktemp("lora-zero2")
+    a, c = root / "a", root / "c"
+    data, model = {"batch_size": 1, "num_workers": 0}, {"lora": {"enabled": True, "dropout": 0.0}}
+    for run, resume in ((a, []), (c, ["--ckpt_path", str(a / "ckpt" / f"epoch=0-step={RESUME_AT}.ckpt")])):
+        run.mkdir()
+        trainer = {**_sft_trainer(run, 2, 2, True, True), "max_steps": LORA_STEPS}
+        _wait(_launch(["fit", *SFT, *_config(run / "c.yaml", trainer, data, model), *resume], run / "run"), run / "run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        export_main([*SFT, *_config(a / "c.yaml", {}, data, model), "--ckpt_path", str(_ckpt(a, LORA_STEPS)),
+                     "--out", str(a / "export")])
+    yield {"a": a, "c": c}
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_zero2_lora_checkpoint_leaves_the_frozen_base_out(lora_zero2):
+    """DeepSpeed writes the module's weights itself; with LoRA the strategy's ``exclude_frozen_parameters``
+    is on, so its model-states file holds the adapters only (no frozen weights, nor ZeRO-2's
+    ``frozen_param_fragments``, a second copy of them), and its optimizer shards the adapters' float32
+    partitions and AdamW state."""
+    from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy
+
+    policy = load_policy(PolicyConfig(name_or_path=str(TINY), dtype="float32"), LoraConfig(enabled=True))
+    trainable = {f"policy.{n}": p.numel() for n, p in policy.named_parameters() if p.requires_grad}
+    ckpt = _ckpt(lora_zero2["a"], RESUME_AT) / "checkpoint"
+    states = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    assert set(states["module"]) == set(trainable) and states["frozen_param_fragments"] is None
+    numel = sum(states["param_shapes"][0][name].numel() for name in states["param_shapes"][0])
+    assert set(states["param_shapes"][0]) == set(trainable) and numel == sum(trainable.values())
+    for rank in (0, 1):
+        shard = torch.load(ckpt / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", map_location="cpu",
+                           weights_only=False)["optimizer_state_dict"]
+        (flat,) = shard["single_partition_of_fp32_groups"]
+        assert flat.numel() * 2 >= numel and flat.numel() * 2 - numel < 2 * 2 ** 10  # half each, up to padding
+    frozen = sum(p.numel() for p in policy.parameters() if not p.requires_grad)
+    # float32 bytes: the adapters once in the model states (plus the run's state: RNG streams, loops, settings),
+    # their partitions and AdamW moments in the shards; the frozen base alone would be 4 x 206,304 B.
+    assert (ckpt / "mp_rank_00_model_states.pt").stat().st_size < 4 * numel + 100_000 < 4 * frozen
+    for rank in (0, 1):
+        assert (ckpt / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").stat().st_size < 3 * 4 * numel / 2 + 20_000
+
+
+@pytest.mark.slow
+def test_zero2_lora_resume_continues_exactly(lora_zero2):
+    """Resumed from the adapters-only directory (the base reloaded from ``model.policy.name_or_path``), every
+    later micro-batch matches the uninterrupted run on both ranks."""
+    for rank in (0, 1):
+        full = read_steps(lora_zero2["a"] / "rec", rank)
+        assert len(full) == 2 * LORA_STEPS
+        assert read_steps(lora_zero2["c"] / "rec", rank) == full[2 * RESUME_AT:], f"rank {rank}"
+    torch.testing.assert_close(torch.load(lora_zero2["c"] / "rec" / "final_logits.pt"),
+                               torch.load(lora_zero2["a"] / "rec" / "final_logits.pt"), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_zero2_lora_export_reproduces_the_trained_logits(lora_zero2):
+    from transformers import AutoModelForImageTextToText
+
+    saved = torch.load(lora_zero2["a"] / "rec" / "final_logits.pt")
+    model = AutoModelForImageTextToText.from_pretrained(lora_zero2["a"] / "export").eval()
+    assert not any("lora_" in name for name, _ in model.named_parameters())  # merged
+    with torch.no_grad():
+        logits = model(input_ids=saved["input_ids"], attention_mask=torch.ones_like(saved["input_ids"])).logits
+    torch.testing.assert_close(logits, saved["logits"], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        base = AutoModelForImageTextToText.from_pretrained(TINY)(input_ids=saved["input_ids"]).logits
+    assert (base - logits).abs().max() > 1e-3  # the export holds the trained adapters

@@ -14,9 +14,12 @@
 * ``--out``: the directory to write: ``save_pretrained`` of the policy and of the processor, plus
   ``export_info.json`` (source checkpoint, step, LoRA handling). ``from_pretrained`` loads it and the
   next stage starts from it (``--model.policy.name_or_path <dir>``, e.g. SGR after SFT).
-* LoRA runs: merged into the base weights by default (``merge_and_unload``); ``--merge_lora false``
+* LoRA runs (the checkpoint holds the trainable weights only, :mod:`grasp_lightning.checkpointing`):
+  the base is loaded from ``model.policy.name_or_path``, the adapters from the checkpoint (each must
+  be there), then merged into the base weights by default (``merge_and_unload``); ``--merge_lora false``
   writes the adapter only (``adapter_config.json`` naming the base model), which
-  ``AutoModelForImageTextToText.from_pretrained`` also loads when peft is installed.
+  ``AutoModelForImageTextToText.from_pretrained`` also loads when peft is installed. A checkpoint that
+  also holds the base (saved before checkpoints were trimmed) exports the same way.
 * QLoRA runs (``model.lora.quantize``; the checkpoint holds the adapters only): the base is loaded in
   4 bit as in training, the adapters into it, then every 4-bit weight is dequantized and the
   adapters merged (:func:`grasp_lightning.quantization.dense_state_dict`) into an un-quantized copy
@@ -40,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from grasp_lightning.checkpointing import partial_path, publish, require_complete
+from grasp_lightning.checkpointing import check_trainable_state, partial_path, publish, require_complete
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.policy import LoraConfig, PolicyConfig, load_model, load_policy, load_processor, resolve_dtype
-from grasp_lightning.quantization import check_adapters_present, dense_state_dict
+from grasp_lightning.quantization import dense_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +90,21 @@ def policy_state_dict(checkpoint: dict, where: str = "checkpoint") -> dict[str, 
 
 def trained_model(state: dict[str, torch.Tensor], policy: PolicyConfig, lora: LoraConfig, *, merge_lora: bool,
                   dtype: str | None, where: str) -> torch.nn.Module:
-    """The policy built as configured with the checkpoint's ``state`` loaded, LoRA merged or kept, cast to
-    ``dtype`` (see :func:`export_checkpoint`; QLoRA: the module docstring).
+    """The policy built as configured (the base from ``policy.name_or_path``) with the checkpoint's ``state``
+    loaded, LoRA merged or kept, cast to ``dtype`` (see :func:`export_checkpoint`; QLoRA: the module docstring).
 
     Raises:
-        GraspConfigError: ``state`` does not match the configured model (missing/unexpected keys; for
-            QLoRA, whose checkpoints hold the adapters only, a missing adapter).
+        GraspConfigError: ``state`` does not match the configured model: a full fine-tune's missing or
+            unexpected keys; for LoRA and QLoRA, whose checkpoints hold the trainable weights only, a
+            missing adapter or a name the model does not have.
     """
     build_cfg = dataclasses.replace(policy, gradient_checkpointing=False, dtype=dtype or policy.dtype)
     model = load_policy(build_cfg, lora)
-    result = model.load_state_dict(state, strict=False)
     quantized = lora.enabled and lora.quantize is not None
-    if quantized:  # a QLoRA checkpoint holds the adapters only: each must be there, nothing else
-        check_adapters_present(state, model, f"export: {where}")
-    if (result.missing_keys and not quantized) or result.unexpected_keys:
+    if lora.enabled:  # the trainable weights only: each adapter must be there; the base is name_or_path's
+        check_trainable_state(state, model, f"export: {where}")
+    result = model.load_state_dict(state, strict=False)
+    if (result.missing_keys and not lora.enabled) or result.unexpected_keys:
         raise GraspConfigError(
             f"export: {where} does not match {policy.name_or_path} with lora.enabled={lora.enabled}: "
             f"missing {result.missing_keys[:5]} ({len(result.missing_keys)}), unexpected "

@@ -1,12 +1,13 @@
 """KL logging: per step, the KL to the reference model, the ratio clip fraction and the policy entropy.
 
-Everything goes under one section, ``kl/``, of every logger: the scalars ``kl/mean``, ``kl/max``,
-``kl/clip_ratio`` and ``kl/entropy``, and the distribution ``kl/per_token`` of the k3 estimates of the
+Everything goes under one section, ``kl/``, of every logger: the scalar ``kl/max`` and the distribution
+``kl/per_token`` of the k3 estimates of the
 step's completion tokens (:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and
 W&B, summary metrics ``kl/per_token/p50, ...`` in MLflow and CSV). A warning is logged when the mean
 KL exceeds ``warn_above``. The callback only reads ``module.last_task_output``
-(:class:`~grasp_lightning.task.TaskOutput`: its ``metrics`` and ``rollout.kl_tokens``, written by the GRPO
-task); it never changes training.
+(:class:`~grasp_lightning.task.TaskOutput`: its ``rollout.kl_tokens``, written by the GRPO task); it never
+changes training. The step's mean KL, clip ratio and entropy are the task's ``train/kl``,
+``train/clip_ratio`` and ``train/entropy`` (``docs/metrics.md``).
 """
 
 from __future__ import annotations
@@ -42,22 +43,15 @@ class KLLogging(L.Callback):
         if out is None or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
             return
         kl = out.rollout.kl_tokens if out.rollout is not None else None
-        metrics = out.metrics
-        values = {}
-        if kl is not None and kl.numel():
-            values["kl/mean"] = float(kl.mean())
-            values["kl/max"] = float(kl.max())
-        if "clip_ratio" in metrics:
-            values["kl/clip_ratio"] = float(metrics["clip_ratio"])
-        if "entropy" in metrics:
-            values["kl/entropy"] = float(metrics["entropy"])
-        if not values:
+        if kl is None or not kl.numel():
             return
+        # the mean KL, clip ratio and entropy of the step are the task's train/kl, train/clip_ratio, train/entropy
+        mean, peak = float(kl.mean()), float(kl.max())
         for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.global_step)
-        if self.histogram and kl is not None and kl.numel():
+            logger.log_metrics({"kl/max": peak}, step=trainer.global_step)
+        if self.histogram:
             log_histogram(trainer, "kl/per_token", kl, trainer.global_step)
-        if "kl/mean" in values and values["kl/mean"] > self.warn_above:
+        if mean > self.warn_above:
             self.warnings += 1
             log.warning("step %d: KL to the reference model %.4f is above %.4f (max %.4f)", trainer.global_step,
-                        values["kl/mean"], self.warn_above, values["kl/max"])
+                        mean, self.warn_above, peak)

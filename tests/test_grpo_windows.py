@@ -169,10 +169,9 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
         outs.append((result, module.last_task_output))
     if rank == 1:
         assert outs[0] == (None, None)
-    for result, out in outs:
-        if out is None:
-            continue
-        assert out.metrics["tokens/window_loss_tokens"] == 21.0
+    assert float(task._window_tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
+    # the step (the window, no trainer) logged once over both ranks: 6 completions of lengths 3 5 2 4 1 6
+    assert module.last_step_metrics["train/completion_length/mean"] == pytest.approx(21 / 6)
     # rank 0, micro-batch A: advantages ±0.5 (K = 2, centred then / std 0.7071), ratio 1:
     # token sum = -(a0 * 3 + a1 * 5) = -(0.7070 * 3 - 0.7070 * 5); normaliser 21 / (W 2 * A 2) = 5.25
     if rank == 0:

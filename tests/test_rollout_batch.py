@@ -194,21 +194,23 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     # the first window's two prompts are degenerate: refill must draw
     monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards({micro[0].items[0].uid, micro[1].items[0].uid}))
     task = make_task(dynamic_sampling=mode)
-    task.prepare(module, micro[0])
+    sampled = task.prepare(module, micro[0])  # the rollout batch's figures, once
     first = task.training_step(module, micro[0])
     state = _roundtrip(task.state_dict())
     ref_out = task.training_step(module, micro[1])
     n_calls = len(calls)
+    assert sampled["dynamic_sampling/groups_tried"] == (4.0 if mode == "refill" else 2.0)
     if mode == "refill":
-        assert micro[0].window.draws >= 1 and first.metrics["dynamic_sampling/groups_kept"] == 2.0
-        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
+        assert micro[0].window.draws == 1 and sampled["dynamic_sampling/groups_kept"] == 2.0
+        assert sampled["dynamic_sampling/groups_dropped"] == 2.0 and sampled["dynamic_sampling/groups_unused"] == 0.0
         # tried: the two degenerate groups (every row 1) and two drawn ones (rows 0, 1, 0, ...); trained: the drawn
         drawn = sum(j % 2 for j in range(K)) / K
-        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
+        assert sampled["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
         assert float(first.metrics["reward/mean"]) == pytest.approx(drawn)
-    else:  # drop: both groups tried are degenerate and masked, the mean over them is that of every row
-        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
-        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx(1.0)
+    else:  # drop: both groups tried are degenerate and masked; tried = trained, so no second reward series
+        assert sampled["dynamic_sampling/groups_kept"] == 0.0 and "dynamic_sampling/groups_dropped" not in sampled
+        assert "dynamic_sampling/reward_mean_tried" not in sampled
+        assert first.metrics["zero_variance_groups/count"] == 1.0 and float(first.metrics["reward/mean"]) == 1.0
     resumed = make_task(dynamic_sampling=mode)
     resumed.load_state_dict(state)
     fresh_micro = micro[1]  # the resumed loader yields the same window again (its batches decoded anew)
@@ -305,7 +307,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
                      "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
                      "iteration": w.iteration, "texts": list(out.rollout.completions),
                      "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
-                     "tries": float(out.metrics["dynamic_sampling/resample_tries"]), "calls": len(calls)})
+                     "tries": self._window_stats["resample_tries"], "calls": len(calls)})
         return out
 
     monkeypatch.setattr(engines_base, "sample_completions", counting)
@@ -430,20 +432,23 @@ def _refill_rank(rank: int) -> None:
     cross = _CountingCrossRank()
     module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
                              rollout_cfg=RolloutConfig(num_generations=2))
-    steps, yielded, trained = [], [], []
+    steps, yielded, trained, unused = [], [], [], 0
     for batch in loader:
         w = batch.window
         calls = cross.calls
-        task.prepare(module, batch)
+        sampled = task.prepare(module, batch)
         ro = task._window_rollouts[w.position]
         steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
+        if sampled:
+            unused += int(sampled["dynamic_sampling/groups_unused"])
         if w.iteration == 0:
             yielded += list(batch.indices)
             trained.append(list(ro.indices))
+            assert len(ro.indices) == len(batch)  # trimmed to the window's size, split evenly: 2 per micro-batch
         else:
             assert list(ro.indices) == trained[len(trained) - 2 + w.position]  # reuse: the same rollouts
     report = {"steps": steps, "yielded": yielded, "drawn": drawn, "trained": trained, "calls": cross.calls,
-              "degenerate": sorted(degenerate)}
+              "degenerate": sorted(degenerate), "unused": unused}
     reports: list = [None, None]
     dist.all_gather_object(reports, report)
     r0, r1 = reports
@@ -455,14 +460,18 @@ def _refill_rank(rank: int) -> None:
     flat = [i for r in reports for t in r["trained"] for i in t]
     assert len(flat) == len(set(flat))  # no prompt trained twice
     bad = set(r0["degenerate"]) | set(r1["degenerate"])
-    assert set(range(N_TWO_RANKS)) - bad <= set(flat)  # no non-degenerate prompt lost
+    # no non-degenerate prompt lost: each is trained or counted as drawn and unused. Window 0 drew one window
+    # on both ranks: rank 0 had 2 + 4 useful groups for 4 places (2 unused), rank 1 4 + 4 (4 unused).
+    assert (r0["unused"], r1["unused"]) == (2, 4)
+    assert len(set(range(N_TWO_RANKS)) - bad - set(flat)) == r0["unused"] + r1["unused"]
 
 
 def test_refill_keeps_two_ranks_aligned_and_sees_every_index_once():
     """2 gloo processes: rank 0 is short of non-degenerate groups in window 0, rank 1 is not; both draw
     (one ``cross_rank.sum`` per try on both), the streams stay aligned (same window indices, draws and
-    collective count per micro-batch), no rank hangs (timeout), and over the epoch every dataset index is
-    yielded or drawn exactly once across the ranks, none trained twice and no non-degenerate one lost."""
+    collective count per micro-batch), no rank hangs (timeout), each rollout batch is trimmed to its window's
+    4 prompts (2 per micro-batch), and over the epoch every dataset index is yielded or drawn exactly once
+    across the ranks, none trained twice, and every non-degenerate one trained or counted as unused."""
     from .test_grpo_windows import _spawn
 
     _spawn(_refill_rank)

@@ -409,13 +409,13 @@ class GraspModule(L.LightningModule):
         ``train/loss`` also goes to the progress bar and ``trainer.callback_metrics``."""
         values = self.step_metrics.reduce(self.cross_rank)
         self.last_step_metrics = values
-        if self._trainer is None:
-            return
-        step = self.trainer.global_step
+        step = self.trainer.global_step if self._trainer is not None else -1
         if self.global_rank == 0:
             own = {k[len("train/"):]: v for k, v in values.items() if k.startswith("train/")}
             for message in self.task.step_warnings(self, own):
                 log.warning("step %d: %s", step, message)
+        if self._trainer is None:
+            return
         if "train/loss" in values:
             self.log("train/loss", values["train/loss"], prog_bar=True, logger=False, on_step=True, batch_size=1)
         every = max(1, int(self.trainer.log_every_n_steps))

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grasp_lightning import grpo as grpo_lib
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.windows import Window
 from grasp_lightning.errors import GraspConfigError
@@ -377,3 +378,58 @@ def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
         filler_last += sum(all(r["zero_variance"]) for r in last)
     # the filler a rank trained last (reward 0.5 or 1.5, zero-variance 1, no KL/entropy) is not what was logged
     assert filler_last >= 1
+
+
+# ----------------------------------------------------------------------------------- step warnings
+class _TruncationTask(GRPOTask):
+    """GRPOTask whose rollouts are given by dataset index: K = 2 rewards and whether each completion was cut off."""
+
+    def __init__(self, script: dict):
+        super().__init__(rewards=["accuracy"], beta=0.0)
+        self.script = script
+
+    def rollout(self, module, batch):
+        rewards = [r for i in batch.indices for r in self.script[i][0]]
+        truncated = torch.tensor([t for i in batch.indices for t in self.script[i][1]])
+        n = len(rewards)
+        terms = torch.tensor(rewards)[:, None]
+        r, adv = self.advantages(terms, k=2)
+        mask = torch.ones(n, 3, dtype=torch.bool)
+        comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
+        return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
+                       old_logp=None, ref_logp=None, zero_variance=grpo_lib.zero_variance_groups(r, 2),
+                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+
+
+@pytest.mark.parametrize(("script", "expected"), [
+    # every completion cut off, every group with equal rewards: both warnings
+    ({0: ([1.0, 1.0], [True, True]), 1: ([0.0, 0.0], [True, True])}, {"truncated", "zero variance"}),
+    # cut off everywhere, but one group's rewards differ: the truncation warning only
+    ({0: ([1.0, 0.0], [True, True]), 1: ([0.0, 0.0], [True, True])}, {"truncated"}),
+    # the first micro-batch all cut off, the last one all degenerate, the step neither: no warning
+    ({0: ([1.0, 0.0], [True, True]), 1: ([1.0, 1.0], [False, True])}, set()),
+])
+def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, expected, monkeypatch, caplog):
+    """A window of 2 micro-batches (1 prompt, K = 2): the warnings describe the whole step and name the
+    settings to change."""
+    import tasks.grpo as grpo_task
+    from grasp_lightning.module import GraspModule
+
+    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared: (
+        torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)))
+    module = GraspModule(_TruncationTask(script), rollout=RolloutConfig(num_generations=2, max_new_tokens=3))
+    batches = [_batch([0]), _batch([1])]
+    _window(batches)
+    with caplog.at_level("WARNING", logger="grasp_lightning.module"):
+        for b in batches:
+            module.training_step(b, 0)
+    messages = [r.getMessage() for r in caplog.records]
+    fired = set()
+    for m in messages:
+        if "was cut off at model.rollout.max_new_tokens=3 tokens" in m:
+            assert "Raise model.rollout.max_new_tokens" in m
+            fired.add("truncated")
+        if "every group of this step has equal rewards" in m:
+            assert "model.rollout.temperature" in m and "model.task.init_args.rewards" in m
+            fired.add("zero variance")
+    assert fired == expected and len(messages) == len(expected), messages

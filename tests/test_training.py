@@ -137,6 +137,36 @@ def test_sft_loss_covers_the_response_tokens_only(sft_run):
     assert float(loss) < 0.5 * scalars(_log_dir(sft_run))["train/loss"][0][1]  # the trained policy
 
 
+class MicroBatchLosses(L.Callback):
+    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
+
+
+def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp_path):
+    """Accumulate 3: ``train/loss`` is the mean of the step's 3 micro-batch losses (what the optimizer step
+    averages), ``train/tokens/loss`` the sum of their response tokens; one point per step."""
+    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
+                   "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
+                   "--trainer.callbacks+=tests.test_training.MicroBatchLosses"], tmp_path)
+    rows = _callback(cli, MicroBatchLosses).rows
+    series = scalars(_log_dir(cli))
+    assert [s for s, _ in series["train/loss"]] == [0, 1] and [s for s, _ in series["train/tokens/loss"]] == [0, 1]
+    for step in (0, 1):
+        mine = [r for r in rows if r[0] == step]
+        assert len(mine) == 3 and len({r[1] for r in mine}) == 3
+        assert dict(series["train/loss"])[step] == pytest.approx(sum(r[1] for r in mine) / 3, rel=1e-6)
+        assert dict(series["train/tokens/loss"])[step] == sum(r[2] for r in mine)
+
+
 def test_sft_export_reloads_with_the_trained_policy_logits(sft_run, sft_export, tiny_model_path):
     from transformers import AutoConfig, AutoModelForImageTextToText
 

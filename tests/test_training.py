@@ -230,16 +230,38 @@ def test_resume_continues_with_the_next_unseen_samples(in_repo, tmp_path):
     assert full[12:] != full[:4]  # epoch 2 is reshuffled
 
 
-GRPO_METRICS = [
-    "train/loss", "train/reward/mean", "train/reward/std", "train/advantage/mean", "train/advantage/std",
-    "train/kl", "train/clip_ratio", "train/completion_length/mean", "train/completion_length/max",
-    "train/completion_length/truncated_fraction", "train/zero_variance_groups/fraction",
-    "train/grounding/precision", "train/grounding/recall", "train/entropy",
-    *[f"train/rewards/{n}/{s}" for n in ("accuracy", "format", "grounding_presence", "social_grounding")
-      for s in ("mean", "std")],
-    "kl/mean", "kl/max", "kl/clip_ratio", "kl/entropy",
-    "val/acc/overall", "val/acc/gaze", "val/acc/gesture", "val/acc/joint", "val/unparseable_rate",
-]
+#: The sections of docs/metrics.md whose tags a demo run of each recipe logs, every one of them.
+GLOSSARY_SECTIONS = {
+    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.bench=null)
+    "grpo": ["Every training run", "GRPO", "Validation (GRASP-Bench)", "Callbacks of the GRPO recipe"],
+}
+
+
+def glossary() -> dict[str, list[str]]:
+    """The tags of docs/metrics.md by section (``## `` heading): the first cell of each table row."""
+    out: dict[str, list[str]] = {}
+    section = None
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif section and (m := re.match(r"\| `([^`]+)` \|", line)):
+            out.setdefault(section, []).append(m.group(1))
+    return out
+
+
+def assert_glossary_lists_exactly(logged: set[str], recipe: str) -> None:
+    """Every tag ``logged`` is in the recipe's glossary sections and every tag there is logged (``<term>``,
+    ``<code>`` stand for one path component)."""
+    sections = glossary()
+    patterns = [p for name in GLOSSARY_SECTIONS[recipe] for p in sections[name]]
+    regex = {p: re.compile(re.sub(r"<[^>]+>", "[^/]+", re.escape(p)) + r"\Z") for p in patterns}
+    unlisted = sorted(t for t in logged if not any(r.match(t) for r in regex.values()))
+    unlogged = [p for p, r in regex.items() if not any(r.match(t) for t in logged)]
+    assert not unlisted and not unlogged, f"not in docs/metrics.md: {unlisted}; listed, not logged: {unlogged}"
+
+
+def test_glossary_lists_every_sft_tag(sft_run):
+    assert_glossary_lists_exactly(set(event_tags(_log_dir(sft_run))["scalars"]), "sft")
 
 
 def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_model_path, in_repo, tmp_path):
@@ -248,8 +270,7 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_mode
                    f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     log_dir = _log_dir(cli)
     tags = event_tags(log_dir)
-    missing = [m for m in GRPO_METRICS if m not in tags["scalars"]]
-    assert not missing, missing
+    assert_glossary_lists_exactly(set(tags["scalars"]), "grpo")
     assert "kl/per_token" in tags["histograms"]
     assert "rollouts/samples/text_summary" in tags["tensors"]
     assert "bench/category_accuracy" in tags["images"]

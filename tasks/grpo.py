@@ -594,9 +594,10 @@ class GRPOTask(Task):
             return {}
         diff = (old - sampled)[keep]
         ratio = torch.exp(diff.clamp(-20, 20))
-        out = {"sampling/logp_difference/mean": diff.abs().mean(), "sampling/logp_difference/max": diff.abs().max(),
-               "sampling/importance_ratio/min": ratio.min(), "sampling/importance_ratio/mean": ratio.mean(),
-               "sampling/importance_ratio/max": ratio.max()}
+        n = diff.numel()  # the loss tokens: means over the step's, extremes over the step
+        out = {"sampling/logp_difference/mean": Mean(diff.abs().sum(), n), "sampling/logp_difference/max": Max.of(diff.abs()),
+               "sampling/importance_ratio/min": Min.of(ratio), "sampling/importance_ratio/mean": Mean(ratio.sum(), n),
+               "sampling/importance_ratio/max": Max.of(ratio)}
         if self.importance_sampling_cap is not None:
             out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.importance_sampling_cap)
         return out

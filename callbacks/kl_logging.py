@@ -1,4 +1,4 @@
-"""KL logging: per step, the KL to the reference model, the ratio clip fraction and the policy entropy.
+"""KL logging: per step, the largest per-token KL to the reference model and the distribution of them.
 
 Everything goes under one section, ``kl/``, of every logger: the scalar ``kl/max`` and the distribution
 ``kl/per_token`` of the k3 estimates of the

@@ -9,7 +9,8 @@
    ``--max-resample`` per step) until 16 useful groups are in the batch (DAPO's dynamic sampling).
 3. Compares the arms per optimizer step on two measures that selection cannot bias:
    - ``dynamic_sampling/reward_mean_tried``: the mean reward of every group sampled at the step, before any
-     is left out (the policy's reward on fresh prompts; ``reward/mean`` is over the groups trained on);
+     is left out (the policy's reward on fresh prompts; ``reward/mean`` is over the groups trained on, which
+     under ``drop`` are all the groups tried, so that arm logs only ``reward/mean``);
    - held-out bench accuracy (``val/acc/overall``, greedy, every ``--rl-val-every`` steps).
 
    For each: the target is the ``drop`` arm's final value (the mean of its last ``--window`` logged rewards;
@@ -58,11 +59,13 @@ def arm_series(run: Path, k: int) -> dict:
     completions sampled so far; bench accuracy at each validation.
 
     Raises:
-        RuntimeError: the run logged no ``dynamic_sampling/reward_mean_tried``.
+        RuntimeError: the run logged neither ``dynamic_sampling/reward_mean_tried`` (refill) nor ``reward/mean``.
     """
-    tried = [(s + 1, v) for s, v, _ in scalars(run, "train/dynamic_sampling/reward_mean_tried")]
+    # refill logs the reward over every group tried; with drop every group tried is trained: train/reward/mean
+    tried = [(s + 1, v) for s, v, _ in (scalars(run, "train/dynamic_sampling/reward_mean_tried")
+                                        or scalars(run, "train/reward/mean"))]
     if not tried:
-        raise RuntimeError(f"{run}: no train/dynamic_sampling/reward_mean_tried logged")
+        raise RuntimeError(f"{run}: neither train/dynamic_sampling/reward_mean_tried nor train/reward/mean logged")
     groups = {s + 1: v for s, v, _ in scalars(run, "train/dynamic_sampling/groups_tried")}
     kept = {s + 1: v for s, v, _ in scalars(run, "train/dynamic_sampling/groups_kept")}
     sampled, completions = 0.0, {}

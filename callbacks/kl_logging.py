@@ -1,18 +1,17 @@
-"""KL logging: once per optimizer step, the KL to the reference model, the ratio clip fraction and the
-policy entropy over the step's completion tokens.
+"""KL logging: once per optimizer step, the largest per-token KL to the reference model and the
+distribution of them, over the step's completion tokens on every rank.
 
-Everything goes under one section, ``kl/``, of every logger: the scalars ``kl/mean``, ``kl/max``,
-``kl/clip_ratio`` and ``kl/entropy``, and the distribution ``kl/per_token`` of the k3 estimates of the
-step's completion tokens (:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and
-W&B, summary metrics ``kl/per_token/p50, ...`` in MLflow and CSV). A step is the whole accumulation
-window on every rank: the loss tokens of all its micro-batches (:class:`callbacks.step_window.StepWindow`),
-gathered from every rank, written once when the optimizer has stepped, at the step's 0-based index (where
-Lightning writes the module's ``train/`` values of the same window). ``kl/mean`` and ``kl/entropy`` are
-token means, ``kl/clip_ratio`` the micro-batches' clip fractions weighted by their loss tokens (the
-fraction of the step's loss tokens whose ratio was clipped). A warning is logged when the mean KL
-exceeds ``warn_above``. The callback only reads ``module.last_task_output``
-(:class:`~grasp_lightning.task.TaskOutput`: ``metrics["clip_ratio"]`` and ``rollout.kl_tokens`` /
-``rollout.entropy_tokens``, written by the GRPO task); it never changes training.
+Everything goes under one section, ``kl/``, of every logger: the scalar ``kl/max`` and the distribution
+``kl/per_token`` of the k3 estimates of the step's completion tokens
+(:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and W&B, summary metrics
+``kl/per_token/p50, ...`` in MLflow and CSV). A step is the whole accumulation window on every rank: the
+loss tokens of all its micro-batches (:class:`callbacks.step_window.StepWindow`), gathered from every
+rank, written once when the optimizer has stepped, at the step's 0-based index (where the module writes
+its ``train/`` values of the same window). The step's mean KL, clip ratio and entropy are the task's
+``train/kl``, ``train/clip_ratio`` and ``train/entropy`` (``docs/metrics.md``); a warning is logged when
+the mean KL exceeds ``warn_above``. The callback only reads ``module.last_task_output``
+(:class:`~grasp_lightning.task.TaskOutput`: ``rollout.kl_tokens``, written by the GRPO task); it never
+changes training.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from grasp_lightning.loggers import log_histogram
 log = logging.getLogger(__name__)
 
 # the logged names (one place, so a rename touches one line)
-TAG_MEAN, TAG_MAX, TAG_CLIP, TAG_ENTROPY, TAG_HISTOGRAM = "kl/mean", "kl/max", "kl/clip_ratio", "kl/entropy", "kl/per_token"
+TAG_MAX, TAG_HISTOGRAM = "kl/max", "kl/per_token"
 
 
 def _cat(parts: list[torch.Tensor], device) -> torch.Tensor:
@@ -60,7 +59,8 @@ class KLLogging(L.Callback):
 
     Attributes:
         warnings: steps whose mean KL was above ``warn_above``.
-        last: the values written for the last logged step (tag to value), for tests and benchmarks.
+        last: the last logged step's ``kl/max`` and its token mean ``mean`` (the value ``train/kl``
+            logs), for tests and benchmarks.
     """
 
     def __init__(self, every_n_steps: int = 1, warn_above: float = 0.5, histogram: bool = True) -> None:
@@ -76,9 +76,6 @@ class KLLogging(L.Callback):
 
     def _reset(self) -> None:
         self._kl: list[torch.Tensor] = []
-        self._entropy: list[torch.Tensor] = []
-        self._clip_sum = 0.0      # sum over micro-batches of clip_ratio x loss tokens
-        self._clip_tokens = 0.0   # loss tokens of the micro-batches that reported clip_ratio
         self._seen = False
 
     @override
@@ -94,46 +91,33 @@ class KLLogging(L.Callback):
             self._write(trainer, pl_module.device, self._window.step)
 
     def _collect(self, out) -> None:
-        """Keep this micro-batch's loss-token KL and entropy and its token-weighted clip fraction."""
+        """Keep this micro-batch's loss-token KL estimates."""
         if out is None or out.rollout is None:
             return
         self._seen = True
-        record = out.rollout
-        if record.kl_tokens is not None:
-            self._kl.append(record.kl_tokens.detach().float().reshape(-1))
-        if record.entropy_tokens is not None:
-            self._entropy.append(record.entropy_tokens.detach().float().reshape(-1))
-        if "clip_ratio" in out.metrics:
-            tokens = float(record.entropy_tokens.numel()) if record.entropy_tokens is not None else 1.0
-            self._clip_sum += float(out.metrics["clip_ratio"]) * tokens
-            self._clip_tokens += tokens
+        if out.rollout.kl_tokens is not None:
+            self._kl.append(out.rollout.kl_tokens.detach().float().reshape(-1))
 
     def _write(self, trainer, device, step: int) -> None:
         """Reduce the window over the ranks (every rank takes part) and write on rank zero."""
-        seen = torch.tensor([float(self._seen), float(bool(self._kl)), float(bool(self._entropy)),
-                             self._clip_sum, self._clip_tokens], device=device)
+        seen = torch.tensor([float(self._seen), float(bool(self._kl))], device=device)
         if trainer.world_size > 1:
             seen = trainer.strategy.reduce(seen, reduce_op="sum")
         if not seen[0]:
             return  # no rollout on any rank in this window (an SFT task)
         kl = gather_tokens(trainer, _cat(self._kl, device)) if seen[1] else None
-        entropy = gather_tokens(trainer, _cat(self._entropy, device)) if seen[2] else None
         self._reset()
-        values = {}
-        if kl is not None and kl.numel():
-            values[TAG_MEAN], values[TAG_MAX] = float(kl.mean()), float(kl.max())
-        if seen[4] > 0:
-            values[TAG_CLIP] = float(seen[3] / seen[4])
-        if entropy is not None and entropy.numel():
-            values[TAG_ENTROPY] = float(entropy.mean())
-        self.last = values
-        if not values or not trainer.is_global_zero:
+        if kl is None or not kl.numel():
+            return
+        mean, peak = float(kl.mean()), float(kl.max())
+        self.last = {TAG_MAX: peak, "mean": mean}
+        if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
-            logger.log_metrics(values, step=step)
-        if self.histogram and TAG_MEAN in values:
+            logger.log_metrics({TAG_MAX: peak}, step=step)
+        if self.histogram:
             log_histogram(trainer, TAG_HISTOGRAM, kl, step)
-        if TAG_MEAN in values and values[TAG_MEAN] > self.warn_above:
+        if mean > self.warn_above:
             self.warnings += 1
-            log.warning("step %d: KL to the reference model %.4f is above %.4f (max %.4f)", step,
-                        values[TAG_MEAN], self.warn_above, values[TAG_MAX])
+            log.warning("step %d: KL to the reference model %.4f is above %.4f (max %.4f)", step, mean,
+                        self.warn_above, peak)

@@ -26,10 +26,8 @@ kernels are charged to the phase that launched them), on rank zero:
 * ``throughput/samples_per_s``: completions (or rows) of the step per second of ``time/optimizer_step_s``;
   ``throughput/generated_tokens_per_s`` likewise for the generated tokens (the task's
   ``tokens/generated``); ``throughput/generation_tokens_per_s``: per second of generation
-  (``time/generation_s``); ``throughput/prompt_tokens_per_step``: prompt tokens the language model
-  ran in the step (the task's ``tokens/prompt_forwarded``, summed).
-* ``throughput/sequences_per_generation_call``: completions per ``generate`` call (the task's
-  ``rollout/sequences_per_call``, ``B·A·K`` for a rollout batch of a whole window).
+  (``time/generation_s``). The step's prompt tokens and completions per ``generate`` call are the
+  task's ``train/tokens/prompt_forwarded`` and ``train/rollout/sequences_per_call`` (``docs/metrics.md``).
 
 The callback only reads the task output (``module.last_task_output``) and the clock; it never
 changes training. ``history`` keeps every micro-batch's record (benchmarks read it; not logged),
@@ -177,7 +175,7 @@ class StepTiming(L.Callback):
         get = acc.get
         wall, step, update = get("wall", 0.0), get("step", 0.0), get("update", 0.0)
         share = (lambda x: x / wall) if wall > 0 else (lambda x: 0.0)
-        rollout, wait, gen, calls = get("rollout", 0.0), get("wait", 0.0), get("generation", 0.0), get("calls", 0.0)
+        rollout, wait, gen = get("rollout", 0.0), get("wait", 0.0), get("generation", 0.0)
         record = {
             "time/data_wait_s": wait, "time/step_s": step, "time/optimizer_step_s": wall, "time/update_s": update,
             "time/backward_s": get("backward", 0.0), "time/optimizer_s": get("optimizer", 0.0),
@@ -185,15 +183,12 @@ class StepTiming(L.Callback):
             "time/rollout_share": share(rollout), "time/update_share": share(update),
             "time/data_wait_share": share(wait), "time/other_share": share(wall - rollout - update - wait),
             "time/generation_share": share(gen), "throughput/samples_per_s": share(get("rows", 0.0)),
-            "throughput/generation_tokens_per_s": get("tokens", 0.0) / gen if gen > 0 else 0.0,
-            "throughput/sequences_per_generation_call": get("sequences", 0.0) / calls if calls else 0.0}
+            "throughput/generation_tokens_per_s": get("tokens", 0.0) / gen if gen > 0 else 0.0}
         if model_calls:
             record["time/model_s"] = get("model", 0.0)
             record["time/overhead_fraction"] = 1.0 - (get("model", 0.0) + update) / step if step > 0 else 0.0
         if get("has_tokens"):
             record["throughput/generated_tokens_per_s"] = share(get("tokens", 0.0))
-        if get("has_prompt"):
-            record["throughput/prompt_tokens_per_step"] = get("prompt_tokens", 0.0)
         return record
 
     @override

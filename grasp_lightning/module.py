@@ -48,6 +48,7 @@ from grasp_lightning.policy import (
 )
 from grasp_lightning.predictions import PredictionSetup, files_signature, model_identity, prediction_records
 from grasp_lightning.quantization import check_strategy
+from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ class GraspModule(L.LightningModule):
         self.suites = SuiteRunner()  # the evaluation suites: GRASP-Bench (data.bench) and data.eval_suites
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
+        self.step_metrics = StepMetrics()  # this rank's parts of the current optimizer step's metrics
+        self.last_step_metrics: dict[str, float] = {}  # the last step's metrics over all ranks, as logged
         self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
         self._rollout_engine: RolloutEngine | None = None
 
@@ -364,24 +367,78 @@ class GraspModule(L.LightningModule):
                 "or turn validation off (data.bench=null)")
 
     def training_step(self, batch: Batch, batch_idx: int):
-        """Run the task on one micro-batch and log its metrics under ``train/``."""
-        # Logged at every step: Lightning repeats a step metric's last value in steps that do not log it.
-        self.log("data/skipped", float(len(batch.skipped)), reduce_fx="sum", on_step=True, batch_size=1)
-        self.task.prepare(self, batch)  # every rank, every micro-batch: the task's collectives run here
+        """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).
+
+        Every micro-batch of every rank adds ``data/skipped`` and the metrics of :meth:`Task.prepare`
+        (GRPO: the rollout batch it sampled), then, unless empty, the task's ``train/`` metrics,
+        ``train/nonfinite_loss`` and ``train/loss`` (:class:`~grasp_lightning.step_metrics.Mean` over the
+        step's micro-batches with a finite loss, on all ranks). At the step's last micro-batch
+        (:meth:`_ends_step`) they are reduced over ranks and logged once (:meth:`_log_step`).
+        """
+        parts = self.step_metrics
+        parts.add({"data/skipped": Sum(len(batch.skipped))})
+        prepared = self.task.prepare(self, batch) or {}  # every rank, every micro-batch: the task's collectives
+        parts.add(prepared, prefix="train/")
+        result = self._train_micro_batch(batch, prepared)
+        if self._ends_step(batch):
+            self._log_step()
+        return result
+
+    def _train_micro_batch(self, batch: Batch, prepared: dict):
+        """The task's loss of a non-empty micro-batch (``None``/zero loss for an empty or non-finite one); its
+        metrics go to :attr:`step_metrics`. ``last_task_output`` (read by callbacks) also shows ``prepared``."""
         if len(batch) == 0:
+            self.last_task_output = None
             return self._no_update()
         out = self.task.training_step(self, batch)
+        self.step_metrics.add(out.metrics, prefix="train/")
+        if prepared:
+            out.metrics = combine(prepared, out.metrics)
         self.last_task_output = out
-        if out.metrics:
-            self.log_dict({f"train/{k}": v for k, v in out.metrics.items()}, on_step=True, prog_bar=False,
-                          batch_size=len(batch))
         finite = out.loss is None or bool(torch.isfinite(out.loss.detach()).all())
-        self.log("train/nonfinite_loss", float(not finite), reduce_fx="sum", on_step=True, batch_size=1)
+        self.step_metrics.add({"train/nonfinite_loss": Sum(float(not finite))})
         if not finite:
             return self._skip_nonfinite_loss(out.loss, batch)
         if out.loss is not None:
-            self.log("train/loss", out.loss.detach(), on_step=True, prog_bar=True, batch_size=len(batch))
+            self.step_metrics.add({"train/loss": Mean(out.loss.detach(), 1)})
         return out.loss
+
+    def _ends_step(self, batch: Batch) -> bool:
+        """Whether this micro-batch is the last of its optimizer step: Lightning's own decision
+        (``fit_loop._should_accumulate``, which also steps at an epoch's last batch); without a trainer,
+        the last micro-batch of ``batch.window`` (or every micro-batch without one)."""
+        if self._trainer is not None:
+            return not self.trainer.fit_loop._should_accumulate()
+        window = getattr(batch, "window", None)
+        return window is None or window.position == len(window.batches) - 1
+
+    def _log_step(self) -> None:
+        """Reduce the step's metrics over ranks (one collective, on every rank), keep them as
+        :attr:`last_step_metrics`, log the task's warnings (:meth:`Task.step_warnings`) on rank 0, and write
+        them to every logger at ``trainer.global_step`` (every ``trainer.log_every_n_steps`` steps).
+
+        Written to the loggers directly rather than through ``self.log``: a name missing from a step (a
+        mean over nothing) is then missing from the log, where Lightning would repeat its last value.
+        ``train/loss`` also goes to the progress bar and ``trainer.callback_metrics``."""
+        values = self.step_metrics.reduce(self.cross_rank)
+        self.last_step_metrics = values
+        step = self.trainer.global_step if self._trainer is not None else -1
+        if self.global_rank == 0:
+            own = {k[len("train/"):]: v for k, v in values.items() if k.startswith("train/")}
+            for message in self.task.step_warnings(self, own):
+                log.warning("step %d: %s", step, message)
+        if self._trainer is None:
+            return
+        if "train/loss" in values:
+            self.log("train/loss", values["train/loss"], prog_bar=True, logger=False, on_step=True, batch_size=1)
+        every = max(1, int(self.trainer.log_every_n_steps))
+        if values and ((step + 1) % every == 0 or self.trainer.should_stop):
+            for logger in self.loggers:
+                logger.log_metrics(values, step=step)
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self.step_metrics.clear()  # a window cut at an epoch's end (DeepSpeed does not step there) is not carried
 
     def _skip_nonfinite_loss(self, loss: torch.Tensor, batch: Batch):
         """Count and log a NaN/Inf loss, then skip the micro-batch.

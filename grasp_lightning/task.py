@@ -66,7 +66,10 @@ class TaskOutput:
     Attributes:
         loss: scalar tensor to back-propagate (already normalised as the task defines), or
             ``None`` to skip the micro-batch (e.g. every row was skipped).
-        metrics: scalars to log under ``train/`` (tensors or floats).
+        metrics: this micro-batch's parts of the step's metrics, logged under ``train/`` once per
+            optimizer step: :mod:`grasp_lightning.step_metrics` values (``Mean(total, count)``, ``Sum``, ...)
+            say how they combine over the step's micro-batches and ranks; a plain number or 0-d tensor is a
+            mean over the step's micro-batches.
         rollout: the micro-batch's scored rollouts for the callbacks (tasks that sample), else ``None``.
     """
 
@@ -184,10 +187,26 @@ class Task:
     def setup(self, ctx: TaskContext) -> None:
         """Called once the policy is loaded (e.g. to read token ids from the tokenizer)."""
 
-    def prepare(self, ctx: TaskContext, batch: Batch) -> None:
+    def prepare(self, ctx: TaskContext, batch: Batch) -> dict | None:
         """Called on every micro-batch of every rank before :meth:`training_step`, also for an empty
         batch that will be skipped: the place for cross-rank collectives (``ctx.cross_rank``),
-        which no rank may miss."""
+        which no rank may miss.
+
+        Returns:
+            metrics of work done here that belong to the optimizer step rather than to one micro-batch's
+            loss (GRPO: the rollout batch it sampled), as :attr:`TaskOutput.metrics`; or ``None``.
+        """
+        return None
+
+    def step_warnings(self, ctx: TaskContext, metrics: dict[str, float]) -> list[str]:
+        """Problems visible in one optimizer step's metrics that a user should act on, each naming the
+        setting to change; the module logs them at WARNING on rank 0. Default: none.
+
+        Args:
+            ctx: the task's context (its settings, e.g. ``ctx.rollout_cfg``).
+            metrics: the step's metrics over all ranks, named as in :attr:`TaskOutput.metrics` (no ``train/``).
+        """
+        return []
 
     def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
         """Compute the loss of one micro-batch. Must be overridden."""

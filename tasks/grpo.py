@@ -17,18 +17,28 @@ tokens of the window over all ranks, TRL's ``num_items_in_batch``) and the ``bat
 (:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples.
 
 **Dynamic sampling** (DAPO Sec. 3.2): ``off``; ``drop`` masks groups whose rewards are all equal out
-of the loss; ``refill`` also draws further windows of prompts from the data stream
-(``Window.draw``: the next windows the loader would have yielded, consumed, so no prompt is lost or
-seen twice within the epoch) and samples them until the rollout batch holds as many groups with
-distinct rewards as the window has prompts, at most ``max_resample`` draws; the kept groups are
-spread over the window's micro-batches (a micro-batch may then hold more or fewer than ``B``
-prompts; a shortfall after the budget is filled with masked degenerate groups). Every rank draws
-when any rank is short, so the streams of all ranks stay aligned. Drawn windows are not yielded
-again, so the epoch runs ``A·num_iterations`` micro-batches fewer per drawn window than ``len()``
-of the loader (and the LR schedule) expects; the loader logs the count at the epoch's end (see
+of the loss's numerator; ``refill`` also draws further windows of prompts from the data stream
+(``Window.draw``: the next windows the loader would have yielded, consumed) and samples them until the
+rollout batch holds as many groups with distinct rewards as the window has prompts, at most
+``max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
+the first useful groups in sampling order, then, if the budget ran out, masked degenerate groups
+(:func:`tasks.grpo_rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
+(never more than ``B`` prompts in one). Useful groups drawn beyond that are *drawn and unused*: sampled
+and scored (their rewards count in ``dynamic_sampling/reward_mean_tried``), not trained, not returned to
+the stream, and counted in ``dynamic_sampling/groups_unused``. In that sense no prompt is lost or seen
+twice within the epoch: each is yielded or drawn exactly once, and each drawn one is trained or counted.
+Every rank draws when any rank is short, so the streams of all ranks stay aligned; a rank whose whole
+window was skipped draws too (its draws are all unused) and joins every collective. Drawn windows are
+not yielded again, so the epoch runs ``A·num_iterations`` micro-batches fewer per drawn window than
+``len()`` of the loader (and the LR schedule) expects; the loader logs the count at the epoch's end (see
 :mod:`grasp_lightning.data.windows` for a schedule given in steps). ``num_iterations`` > 1 reuses a window's rollouts for that many optimizer
 steps with the old log-probs of the sampling policy: the DataModule yields each window that many
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
+
+**Metrics** are the optimizer step's: each micro-batch returns its parts (means with their counts,
+sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per rollout batch from
+:meth:`GRPOTask.prepare`, and the module reduces them over the window and the ranks once per step
+(``docs/metrics.md`` lists every tag).
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
 and reference log-prob forwards) runs once per prompt (``share_prompt``, default; exact, see
@@ -58,6 +68,7 @@ from grasp_lightning.shared_prompt import (
     score_completions,
     sharing_unsupported_reason,
 )
+from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
 from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
@@ -66,6 +77,7 @@ from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-
     cat_rollouts,
     even_split,
     merge_batches,
+    refill_selection,
     repeat_video_inputs,
     rollout_from_state,
     rollout_state,
@@ -108,11 +120,15 @@ class GRPOTask(Task):
             this many times (passed to it by the module, see ``GraspDataModule.connect``).
         drop_zero_variance_groups: the older key for ``dynamic_sampling: drop`` (``true`` = drop);
             ``None`` leaves the choice to ``dynamic_sampling``.
-        dynamic_sampling: ``off``; ``drop``: groups whose rewards are all equal are left out of the
-            loss (their advantages are 0; with ``beta > 0`` they would still pull towards the
-            reference); ``refill``: drop them and draw further prompts until the rollout batch has
-            as many non-degenerate groups as the window has prompts (DAPO dynamic sampling; EasyR1
-            ``online_filtering``). ``None``: ``drop`` if ``drop_zero_variance_groups`` else ``off``.
+        dynamic_sampling: ``off``; ``drop``: the tokens of groups whose rewards are all equal are masked out
+            of the loss's numerator (their advantages are 0; with ``beta > 0`` they would still pull towards
+            the reference). Their rows stay in the normaliser where ``loss_type`` has one per sequence, as
+            TRL defines it: with ``grpo`` a dropped row counts as a sequence of loss 0 in the micro-batch's
+            mean, with ``dr_grpo`` in ``N * max_new_tokens``; ``bnpo`` and ``dapo`` count only loss tokens.
+            ``refill``: drop them, draw further prompts until the rollout batch has as many
+            non-degenerate groups as the window has prompts, and trim it to that size (DAPO dynamic
+            sampling; EasyR1 ``online_filtering``; see the module docstring). ``None``: ``drop`` if
+            ``drop_zero_variance_groups`` else ``off``.
         max_resample: ``refill`` draws at most this many further windows of prompts per rollout batch;
             each one shortens the epoch by one window (logged at the epoch's end).
         rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one);
@@ -207,7 +223,6 @@ class GRPOTask(Task):
         self._window_tokens = torch.tensor(0.0)  # loss tokens of the window over all ranks
         self._ready: tuple | None = None  # the micro-batch prepare() ran for
         self._window_stats: dict[str, float] = {}  # the rollout batch's sampling figures (logged once)
-        self._window_reported = True
         self._restored = False  # the cache came from a checkpoint: prompts and items still to attach
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
@@ -359,11 +374,15 @@ class GRPOTask(Task):
         w = batch.window
         return ([batch], 0, 0, -1) if w is None else (w.batches, w.position, w.iteration, w.index)
 
-    def prepare(self, ctx: TaskContext, batch: Batch) -> None:
+    def prepare(self, ctx: TaskContext, batch: Batch) -> dict | None:
         """At a window's first use: sample its rollout batch (:meth:`sample_window`), then one all-reduce
         of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``ctx.cross_rank``) for the ``dapo``
         normaliser and the ``batch`` advantage std. Runs on every rank at the same micro-batches
-        (windows line up across ranks), also where the micro-batch or the whole window is empty."""
+        (windows line up across ranks), also where the micro-batch or the whole window is empty.
+
+        Returns:
+            the rollout batch's figures (:meth:`sampling_metrics`) when it sampled one, else ``None``.
+        """
         batches, position, iteration, index = self._window_of(batch)
         key = (index, tuple(tuple(b.indices) for b in batches))
         self._ready = (id(batch), id(batch.window))
@@ -376,6 +395,12 @@ class GRPOTask(Task):
         device = ctx.device
         self._window_rollouts = self.sample_window(ctx, [b.to(device) for b in batches], batch.window)
         self._window_key, self._restored = key, False
+        self._window_normaliser(ctx, device)
+        return self.sampling_metrics()
+
+    def _window_normaliser(self, ctx: TaskContext, device) -> None:
+        """One all-reduce of ``[loss tokens, n, Σ r, Σ r²]`` of the window over ranks: the ``dapo``
+        normaliser and, for ``advantage: batch``, the advantages redone with every rank's reward std."""
         rollouts = [ro for ro in self._window_rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
@@ -387,6 +412,30 @@ class GRPOTask(Task):
             for ro in rollouts:
                 ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
                                                             k=ctx.rollout_cfg.num_generations)
+
+    def sampling_metrics(self) -> dict:
+        """The figures of the rollout batch just sampled (:meth:`sample_window`), as step metrics: this rank's
+        seconds (:class:`RankMean`), generated and prompt tokens, generation calls (:class:`Sum`) and, with
+        ``dynamic_sampling``, the groups tried and kept; with ``refill`` also the draws, the groups dropped
+        and drawn-but-unused, and the reward over every group tried. Names that would repeat another series
+        are left out: with ``drop`` every group tried is trained (its reward is ``reward/mean``, its dropped
+        groups ``zero_variance_groups/count``), and ``off`` has nothing to report."""
+        st = self._window_stats
+        m: dict = {"time/rollout_s": RankMean(st["rollout_s"]), "time/generation_s": RankMean(st["generation_s"]),
+                   "time/rewards_s": RankMean(st["rewards_s"]), "time/logp_s": RankMean(st["logp_s"]),
+                   "time/weight_sync_s": RankMean(st.get("weight_sync_s", 0.0)),
+                   "tokens/generated": Sum(st["generated_tokens"]), "tokens/prompt_forwarded": Sum(st["prompt_tokens"]),
+                   "rollout/generation_calls": Sum(st["generation_calls"]),
+                   "rollout/sequences_per_call": Mean(st["sequences"], st["generation_calls"])}
+        if self.dynamic_sampling != "off":
+            m["dynamic_sampling/groups_tried"] = Sum(st["groups_tried"])
+            m["dynamic_sampling/groups_kept"] = Sum(st["groups_kept"])
+        if self.dynamic_sampling == "refill":
+            m["dynamic_sampling/groups_dropped"] = Sum(st["groups_dropped"])
+            m["dynamic_sampling/groups_unused"] = Sum(st["groups_unused"])
+            m["dynamic_sampling/resample_tries"] = Max(st["resample_tries"])
+            m["dynamic_sampling/reward_mean_tried"] = Mean(st["reward_sum_tried"], st["completions_tried"])
+        return m
 
     def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
         """Micro-batches grouped into generation calls of at most ``rollout_batch_prompts`` prompts
@@ -411,9 +460,11 @@ class GRPOTask(Task):
         allows, refilled (``dynamic_sampling: refill``) from ``window.draw()``, then cut into one
         :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
 
-        Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the kept groups
-        (then, if the budget ran out, masked degenerate ones up to the window's prompt count) are spread
-        evenly over the non-empty positions. Collective under refill: one ``cross_rank.sum`` per try.
+        Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the window's prompt
+        count of groups (:func:`~tasks.grpo_rollouts.refill_selection`: useful ones first, masked degenerate
+        ones if the budget ran out) split evenly over the non-empty positions
+        (:func:`~tasks.grpo_rollouts.even_split`); none for a window with no prompt on this rank. Collective
+        under refill: one ``cross_rank.sum`` per try, on every rank, an empty one included.
         """
         pad = _pad_id(ctx)
         t0 = time.perf_counter()
@@ -433,36 +484,34 @@ class GRPOTask(Task):
                 tries += 1
                 ros += self._sample(ctx, [b.to(device) for b in extra])
         positions: list[Rollout | None] = [None] * len(batches)
-        stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "resample_tries": float(tries),
-                 "reward_mean_tried": 0.0,
-                 "generation_calls": 0.0, "sequences_per_call": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
+        stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "groups_unused": 0.0,
+                 "resample_tries": float(tries), "reward_sum_tried": 0.0, "completions_tried": 0.0,
+                 "generation_calls": 0.0, "sequences": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
                  "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "weight_sync_s": 0.0}
         if ros:
             ro = cat_rollouts(ros, pad)
             live = [i for i, b in enumerate(batches) if len(b)]
             zero = ro.zero_variance.tolist()
+            n_useful = ro.num_groups - sum(zero)
+            unused = 0
             if self.dynamic_sampling == "refill":
-                kept = [g for g, z in enumerate(zero) if not z]
-                filler = [g for g, z in enumerate(zero) if z][:max(0, target - len(kept))]
-                selected, sizes = kept + filler, even_split(len(kept) + len(filler), len(live))
+                selected, unused = refill_selection(zero, target)
+                sizes = even_split(len(selected), len(live))
             else:
                 selected, sizes = list(range(ro.num_groups)), [len(batches[i]) for i in live]
             start = 0
             for i, size in zip(live, sizes):
                 positions[i] = take_groups(ro, selected[start:start + size], ctx.rollout_cfg.num_generations)
                 start += size
-            n_kept = ro.num_groups - sum(zero)
-            # the mean over every group sampled, before any is left out: the policy's reward on fresh prompts
-            # (``reward/mean`` is over the groups trained on, which refill and drop select)
-            stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_kept),
-                         reward_mean_tried=float(ro.rewards.double().mean()),
-                         groups_dropped=float(ro.num_groups - n_kept) if self.drop_zero_variance_groups else 0.0,
-                         generation_calls=float(ro.generation_calls),
-                         sequences_per_call=ro.completions.ids.shape[0] / max(1, ro.generation_calls),
+            stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_useful - unused),
+                         groups_unused=float(unused), reward_sum_tried=float(ro.rewards.double().sum()),
+                         completions_tried=float(ro.rewards.numel()),
+                         groups_dropped=float(ro.num_groups - n_useful) if self.drop_zero_variance_groups else 0.0,
+                         generation_calls=float(ro.generation_calls), sequences=float(ro.completions.ids.shape[0]),
                          generation_s=ro.generation_seconds, rewards_s=ro.reward_seconds, logp_s=ro.logp_seconds,
                          rollout_s=time.perf_counter() - t0, generated_tokens=float(ro.completions.mask.sum()),
                          prompt_tokens=float(ro.prompt_tokens), weight_sync_s=ro.weight_sync_seconds)
-        self._window_stats, self._window_reported = stats, False
+        self._window_stats = stats
         return positions
 
     # ------------------------------------------------------------------ checkpointed cache
@@ -486,7 +535,7 @@ class GRPOTask(Task):
         self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
         self._window_stats = dict(state.get("stats", {}))
         self._window_rollouts = [None if r is None else rollout_from_state(r) for r in state["rollouts"]]
-        self._restored, self._window_reported = True, True
+        self._restored = True
 
     def _attach(self, ctx: TaskContext, window, batches: list[Batch]) -> bool:
         """Give restored rollouts their prompts and items (from the micro-batch with the same indices, or
@@ -514,13 +563,18 @@ class GRPOTask(Task):
 
     # ------------------------------------------------------------------ objective
     def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
-        """The micro-batch's rollouts (sampled by :meth:`prepare`), then the clipped GRPO loss with the k3 KL."""
+        """The micro-batch's rollouts (sampled by :meth:`prepare`), then the clipped GRPO loss with the k3 KL.
+
+        Metrics (:meth:`metrics`) are this micro-batch's parts of the step's: means carry their counts
+        (completions, groups, loss tokens), so the module's step values are means over the whole step on
+        all ranks. Called directly (not through the module), the sampling figures of :meth:`prepare` are
+        included."""
+        prepared = {}
         if self._ready != (id(batch), id(batch.window)):
-            self.prepare(ctx, batch)  # called directly, not through the module
+            prepared = self.prepare(ctx, batch) or {}  # called directly, not through the module
         self._ready = None
         batches, position, iteration, _ = self._window_of(batch)
         ro = self._window_rollouts[position]
-        fresh = iteration == 0
         cfg = ctx.rollout_cfg
         k = cfg.num_generations
         t0 = time.perf_counter()
@@ -538,28 +592,14 @@ class GRPOTask(Task):
                                   token_weights=sampler.pop("weights", None))
         metrics = self.metrics(batch, ro, lm, entropy, mask)
         metrics.update(sampler)
-        metrics["ratio/mean"] = lm["ratio_mean"]
-        metrics["tokens/window_loss_tokens"] = float(self._window_tokens)
+        if self.dynamic_sampling != "off" or self.num_iterations > 1:  # else every generated token is a loss token
+            metrics["tokens/loss"] = Sum(mask.sum())
         metrics["rollout/iteration"] = float(iteration)
-        metrics["time/scoring_s"] = time.perf_counter() - t0
-        prompt_tokens = prompt_tokens_forwarded(ro.prompt, k, ro.shared)
-        if fresh and not self._window_reported:
-            # the rollout batch's figures, once, on the first micro-batch that trains (where it was sampled)
-            st = self._window_stats
-            metrics["time/rollout_s"] = st["rollout_s"]
-            metrics["time/generation_s"] = st["generation_s"]
-            metrics["time/rewards_s"] = st["rewards_s"]
-            metrics["time/logp_s"] = st["logp_s"]
-            metrics["time/weight_sync_s"] = st.get("weight_sync_s", 0.0)
-            metrics["tokens/generated"] = st["generated_tokens"]
-            metrics["rollout/generation_calls"] = st["generation_calls"]
-            metrics["rollout/sequences_per_call"] = st["sequences_per_call"]
-            prompt_tokens += st["prompt_tokens"]
-            self._window_reported = True
-        for name in ("groups_tried", "groups_kept", "groups_dropped", "resample_tries", "reward_mean_tried"):
-            metrics[f"dynamic_sampling/{name}"] = float(self._window_stats.get(name, 0.0))  # every micro-batch
-        metrics["tokens/prompt_forwarded"] = float(prompt_tokens)
         metrics["rollout/shared_prompt"] = float(ro.shared)
+        metrics["tokens/prompt_forwarded"] = Sum(prompt_tokens_forwarded(ro.prompt, k, ro.shared))
+        metrics["time/scoring_s"] = RankMean(time.perf_counter() - t0)
+        if prepared:
+            metrics = combine(prepared, metrics)
         kl_tokens = None
         if ro.ref_logp is not None:
             kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
@@ -581,58 +621,89 @@ class GRPOTask(Task):
             return {}
         diff = (old - sampled)[keep]
         ratio = torch.exp(diff.clamp(-20, 20))
-        out = {"sampling/logp_difference/mean": diff.abs().mean(), "sampling/logp_difference/max": diff.abs().max(),
-               "sampling/importance_ratio/min": ratio.min(), "sampling/importance_ratio/mean": ratio.mean(),
-               "sampling/importance_ratio/max": ratio.max()}
+        n = diff.numel()  # the loss tokens: means over the step's, extremes over the step
+        out = {"sampling/logp_difference/mean": Mean(diff.abs().sum(), n), "sampling/logp_difference/max": Max.of(diff.abs()),
+               "sampling/importance_ratio/min": Min.of(ratio), "sampling/importance_ratio/mean": Mean(ratio.sum(), n),
+               "sampling/importance_ratio/max": Max.of(ratio)}
         if self.importance_sampling_cap is not None:
             out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.importance_sampling_cap)
         return out
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
-        """Per-step metrics: reward terms, advantages, KL, clipping, lengths, zero-variance groups, grounding."""
-        m: dict[str, torch.Tensor | float] = {}
+        """One micro-batch's parts of the step metrics (:mod:`grasp_lightning.step_metrics`).
+
+        Over the completions of the micro-batch's groups (refill's masked filler groups included): reward
+        terms, reward and advantage mean/std/extremes, completion lengths, the truncated and parsed
+        fractions, grounding. Over its groups: the zero-variance fraction and count. Over its loss tokens
+        (``mask``, ``(N, Lc)``: the groups left out by ``dynamic_sampling`` have none): k3 KL (only with a
+        reference model), entropy, ratio and the clip fractions.
+        """
+        m: dict = {}
         for j, name in enumerate(self.reward_labels):
-            m[f"rewards/{name}/mean"] = ro.terms[:, j].mean()
-            m[f"rewards/{name}/std"] = ro.terms[:, j].std(unbiased=False)
-        m["reward/mean"] = ro.rewards.mean()
-        m["reward/std"] = ro.rewards.std(unbiased=False)
-        m["advantage/mean"] = ro.advantages.mean()
-        m["advantage/std"] = ro.advantages.std(unbiased=False)
-        m["advantage/max"] = ro.advantages.max()
-        m["advantage/min"] = ro.advantages.min()
-        m["kl"] = lm.get("kl_mean", torch.tensor(0.0))
-        m["clip_ratio"] = lm["clip_ratio"]
-        m["clip_ratio/low"] = lm["clip_ratio_low"]
-        m["clip_ratio/high"] = lm["clip_ratio_high"]
-        m["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            m[f"rewards/{name}/mean"] = Mean.of(ro.terms[:, j])
+            m[f"rewards/{name}/std"] = Std.of(ro.terms[:, j])
+        m["reward/mean"] = Mean.of(ro.rewards)
+        m["reward/std"] = Std.of(ro.rewards)
+        m["advantage/mean"] = Mean.of(ro.advantages)
+        m["advantage/std"] = Std.of(ro.advantages)
+        m["advantage/max"] = Max.of(ro.advantages)
+        m["advantage/min"] = Min.of(ro.advantages)
+        n = mask.float().sum()
+        if "kl_mean" in lm:
+            m["kl"] = Mean(lm["kl_mean"] * n, n)
+        m["clip_ratio"] = Mean(lm["clip_ratio"] * n, n)
+        m["clip_ratio/low"] = Mean(lm["clip_ratio_low"] * n, n)
+        m["clip_ratio/high"] = Mean(lm["clip_ratio_high"] * n, n)
+        m["ratio/mean"] = Mean(lm["ratio_mean"] * n, n)
+        m["entropy"] = Mean((entropy.detach().float() * mask).sum(), n)
         lengths = ro.completions.mask.sum(1).float()
-        m["completion_length/mean"] = lengths.mean()
-        m["completion_length/max"] = lengths.max()
-        m["completion_length/truncated_fraction"] = ro.completions.truncated.float().mean()
+        m["completion_length/mean"] = Mean.of(lengths)
+        m["completion_length/max"] = Max.of(lengths)
+        m["completion_length/truncated_fraction"] = Mean.of(ro.completions.truncated)
         n_zero = int(ro.zero_variance.sum())
         self.zero_variance_groups_total += n_zero
-        m["zero_variance_groups/fraction"] = n_zero / max(1, ro.zero_variance.numel())
-        m["zero_variance_groups/count"] = float(n_zero)
+        m["zero_variance_groups/fraction"] = Mean(n_zero, ro.zero_variance.numel())
+        m["zero_variance_groups/count"] = Sum(n_zero)
         k = ro.num_generations
         grounding, no_gt = _grounding_metrics(ro.completions.texts, ro.items or batch.items, k)
         m.update(grounding)
         rows_no_gt = no_gt // k
         self.rows_without_participants_total += rows_no_gt
-        m["grounding/rows_without_participants"] = float(rows_no_gt)
+        m["grounding/rows_without_participants"] = Sum(rows_no_gt)
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
-        m["answer/parsed_fraction"] = sum(parsed) / len(parsed)
+        m["answer/parsed_fraction"] = Mean(sum(parsed), len(parsed))
         return m
 
+    def step_warnings(self, ctx: TaskContext, metrics: dict[str, float]) -> list[str]:
+        """A warning when every completion of the step hit the token budget, and one when every group of
+        the step had equal rewards (no advantage, so no policy gradient), each naming what to change."""
+        out = []
+        budget = ctx.rollout_cfg.max_new_tokens
+        if metrics.get("completion_length/truncated_fraction") == 1.0:
+            out.append(f"every completion of this step was cut off at model.rollout.max_new_tokens={budget} tokens "
+                       "before it ended: none reached its answer, so the rewards cannot tell them apart. Raise "
+                       "model.rollout.max_new_tokens (and model.evaluation.max_new_tokens for validation) to fit the "
+                       "<think>...</think><answer>...</answer> format")
+        if metrics.get("zero_variance_groups/fraction") == 1.0:
+            out.append(f"every group of this step has equal rewards for all its model.rollout.num_generations="
+                       f"{ctx.rollout_cfg.num_generations} completions: every advantage is 0, so the policy "
+                       "gradient is 0 (only the KL term acts). Make the completions differ (model.rollout.temperature, "
+                       "model.rollout.num_generations, model.rollout.max_new_tokens if they are cut off) or the "
+                       "rewards (model.task.init_args.rewards / reward_weights), or start from a policy that can "
+                       "earn them (model.policy.name_or_path)")
+        return out
 
-def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tuple[dict[str, float], int]:
+
+def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tuple[dict[str, Mean], int]:
     """Grounding of ``N = len(items) * k`` completions (``k`` per item, in item order) and how many have
     no ground-truth participants.
 
     ``grounding/precision`` and ``grounding/recall``: means over the completions with ground truth
     (naming nobody counts as 0); ``grounding/enumeration_rate``: among those naming at least one
     person, the share naming every person the item shows (at least two;
-    :func:`grasp_lightning.rewards.enumerates`), as ``val/grounding/enumeration_rate``. A key is left
-    out when nothing is averaged.
+    :func:`grasp_lightning.rewards.enumerates`), as ``val/grounding/enumeration_rate``. Each is a
+    :class:`~grasp_lightning.step_metrics.Mean` with its count, so the step's value is over every such
+    completion of the step; a key is left out when nothing is averaged.
     """
     precisions, recalls, enumerating, no_gt = [], [], [], 0
     for text, item in zip(texts, [it for it in items for _ in range(k)]):
@@ -648,10 +719,10 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
             enumerating.append(enumerates(named, persons_shown(item)))
     out = {}
     if precisions:
-        out["grounding/precision"] = sum(precisions) / len(precisions)
-        out["grounding/recall"] = sum(recalls) / len(recalls)
+        out["grounding/precision"] = Mean(sum(precisions), len(precisions))
+        out["grounding/recall"] = Mean(sum(recalls), len(recalls))
     if enumerating:
-        out["grounding/enumeration_rate"] = sum(enumerating) / len(enumerating)
+        out["grounding/enumeration_rate"] = Mean(sum(enumerating), len(enumerating))
     return out, no_gt
 
 

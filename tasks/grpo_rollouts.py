@@ -165,9 +165,41 @@ def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
 
 
 def even_split(n: int, parts: int) -> list[int]:
-    """Sizes of ``parts`` contiguous chunks of ``n`` items, as even as possible (larger first)."""
+    """Sizes of ``parts`` contiguous chunks of ``n`` items, as even as possible (larger first); ``[]`` for
+    nothing into no parts (a rank whose whole window was skipped).
+
+    Raises:
+        ValueError: ``n > 0`` items into no parts, or a negative count.
+    """
+    if n < 0 or parts < 0 or (n and not parts):
+        raise ValueError(f"even_split: cannot split {n} items into {parts} parts")
+    if not parts:
+        return []
     base, extra = divmod(n, parts)
     return [base + (i < extra) for i in range(parts)]
+
+
+def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int], int]:
+    """The groups ``dynamic_sampling: refill`` trains, from every group sampled for a rollout batch.
+
+    The first ``target`` groups with distinct rewards, in sampling order (the window's own prompts, then
+    each drawn window's), then, if there are fewer, degenerate groups (all rewards equal: masked out of
+    the loss) up to ``target``, as DAPO and verl trim the filtered batch to the batch size. Useful groups
+    beyond ``target`` are sampled and scored but not trained: *drawn and unused* (their prompts are not
+    returned to the stream; the caller logs their count).
+
+    Args:
+        zero_variance: per group sampled, in order, whether its rewards are all equal.
+        target: groups the rollout batch holds (the window's prompts on this rank; 0 for an empty window).
+
+    Returns:
+        ``(selected, unused)``: indices of at most ``target`` groups (useful first), and the count of useful
+        groups left out.
+    """
+    useful = [g for g, z in enumerate(zero_variance) if not z]
+    degenerate = [g for g, z in enumerate(zero_variance) if z]
+    selected = (useful + degenerate)[:target]
+    return selected, max(0, len(useful) - target)
 
 
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:

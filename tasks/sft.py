@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.prompts import IGNORE_INDEX
+from grasp_lightning.step_metrics import Sum
 from grasp_lightning.task import Task, TaskContext, TaskOutput
 
 
@@ -37,7 +38,9 @@ class SFTTask(Task):
     """Supervised fine-tuning on ``data_sft.jsonl`` rows.
 
     The loss of a micro-batch is the mean over its response tokens; with gradient accumulation
-    Lightning averages micro-batch losses, as is usual for SFT.
+    Lightning averages micro-batch losses, as is usual for SFT, and the logged ``train/loss`` is that
+    mean over the step's micro-batches and ranks. ``train/tokens/loss`` counts the step's response tokens
+    on all ranks.
     """
 
     needs_reference = False
@@ -51,4 +54,4 @@ class SFTTask(Task):
         keep = labels.shape[1] - int(batch.prompt_lengths.min()) + 1
         logits = ctx.policy(**inputs, use_cache=False, logits_to_keep=keep).logits
         loss, n_tokens = response_cross_entropy(logits, labels[:, -keep:])
-        return TaskOutput(loss=loss, metrics={"response_tokens": n_tokens.float()})
+        return TaskOutput(loss=loss, metrics={"tokens/loss": Sum(n_tokens)})

@@ -92,15 +92,17 @@ def test_kl_logging_writes_one_point_per_step_over_the_whole_window(accumulated_
         entropy = torch.cat([r["entropy"] for r in window]).double()
         tokens = [r["entropy"].numel() for r in window]
         clip = sum(r["clip"] * n for r, n in zip(window, tokens)) / sum(tokens)
-        expected = {"kl/mean": float(kl.mean()), "kl/max": float(kl.max()), "kl/entropy": float(entropy.mean()),
-                    "kl/clip_ratio": clip}
+        # kl/max from KLLogging; the step's token means are the module's train/ series (one name per series)
+        expected = {"train/kl": float(kl.mean()), "kl/max": float(kl.max()), "train/entropy": float(entropy.mean()),
+                    "train/clip_ratio": clip}
         for tag, value in expected.items():
             assert [s for s, _ in series[tag]] == list(range(STEPS)), tag  # one point per step, at its index
             assert dict(series[tag])[step] == pytest.approx(value, rel=2e-6, abs=1e-12), (tag, step)
         # the window's token mean is not its last micro-batch's (what was logged before)
         assert abs(float(entropy.mean()) - float(window[-1]["entropy"].double().mean())) > 1e-4
-    assert dict(series["kl/mean"])[0] == 0.0  # step 0 starts from the reference weights
-    assert dict(series["kl/mean"])[1] > 0.0
+    assert dict(series["train/kl"])[0] == 0.0  # step 0 starts from the reference weights
+    assert dict(series["train/kl"])[1] > 0.0
+    assert not {"kl/mean", "kl/entropy", "kl/clip_ratio"} & set(series)  # the same series as train/...
     assert [s for s, _ in series["train/loss"]] == list(range(STEPS))  # the module's points: the same steps
     acc = EventAccumulator(str(log_dir), size_guidance={"histograms": 0})
     acc.Reload()
@@ -142,8 +144,7 @@ def test_step_timing_writes_one_record_per_step_summing_its_micro_batches(accumu
         assert record["time/optimizer_step_s"] == pytest.approx(step_s + wait, rel=1e-9)
         assert dict(series["time/step_s"])[step] == pytest.approx(step_s, rel=1e-6)
         assert record["throughput/samples_per_s"] == pytest.approx(ACCUMULATE * K / (step_s + wait), rel=1e-9)
-        assert record["throughput/prompt_tokens_per_step"] == pytest.approx(
-            sum(r["throughput/prompt_tokens_per_step"] for r in micro))
+        assert "throughput/prompt_tokens_per_step" not in record  # the task's train/tokens/prompt_forwarded
 
 
 def test_kl_logging_reduces_the_step_over_both_ranks(tmp_path):
@@ -170,6 +171,7 @@ def test_kl_logging_reduces_the_step_over_both_ranks(tmp_path):
         assert len(window) == 2 * 2  # 2 micro-batches on each rank
         entropy = torch.cat([row["entropy"] for row in window]).double()
         kl = torch.cat([row["kl"] for row in window]).double()
-        assert dict(series["kl/entropy"])[step] == pytest.approx(float(entropy.mean()), rel=2e-6)
-        assert dict(series["kl/mean"])[step] == pytest.approx(float(kl.mean()), rel=2e-6, abs=1e-12)
+        assert dict(series["train/entropy"])[step] == pytest.approx(float(entropy.mean()), rel=2e-6)
+        assert dict(series["train/kl"])[step] == pytest.approx(float(kl.mean()), rel=2e-6, abs=1e-12)
+        assert dict(series["kl/max"])[step] == pytest.approx(float(kl.max()), rel=2e-6, abs=1e-12)
         assert counts[step] == kl.numel() > sum(row["kl"].numel() for row in ranks[0] if row["step"] == step)

@@ -4,17 +4,25 @@ overlong penalty modes. Hand-computed values; the cross-rank tests run 2 CPU pro
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
+import subprocess
+import sys
+import time
 import types
+import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grasp_lightning import grpo as grpo_lib
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.windows import Window
 from grasp_lightning.errors import GraspConfigError
@@ -22,7 +30,7 @@ from grasp_lightning.generation import Completions, RolloutConfig
 from grasp_lightning.task import CrossRank
 from tasks.grpo import GRPOTask, Rollout
 
-from .conftest import run_cli
+from .conftest import REPO, run_cli, scalars
 
 MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
 
@@ -193,10 +201,9 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
         outs.append((result, module.last_task_output))
     if rank == 1:
         assert outs[0] == (None, None)
-    for result, out in outs:
-        if out is None:
-            continue
-        assert out.metrics["tokens/window_loss_tokens"] == 21.0
+    assert float(task._window_tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
+    # the step (the window, no trainer) logged once over both ranks: 6 completions of lengths 3 5 2 4 1 6
+    assert module.last_step_metrics["train/completion_length/mean"] == pytest.approx(21 / 6)
     # rank 0, micro-batch A: advantages ±0.5 (K = 2, centred then / std 0.7071), ratio 1:
     # token sum = -(a0 * 3 + a1 * 5) = -(0.7070 * 3 - 0.7070 * 5); normaliser 21 / (W 2 * A 2) = 5.25
     if rank == 0:
@@ -284,3 +291,169 @@ def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
         GraspDataModule(bench=None, mode="sft").connect(mode="rl")
     with pytest.raises(GraspConfigError, match="data.repeat_batches=2 was removed"):
         GraspDataModule(bench=None, repeat_batches=2)
+
+
+# ----------------------------------------------------------------------------------- step metrics, 2 ranks
+def half_degenerate_reward(completion: str, item) -> float:
+    """A reward term: 0.5 for every completion of the prompts whose file line is even (degenerate groups),
+    else a value that differs between any two distinct completions (CRC-32 of the text)."""
+    if int(item.uid.rsplit(":", 1)[1]) % 2 == 0:
+        return 0.5
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+class StepMetricsRecorder(L.Callback):
+    """Writes, per micro-batch of this rank, what the step metrics are computed from: the rollouts the
+    micro-batch trained (rewards, lengths, truncation, groups), its k3 KL and entropy of the loss tokens
+    and its loss (``steps_rank{r}.jsonl`` under ``out_dir``)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        ro = pl_module.task._window_rollouts[batch.window.position]
+        k = ro.num_generations
+        row = {"step": self._step, "position": batch.window.position,
+               "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),
+               "truncated": ro.completions.truncated.tolist(), "zero_variance": ro.zero_variance.tolist(),
+               "kl": out.rollout.kl_tokens.tolist(), "entropy": out.rollout.entropy_tokens.tolist(),
+               "loss": float(out.loss.detach())}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:
+    """``python -m grasp_lightning <args>`` once per rank (2 ranks, as ``torchrun`` starts them); every
+    process is killed and the test fails after ``timeout`` seconds."""
+    port, procs = str(_free_port()), []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        log = open(run / f"rank{rank}.log", "w")  # noqa: SIM115 (closed when the process ends)
+        procs.append(subprocess.Popen([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise AssertionError(f"2-rank run still running after {timeout} s (a collective was skipped?)") from None
+    tails = "\n----\n".join((run / f"rank{r}.log").read_text()[-3000:] for r in range(2))
+    assert [p.returncode for p in procs] == [0, 0], tails
+
+
+def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
+    """GRPO-SGR on 2 gloo ranks (Lightning DDP), accumulate 4, one prompt per micro-batch, K = 2, refill
+    without draws (``max_resample: 0``: the window's degenerate groups are trained, masked, after the useful
+    ones, so a rank's last micro-batch is often filler). Every logged step value equals the value computed
+    here from both ranks' recorded micro-batches: reward mean over the 16 completions, zero-variance
+    fraction over the 8 groups, KL and entropy over all loss tokens, token counts summed, the loss the mean
+    of the 8 micro-batch losses. One point per step, none from a single (filler) micro-batch."""
+    run = tmp_path
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--trainer.accelerator=cpu",
+            "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accumulate_grad_batches=4",
+            "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={run}",
+            f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.test_grpo_windows.StepMetricsRecorder",
+            f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.batch_size=1", "--data.num_workers=0",
+            "--data.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
+            "--model.task.init_args.rewards=[accuracy, tests.test_grpo_windows.half_degenerate_reward]",
+            "--model.task.init_args.reward_weights=[1.0, 1.0]", "--model.task.init_args.dynamic_sampling=refill",
+            "--model.task.init_args.max_resample=0", "--model.optim.warmup_steps=0"]
+    _launch_ranks(args, run, timeout=240)
+    rows = [json.loads(line) for r in range(2)
+            for line in (run / "rec" / f"steps_rank{r}.jsonl").read_text().splitlines()]
+    (log_dir,) = {p.parent for p in run.rglob("events.out.tfevents.*")}
+    logged = scalars(log_dir)
+    for tag in ("train/reward/mean", "train/kl", "train/loss", "train/tokens/loss"):
+        assert [s for s, _ in logged[tag]] == [0, 1], tag  # one point per optimizer step
+    filler_last = 0
+    for step in (0, 1):
+        mine = [r for r in rows if r["step"] == step]
+        assert len(mine) == 8  # 4 micro-batches on each of the 2 ranks
+        rewards = [x for r in mine for x in r["rewards"]]
+        groups = [z for r in mine for z in r["zero_variance"]]
+        kl = [x for r in mine for x in r["kl"]]
+        entropy = [x for r in mine for x in r["entropy"]]
+        lengths = [x for r in mine for x in r["lengths"]]
+        expected = {
+            "train/reward/mean": sum(rewards) / len(rewards),
+            "train/zero_variance_groups/fraction": sum(groups) / len(groups),
+            "train/zero_variance_groups/count": float(sum(groups)),
+            "train/kl": sum(kl) / len(kl), "train/entropy": sum(entropy) / len(entropy),
+            "train/tokens/loss": float(len(kl)), "train/tokens/generated": float(sum(lengths)),
+            "train/completion_length/mean": sum(lengths) / len(lengths),
+            "train/completion_length/truncated_fraction": sum(t for r in mine for t in r["truncated"]) / len(lengths),
+            "train/loss": sum(r["loss"] for r in mine) / len(mine),
+            "train/dynamic_sampling/groups_tried": 8.0, "train/dynamic_sampling/groups_unused": 0.0,
+        }
+        assert len(rewards) == 16 and 0 < sum(groups) < 8  # both useful and degenerate (filler) groups
+        for tag, value in expected.items():
+            assert dict(logged[tag])[step] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, tag)
+        last = [r for r in mine if r["position"] == 3]
+        filler_last += sum(all(r["zero_variance"]) for r in last)
+    # the filler a rank trained last (reward 0.5 or 1.5, zero-variance 1, no KL/entropy) is not what was logged
+    assert filler_last >= 1
+
+
+# ----------------------------------------------------------------------------------- step warnings
+class _TruncationTask(GRPOTask):
+    """GRPOTask whose rollouts are given by dataset index: K = 2 rewards and whether each completion was cut off."""
+
+    def __init__(self, script: dict):
+        super().__init__(rewards=["accuracy"], beta=0.0)
+        self.script = script
+
+    def rollout(self, module, batch):
+        rewards = [r for i in batch.indices for r in self.script[i][0]]
+        truncated = torch.tensor([t for i in batch.indices for t in self.script[i][1]])
+        n = len(rewards)
+        terms = torch.tensor(rewards)[:, None]
+        r, adv = self.advantages(terms, k=2)
+        mask = torch.ones(n, 3, dtype=torch.bool)
+        comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
+        return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
+                       old_logp=None, ref_logp=None, zero_variance=grpo_lib.zero_variance_groups(r, 2),
+                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+
+
+@pytest.mark.parametrize(("script", "expected"), [
+    # every completion cut off, every group with equal rewards: both warnings
+    ({0: ([1.0, 1.0], [True, True]), 1: ([0.0, 0.0], [True, True])}, {"truncated", "zero variance"}),
+    # cut off everywhere, but one group's rewards differ: the truncation warning only
+    ({0: ([1.0, 0.0], [True, True]), 1: ([0.0, 0.0], [True, True])}, {"truncated"}),
+    # the first micro-batch all cut off, the last one all degenerate, the step neither: no warning
+    ({0: ([1.0, 0.0], [True, True]), 1: ([1.0, 1.0], [False, True])}, set()),
+])
+def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, expected, monkeypatch, caplog):
+    """A window of 2 micro-batches (1 prompt, K = 2): the warnings describe the whole step and name the
+    settings to change."""
+    import tasks.grpo as grpo_task
+    from grasp_lightning.module import GraspModule
+
+    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared: (
+        torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)))
+    module = GraspModule(_TruncationTask(script), rollout=RolloutConfig(num_generations=2, max_new_tokens=3))
+    batches = [_batch([0]), _batch([1])]
+    _window(batches)
+    with caplog.at_level("WARNING", logger="grasp_lightning.module"):
+        for b in batches:
+            module.training_step(b, 0)
+    messages = [r.getMessage() for r in caplog.records]
+    fired = set()
+    for m in messages:
+        if "was cut off at model.rollout.max_new_tokens=3 tokens" in m:
+            assert "Raise model.rollout.max_new_tokens" in m
+            fired.add("truncated")
+        if "every group of this step has equal rewards" in m:
+            assert "model.rollout.temperature" in m and "model.task.init_args.rewards" in m
+            fired.add("zero variance")
+    assert fired == expected and len(messages) == len(expected), messages

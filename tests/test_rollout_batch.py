@@ -24,6 +24,7 @@ from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions
 from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
+from tasks.grpo_rollouts import even_split
 
 from .conftest import SAMPLE, TINY
 
@@ -194,21 +195,23 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     # the first window's two prompts are degenerate: refill must draw
     monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards({micro[0].items[0].uid, micro[1].items[0].uid}))
     task = make_task(dynamic_sampling=mode)
-    task.prepare(module, micro[0])
+    sampled = task.prepare(module, micro[0])  # the rollout batch's figures, once
     first = task.training_step(module, micro[0])
     state = _roundtrip(task.state_dict())
     ref_out = task.training_step(module, micro[1])
     n_calls = len(calls)
+    assert sampled["dynamic_sampling/groups_tried"] == (4.0 if mode == "refill" else 2.0)
     if mode == "refill":
-        assert micro[0].window.draws >= 1 and first.metrics["dynamic_sampling/groups_kept"] == 2.0
-        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
+        assert micro[0].window.draws == 1 and sampled["dynamic_sampling/groups_kept"] == 2.0
+        assert sampled["dynamic_sampling/groups_dropped"] == 2.0 and sampled["dynamic_sampling/groups_unused"] == 0.0
         # tried: the two degenerate groups (every row 1) and two drawn ones (rows 0, 1, 0, ...); trained: the drawn
         drawn = sum(j % 2 for j in range(K)) / K
-        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
+        assert sampled["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
         assert float(first.metrics["reward/mean"]) == pytest.approx(drawn)
-    else:  # drop: both groups tried are degenerate and masked, the mean over them is that of every row
-        assert first.metrics["dynamic_sampling/groups_dropped"] == 2.0
-        assert first.metrics["dynamic_sampling/reward_mean_tried"] == pytest.approx(1.0)
+    else:  # drop: both groups tried are degenerate and masked; tried = trained, so no second reward series
+        assert sampled["dynamic_sampling/groups_kept"] == 0.0 and "dynamic_sampling/groups_dropped" not in sampled
+        assert "dynamic_sampling/reward_mean_tried" not in sampled
+        assert first.metrics["zero_variance_groups/count"] == 1.0 and float(first.metrics["reward/mean"]) == 1.0
     resumed = make_task(dynamic_sampling=mode)
     resumed.load_state_dict(state)
     fresh_micro = micro[1]  # the resumed loader yields the same window again (its batches decoded anew)
@@ -305,7 +308,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
                      "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
                      "iteration": w.iteration, "texts": list(out.rollout.completions),
                      "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
-                     "tries": float(out.metrics["dynamic_sampling/resample_tries"]), "calls": len(calls)})
+                     "tries": self._window_stats["resample_tries"], "calls": len(calls)})
         return out
 
     monkeypatch.setattr(engines_base, "sample_completions", counting)
@@ -372,8 +375,9 @@ class _IndexTask(grpo_task.GRPOTask):
     """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a
     degenerate group) for indices in ``degenerate``, else [1, 0]."""
 
-    def __init__(self, degenerate: set[int], **kwargs):
-        super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=2, dynamic_sampling="refill", **kwargs)
+    def __init__(self, degenerate: set[int], num_iterations: int = 2, **kwargs):
+        super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=num_iterations, dynamic_sampling="refill",
+                         **kwargs)
         self.degenerate = degenerate  # K = 2: the context's model.rollout.num_generations
 
     def rollout(self, module, batch):
@@ -430,20 +434,23 @@ def _refill_rank(rank: int) -> None:
     cross = _CountingCrossRank()
     module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
                              rollout_cfg=RolloutConfig(num_generations=2))
-    steps, yielded, trained = [], [], []
+    steps, yielded, trained, unused = [], [], [], 0
     for batch in loader:
         w = batch.window
         calls = cross.calls
-        task.prepare(module, batch)
+        sampled = task.prepare(module, batch)
         ro = task._window_rollouts[w.position]
         steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
+        if sampled:
+            unused += int(sampled["dynamic_sampling/groups_unused"])
         if w.iteration == 0:
             yielded += list(batch.indices)
             trained.append(list(ro.indices))
+            assert len(ro.indices) == len(batch)  # trimmed to the window's size, split evenly: 2 per micro-batch
         else:
             assert list(ro.indices) == trained[len(trained) - 2 + w.position]  # reuse: the same rollouts
     report = {"steps": steps, "yielded": yielded, "drawn": drawn, "trained": trained, "calls": cross.calls,
-              "degenerate": sorted(degenerate)}
+              "degenerate": sorted(degenerate), "unused": unused}
     reports: list = [None, None]
     dist.all_gather_object(reports, report)
     r0, r1 = reports
@@ -455,14 +462,18 @@ def _refill_rank(rank: int) -> None:
     flat = [i for r in reports for t in r["trained"] for i in t]
     assert len(flat) == len(set(flat))  # no prompt trained twice
     bad = set(r0["degenerate"]) | set(r1["degenerate"])
-    assert set(range(N_TWO_RANKS)) - bad <= set(flat)  # no non-degenerate prompt lost
+    # no non-degenerate prompt lost: each is trained or counted as drawn and unused. Window 0 drew one window
+    # on both ranks: rank 0 had 2 + 4 useful groups for 4 places (2 unused), rank 1 4 + 4 (4 unused).
+    assert (r0["unused"], r1["unused"]) == (2, 4)
+    assert len(set(range(N_TWO_RANKS)) - bad - set(flat)) == r0["unused"] + r1["unused"]
 
 
 def test_refill_keeps_two_ranks_aligned_and_sees_every_index_once():
     """2 gloo processes: rank 0 is short of non-degenerate groups in window 0, rank 1 is not; both draw
     (one ``cross_rank.sum`` per try on both), the streams stay aligned (same window indices, draws and
-    collective count per micro-batch), no rank hangs (timeout), and over the epoch every dataset index is
-    yielded or drawn exactly once across the ranks, none trained twice and no non-degenerate one lost."""
+    collective count per micro-batch), no rank hangs (timeout), each rollout batch is trimmed to its window's
+    4 prompts (2 per micro-batch), and over the epoch every dataset index is yielded or drawn exactly once
+    across the ranks, none trained twice, and every non-degenerate one trained or counted as unused."""
     from .test_grpo_windows import _spawn
 
     _spawn(_refill_rank)
@@ -479,3 +490,107 @@ def test_refill_logs_how_much_shorter_the_epoch_ran(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("drew 2 windows" in m and "16 of the 24 micro-batches" in m and "(8 of 12 optimizer steps)" in m
                for m in messages), messages
+
+
+# ----------------------------------------------------------------------------------- refill: trim, split, empty rank
+def _index_batch(indices: list[int], skipped: int = 0) -> Batch:
+    """A micro-batch of prompts ``[7, 8 + i]`` for dataset indices ``indices`` (``skipped``: unreadable items
+    left out of it, as ``on_bad_item: skip`` leaves them)."""
+    from grasp_lightning.data.formats import SkipRecord
+
+    n = len(indices)
+    inputs = ({"input_ids": torch.tensor([[7, 8 + i] for i in indices]), "attention_mask": torch.ones(n, 2, dtype=torch.long)}
+              if n else {})
+    items = [SimpleNamespace(uid=f"row:{i}", participants=()) for i in indices]
+    return Batch(inputs=inputs, items=items, indices=list(indices), valid=torch.ones(n, dtype=torch.bool),
+                 prompt_lengths=torch.full((n,), 2), skipped=[SkipRecord(f"clip{j}.mp4", "unreadable") for j in range(skipped)])
+
+
+def _refill_window(batches: list[Batch], draws: list[list[Batch]]) -> list[Batch]:
+    from grasp_lightning.data.windows import Window, WindowSource
+
+    source = WindowSource(iterator=iter(draws))
+    for pos, b in enumerate(batches):
+        b.window = Window(batches, pos, 0, 0, source)
+    return batches
+
+
+def _index_context(cross_rank=None) -> SimpleNamespace:
+    return SimpleNamespace(device=torch.device("cpu"), cross_rank=cross_rank or CrossRank(), tokenizer=None,
+                           rollout_cfg=RolloutConfig(num_generations=2))
+
+
+def test_refill_trims_to_the_window_and_splits_evenly():
+    """A window of 2 micro-batches x 1 prompt (target 2 groups), prompt 0 degenerate: the draw brings prompts
+    2 and 3, both useful. Trained: the first 2 useful groups in sampling order, one per micro-batch; prompt 3
+    is drawn and unused (counted). Before the trim this trained 3 groups split [[1, 2], [3]]."""
+    task = _IndexTask({0})
+    window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
+    sampled = task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[1], [2]]
+    assert {k.split("/")[1]: v for k, v in sampled.items() if k.startswith("dynamic_sampling/")} == {
+        "groups_tried": 4.0, "groups_kept": 2.0, "groups_dropped": 1.0, "groups_unused": 1.0, "resample_tries": 1.0,
+        "reward_mean_tried": pytest.approx((2 + 1 + 1 + 1) / 8)}
+    # 2 x 2 prompts, 3 degenerate: one draw of 4 useful -> 5 useful for 4 places, 2 per micro-batch
+    task = _IndexTask({0, 2, 3})
+    window = _refill_window([_index_batch([0, 1]), _index_batch([2, 3])],
+                            [[_index_batch([4, 5]), _index_batch([6, 7])]])
+    sampled = task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[1, 4], [5, 6]]
+    assert sampled["dynamic_sampling/groups_unused"] == 1.0 and sampled["dynamic_sampling/groups_kept"] == 4.0
+    # a budget of no draws: the degenerate group is trained (masked by the task's rollout) after the useful one
+    task = _IndexTask({0}, max_resample=0)
+    window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
+    task.prepare(_index_context(), window[0])
+    useful, filler = task._window_rollouts
+    assert (useful.indices, filler.indices) == ([1], [0]) and bool(filler.zero_variance.all())
+    # a micro-batch with an item skipped: 3 prompts into 2 micro-batches, [2, 1]
+    task = _IndexTask(set())
+    window = _refill_window([_index_batch([0, 1]), _index_batch([2], skipped=1)], [])
+    task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[0, 1], [2]]
+
+
+def test_even_split_of_nothing_and_its_errors():
+    assert even_split(5, 2) == [3, 2] and even_split(4, 4) == [1, 1, 1, 1] and even_split(0, 0) == []
+    with pytest.raises(ValueError, match="cannot split 2 items into 0 parts"):
+        even_split(2, 0)
+
+
+def _empty_window_rank(rank: int) -> None:
+    """Rank 0's whole window was skipped (2 empty micro-batches, every item unreadable); rank 1 is short (its
+    prompt 10 is degenerate). Both go through ``GraspModule.training_step`` (no trainer: the step ends at the
+    window's last micro-batch), both draw once, rank 0 trains nothing and no rank hangs."""
+    import tasks.grpo as grpo_module
+    from grasp_lightning.module import GraspModule
+
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared):
+        return torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)
+
+    grpo_module.score_completions = fake_score
+    task = _IndexTask({10})
+    module = GraspModule(task, rollout=RolloutConfig(num_generations=2))
+    if rank == 0:
+        window = _refill_window([_index_batch([], skipped=1), _index_batch([], skipped=1)],
+                                [[_index_batch([20]), _index_batch([21])]])
+    else:
+        window = _refill_window([_index_batch([10]), _index_batch([11])], [[_index_batch([12]), _index_batch([13])]])
+    results = [module.training_step(b, i) for i, b in enumerate(window)]
+    assert window[0].window.draws == 1
+    if rank == 0:
+        assert results == [None, None] and task._window_rollouts == [None, None]
+    else:
+        assert [ro.indices for ro in task._window_rollouts] == [[11], [12]]
+    step = module.last_step_metrics  # the window over both ranks, reduced once
+    assert step["data/skipped"] == 2.0
+    assert step["train/dynamic_sampling/groups_tried"] == 6.0 and step["train/dynamic_sampling/groups_kept"] == 2.0
+    assert step["train/dynamic_sampling/groups_unused"] == 3.0  # rank 0's two drawn groups, rank 1's prompt 13
+    assert step["train/reward/mean"] == 0.5 and step["train/zero_variance_groups/fraction"] == 0.0
+
+
+def test_refill_with_a_whole_window_skipped_on_one_rank_neither_crashes_nor_hangs():
+    """2 gloo processes (timeout): ``even_split(n, 0)`` raised ZeroDivisionError on the empty rank, which then
+    died while the other waited in its next collective."""
+    from .test_grpo_windows import _spawn
+
+    _spawn(_empty_window_rank)

@@ -139,6 +139,36 @@ def test_sft_loss_covers_the_response_tokens_only(sft_run):
     assert float(loss) < 0.5 * scalars(_log_dir(sft_run))["train/loss"][0][1]  # the trained policy
 
 
+class MicroBatchLosses(L.Callback):
+    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
+
+
+def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp_path):
+    """Accumulate 3: ``train/loss`` is the mean of the step's 3 micro-batch losses (what the optimizer step
+    averages), ``train/tokens/loss`` the sum of their response tokens; one point per step."""
+    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
+                   "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
+                   "--trainer.callbacks+=tests.test_training.MicroBatchLosses"], tmp_path)
+    rows = _callback(cli, MicroBatchLosses).rows
+    series = scalars(_log_dir(cli))
+    assert [s for s, _ in series["train/loss"]] == [0, 1] and [s for s, _ in series["train/tokens/loss"]] == [0, 1]
+    for step in (0, 1):
+        mine = [r for r in rows if r[0] == step]
+        assert len(mine) == 3 and len({r[1] for r in mine}) == 3
+        assert dict(series["train/loss"])[step] == pytest.approx(sum(r[1] for r in mine) / 3, rel=1e-6)
+        assert dict(series["train/tokens/loss"])[step] == sum(r[2] for r in mine)
+
+
 def test_sft_export_reloads_with_the_trained_policy_logits(sft_run, sft_export, tiny_model_path):
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -202,16 +232,38 @@ def test_resume_continues_with_the_next_unseen_samples(in_repo, tmp_path):
     assert full[12:] != full[:4]  # epoch 2 is reshuffled
 
 
-GRPO_METRICS = [
-    "train/loss", "train/reward/mean", "train/reward/std", "train/advantage/mean", "train/advantage/std",
-    "train/kl", "train/clip_ratio", "train/completion_length/mean", "train/completion_length/max",
-    "train/completion_length/truncated_fraction", "train/zero_variance_groups/fraction",
-    "train/grounding/precision", "train/grounding/recall", "train/entropy",
-    *[f"train/rewards/{n}/{s}" for n in ("accuracy", "format", "grounding_presence", "social_grounding")
-      for s in ("mean", "std")],
-    "kl/mean", "kl/max", "kl/clip_ratio", "kl/entropy",
-    "val/acc/overall", "val/acc/gaze", "val/acc/gesture", "val/acc/joint", "val/unparseable_rate",
-]
+#: The sections of docs/metrics.md whose tags a demo run of each recipe logs, every one of them.
+GLOSSARY_SECTIONS = {
+    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.bench=null)
+    "grpo": ["Every training run", "GRPO", "Validation (GRASP-Bench)", "Callbacks of the GRPO recipe"],
+}
+
+
+def glossary() -> dict[str, list[str]]:
+    """The tags of docs/metrics.md by section (``## `` heading): the first cell of each table row."""
+    out: dict[str, list[str]] = {}
+    section = None
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif section and (m := re.match(r"\| `([^`]+)` \|", line)):
+            out.setdefault(section, []).append(m.group(1))
+    return out
+
+
+def assert_glossary_lists_exactly(logged: set[str], recipe: str) -> None:
+    """Every tag ``logged`` is in the recipe's glossary sections and every tag there is logged (``<term>``,
+    ``<code>`` stand for one path component)."""
+    sections = glossary()
+    patterns = [p for name in GLOSSARY_SECTIONS[recipe] for p in sections[name]]
+    regex = {p: re.compile(re.sub(r"<[^>]+>", "[^/]+", re.escape(p)) + r"\Z") for p in patterns}
+    unlisted = sorted(t for t in logged if not any(r.match(t) for r in regex.values()))
+    unlogged = [p for p, r in regex.items() if not any(r.match(t) for t in logged)]
+    assert not unlisted and not unlogged, f"not in docs/metrics.md: {unlisted}; listed, not logged: {unlogged}"
+
+
+def test_glossary_lists_every_sft_tag(sft_run):
+    assert_glossary_lists_exactly(set(event_tags(_log_dir(sft_run))["scalars"]), "sft")
 
 
 def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_model_path, in_repo, tmp_path):
@@ -220,8 +272,7 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_mode
                    f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)
     log_dir = _log_dir(cli)
     tags = event_tags(log_dir)
-    missing = [m for m in GRPO_METRICS if m not in tags["scalars"]]
-    assert not missing, missing
+    assert_glossary_lists_exactly(set(tags["scalars"]), "grpo")
     assert "kl/per_token" in tags["histograms"]
     assert "rollouts/samples/text_summary" in tags["tensors"]
     assert "bench/category_accuracy" in tags["images"]

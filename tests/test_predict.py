@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grasp_lightning.data.formats import read_bench
 from grasp_lightning.errors import GraspConfigError, GraspDataError
@@ -172,7 +173,8 @@ def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp
     assert [[r["id"] for r in run] for run in by_run] == [[r["id"] for r in by_run[0]]] * 3
     assert [{r["model"] for r in run} for run in by_run] == [{"grasp_lightning/assets/tiny-qwen3vl"}, {qwen35},
                                                              {"grasp_lightning/assets/tiny-qwen3vl"}]
-    assert [{r["decoding"]["max_new_tokens"] for r in run} for run in by_run] == [{24}, {24}, {6}]
+    budget = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())["model"]["evaluation"]["max_new_tokens"]
+    assert [{r["decoding"]["max_new_tokens"] for r in run} for run in by_run] == [{budget}, {budget}, {6}]
     assert len({r["setup"] for r in records}) == 3 and all(len({r["setup"] for r in run}) == 1 for run in by_run)
     assert all(r["completion_tokens"] <= 6 for r in by_run[2])
     caplog.clear()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import types
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from grasp_lightning.task import CrossRank
 from tasks.grpo import GRPOTask, Rollout
 
 from .conftest import run_cli
+from .multiprocess import free_port
 
 MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
 
@@ -62,16 +62,10 @@ def test_overlong_penalty_modes_by_hand():
 
 
 # ----------------------------------------------------------------------------------- two ranks
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, *args) -> None:
     """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
     for p in procs:
         p.start()

@@ -149,3 +149,26 @@ def _compare(single: Path, ranks: Path) -> dict[str, float]:
 @pytest.mark.parametrize("task", list(TASKS))
 def test_two_ranks_equal_one_process(tier, task, strategy):
     _compare(tier(task, None), tier(task, strategy))
+
+
+def test_wait_ranks_kills_a_hang_and_fails_with_the_logs(tmp_path):
+    """The tier's timeout: a rank that never returns (as one blocked in a collective) is killed at the
+    deadline, and the failure shows every rank's log tail; a rank that fails is reported with its exit code."""
+    import subprocess
+    import sys
+
+    from .multiprocess import rank_log
+
+    def start(code: str, rank: int) -> subprocess.Popen:
+        with open(rank_log(tmp_path / "log", rank), "w") as out:
+            return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+
+    hang = "import sys, time; print('rank waiting in all_reduce', flush=True); time.sleep(600)"
+    procs = [start("print('rank 0 done')", 0), start(hang, 1)]
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=r"(?s)still running after 3 s.*rank 0 done.*waiting in all_reduce"):
+        wait_ranks(procs, tmp_path / "log", timeout=3)
+    assert time.monotonic() - t0 < 30 and procs[1].poll() is not None  # killed, not left behind
+    procs = [start("import sys; sys.exit('bad config')", 0), start("pass", 1)]
+    with pytest.raises(AssertionError, match=r"(?s)exit codes \[1, 0\].*bad config"):
+        wait_ranks(procs, tmp_path / "log", timeout=60)

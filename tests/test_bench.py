@@ -5,18 +5,18 @@ from __future__ import annotations
 import copy
 import json
 import math
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
 from grasp_lightning.data.records import CATEGORIES, ClipRef, GraspItem, SocialEvent
 from grasp_lightning.errors import GraspDataError
 from grasp_lightning.evaluation.grasp_score import BenchAccuracy, score_completion
+
+from .multiprocess import free_port, spawn_ranks
 
 # (category, difficulty, target, completion, gt participants). Comments: extraction route ->
 # predicted letter, correct?, named people, precision |named ∩ gt| / |named|. Every item shows
@@ -304,15 +304,8 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.mark.timeout(60)
 def test_golden_real_ddp_gloo(tmp_path: Path) -> None:
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_ddp_worker, (2, free_port(), str(tmp_path)), nprocs=2, timeout=120)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
     assert_expected(results[0])

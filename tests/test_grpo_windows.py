@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from grasp_lightning.task import CrossRank
 from tasks.grpo import GRPOTask, Rollout
 
 from .conftest import REPO, run_cli, scalars
+from .multiprocess import free_port
 
 MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
 
@@ -94,16 +94,10 @@ def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
 
 
 # ----------------------------------------------------------------------------------- two ranks
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, *args) -> None:
     """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
     for p in procs:
         p.start()
@@ -330,7 +324,7 @@ class StepMetricsRecorder(L.Callback):
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:
     """``python -m grasp_lightning <args>`` once per rank (2 ranks, as ``torchrun`` starts them); every
     process is killed and the test fails after ``timeout`` seconds."""
-    port, procs = str(_free_port()), []
+    port, procs = str(free_port()), []
     for rank in range(2):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank),
                "LOCAL_RANK": str(rank), "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",

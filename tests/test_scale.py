@@ -17,11 +17,7 @@ on the SFT demo (deterministic):
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,44 +31,11 @@ from grasp_lightning.errors import GraspConfigError
 
 from .conftest import REPO, SAMPLE, TINY, run_cli, scalars
 from .deepspeed_cpu import read_meta, read_steps
+from .multiprocess import launch_ranks, wait_ranks
 
 SFT = ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml"]
 STEPS, RESUME_AT = 8, 2
 RUN_TIMEOUT = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(args: list[str], log: Path, world: int = 2) -> list[subprocess.Popen]:
-    """Start ``python -m grasp_lightning <args>`` once per rank, as ``torchrun --nproc_per_node world`` would."""
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "GRASP_LOG_LEVEL": "WARNING"}
-        out = open(log.with_suffix(f".rank{rank}.log"), "w")  # noqa: SIM115 (closed by the process's end)
-        procs.append(subprocess.Popen([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=env,
-                                      stdout=out, stderr=subprocess.STDOUT))
-    return procs
-
-
-def _wait(procs: list[subprocess.Popen], log: Path) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    if any(p.returncode for p in procs):
-        tails = [log.with_suffix(f".rank{r}.log").read_text()[-3000:] for r in range(len(procs))]
-        raise AssertionError(f"{log.name}: exit codes {[p.returncode for p in procs]}\n" + "\n----\n".join(tails))
 
 
 def _config(path: Path, trainer: dict, data: dict | None = None, model: dict | None = None) -> list[str]:
@@ -114,12 +77,12 @@ def runs(tmp_path_factory):
         d.mkdir()
     t0 = time.monotonic()
     data = {"batch_size": 1, "num_workers": 0}
-    procs_a = _launch(["fit", *SFT, *_config(a / "c.yaml", _sft_trainer(a, 2, 2, True, True), data)], a / "run")
+    procs_a = launch_ranks(["fit", *SFT, *_config(a / "c.yaml", _sft_trainer(a, 2, 2, True, True), data)], a / "run")
     with ExitStack() as stack:
         mp = stack.enter_context(pytest.MonkeyPatch.context())
         mp.chdir(REPO)
         run_cli(["fit", *SFT, *_config(p / "c.yaml", _sft_trainer(p, 4, 1, False, False), data)], p)
-    _wait(procs_a, a / "run")
+    wait_ranks(procs_a, a / "run", RUN_TIMEOUT)
     t1 = time.monotonic()
     from grasp_lightning.commands.export import main as export_main
 
@@ -127,18 +90,18 @@ def runs(tmp_path_factory):
         mp = stack.enter_context(pytest.MonkeyPatch.context())
         mp.chdir(REPO)
         export_main([*SFT, "--ckpt_path", str(_ckpt(a, STEPS)), "--out", str(a / "export")])
-    procs_c = _launch(["fit", *SFT, *_config(c / "c.yaml", _sft_trainer(c, 2, 2, True, True), data),
+    procs_c = launch_ranks(["fit", *SFT, *_config(c / "c.yaml", _sft_trainer(c, 2, 2, True, True), data),
                        "--ckpt_path", str(_ckpt(a, RESUME_AT))], c / "run")
     grpo_trainer = {**_zero2(), "max_steps": 2, "accumulate_grad_batches": 1, "limit_val_batches": 0,
                     "enable_progress_bar": False, "enable_model_summary": False, "default_root_dir": str(g),
                     "logger": False, "callbacks": [{"class_path": "tests.deepspeed_cpu.StepRecorder",
                                                     "init_args": {"out_dir": str(g / "rec")}}]}
-    procs_g = _launch(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
+    procs_g = launch_ranks(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
                        *_config(g / "c.yaml", grpo_trainer, {"batch_size": 1, "num_workers": 0},
                                 {"policy": {"name_or_path": str(a / "export")},
                                  "rollout": {"num_generations": 4, "max_new_tokens": 16}})], g / "run")
-    _wait(procs_c, c / "run")
-    _wait(procs_g, g / "run")
+    wait_ranks(procs_c, c / "run", RUN_TIMEOUT)
+    wait_ranks(procs_g, g / "run", RUN_TIMEOUT)
     print(f"\n[test_scale] A+P {t1 - t0:.0f}s, export+C+G {time.monotonic() - t1:.0f}s")
     return {"a": a, "p": p, "c": c, "g": g}
 
@@ -436,7 +399,8 @@ def lora_zero2(tmp_path_factory):
     for run, resume in ((a, []), (c, ["--ckpt_path", str(a / "ckpt" / f"epoch=0-step={RESUME_AT}.ckpt")])):
         run.mkdir()
         trainer = {**_sft_trainer(run, 2, 2, True, True), "max_steps": LORA_STEPS}
-        _wait(_launch(["fit", *SFT, *_config(run / "c.yaml", trainer, data, model), *resume], run / "run"), run / "run")
+        wait_ranks(launch_ranks(["fit", *SFT, *_config(run / "c.yaml", trainer, data, model), *resume], run / "run"),
+                   run / "run", RUN_TIMEOUT)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(REPO)
         export_main([*SFT, *_config(a / "c.yaml", {}, data, model), "--ckpt_path", str(_ckpt(a, LORA_STEPS)),

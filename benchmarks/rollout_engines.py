@@ -132,7 +132,7 @@ def main() -> None:
         args.k, args.tokens, args.repeats, args.grpo_steps = min(args.k, 2), min(args.tokens, 8), 1, 2
     args.dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() and not args.smoke else "float32")
     if not (args.vllm_python or os.environ.get("GRASP_VLLM_PYTHON")):
-        raise SystemExit("rollout_engines: give --vllm-python or set GRASP_VLLM_PYTHON (README, 'Rollout engines')")
+        raise SystemExit("rollout_engines: give --vllm-python or set GRASP_VLLM_PYTHON (docs/rollout-engines.md)")
     if args.prompts < 1 or args.k < 2 or args.tokens < 1 or args.repeats < 1 or args.grpo_steps < 2:
         raise SystemExit("rollout_engines: --prompts >= 1, --k >= 2, --tokens >= 1, --repeats >= 1, --grpo-steps >= 2")
     logging.basicConfig(level=logging.WARNING)

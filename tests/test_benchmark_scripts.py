@@ -1,10 +1,10 @@
-"""The speed and learning scripts README documents (``benchmarks/*.py``) run, in a small CPU smoke
+"""The speed and learning scripts docs/development.md lists (``benchmarks/*.py``) run, in a small CPU smoke
 size, and print the figures they promise as their last line of JSON.
 
 The figures themselves are machine-dependent and are not asserted beyond their sanity (positive
 times, equal sampled frames, every injected fault recovered, sharing the prompt saving CPU time at
 a prompt-dominated size); token counts are exact (the shared prompt forwarded once per group, naive
-rows K times) for both model families the speed scripts compare. README quotes full-size runs.
+rows K times) for both model families the speed scripts compare. benchmarks/results/README.md quotes full-size runs.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_faults_quick_recovers_every_training_fault() -> None:
 
 def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path) -> None:
     """Base-world SFT on two seeds, the shortcut-world RL comparison (GRPO, SGR, SGR + temporal) on one; the
-    summary's keys hold the per-seed values (a smoke size: the figures themselves are README's)."""
+    summary's keys hold the per-seed values (a smoke size: the figures themselves are in benchmarks/results/)."""
     out = run_script(["benchmarks/world.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14", "--bench", "7",
                       "--rl-bench", "14", "--sft-steps", "2", "--rl-sft-steps", "2", "--rl-steps", "1",
                       "--val-every", "1", "--rl-val-every", "1", "--handoff-acc", "0", "--handoff-by", "prior", "--threads", "1",

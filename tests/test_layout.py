@@ -1,4 +1,4 @@
-"""The house plan (README "Layout"): rooms by role, imports that only run down, no import circle.
+"""The house plan (docs/development.md, "Layout"): rooms by role, imports that only run down, no import circle.
 
 Every ``import`` of the project's own modules is read from the source (inside functions and under
 ``TYPE_CHECKING`` too) and checked against the rank of each room below: a module may import its own
@@ -8,9 +8,12 @@ room or a room of lower rank, never a higher one.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("grasp_lightning", "tasks", "callbacks")
@@ -156,3 +159,77 @@ def test_lint_holds_what_the_conventions_promise() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "grasp_lightning", "tasks", "callbacks", "tests",
                            "benchmarks"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the README and the docs
+#: The outline every page of docs/ follows: its level-2 headings, exactly these, in this order.
+DOC_OUTLINE = ["Overview", "Quick start", "Looking deeper", "Logged metrics and outputs", "Customization", "Reference"]
+#: The pages whose relative links must resolve.
+LINKED_PAGES = ["README.md", "benchmarks/results/README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> list[str]:
+    """The lines of a Markdown text outside fenced code blocks."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            out.append(line)
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a Markdown file (a repeated heading's ``-1``, ``-2`` too)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in prose(path.read_text(encoding="utf-8")):
+        if m := re.match(r"#{1,6} (.+)", line):
+            base = slug(m.group(1))
+            out.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def test_readme_is_a_front_door() -> None:
+    """README.md: at most 320 lines, no commit hash, the test command .ci/run runs, and a link to every docs page."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 320, f"README.md has {len(text.splitlines())} lines: move text to docs/"
+    assert not COMMIT_HASH.findall(text), f"commit hashes in README.md: {COMMIT_HASH.findall(text)}"
+    assert "python -m pytest -q" in text and "python -m pytest -q" in (REPO / ".ci" / "run").read_text()
+    missing = [p for p in LINKED_PAGES if p.startswith("docs/") and f"]({p})" not in text]
+    assert not missing, f"README.md links no docs page {missing}"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "docs").glob("*.md")))
+def test_every_docs_page_follows_the_outline(page: str) -> None:
+    lines = prose((REPO / "docs" / page).read_text(encoding="utf-8"))
+    assert lines[0].startswith("# "), f"docs/{page} does not start with a title"
+    headings = [line[3:].strip() for line in lines if line.startswith("## ")]
+    assert headings == DOC_OUTLINE, f"docs/{page}: level-2 headings {headings}, expected {DOC_OUTLINE}"
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_every_relative_link_resolves(page: str) -> None:
+    """Every relative link of the README, the docs and the results page names an existing file, and its
+    ``#anchor`` a heading of that file."""
+    source = REPO / page
+    broken = []
+    for line in prose(source.read_text(encoding="utf-8")):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (source.parent / path).resolve() if path else source
+            if not file.exists():
+                broken.append(f"{target}: no file {file.relative_to(REPO) if file.is_relative_to(REPO) else file}")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
+    assert not broken, f"{page}: " + "; ".join(broken)

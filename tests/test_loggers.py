@@ -233,7 +233,7 @@ def test_an_unknown_logger_type_gets_one_warning_naming_it_and_bad_images_raise(
 # ---------------------------------------------------------------- GRPO demo fits through the CLI
 def _grpo_fit(logger_config: str, tmp_path: Path, *extra: str):
     """One GRPO-SGR step of the demo (K = 2) and a 4-item GRASP-Bench validation at its end, logged by
-    ``configs/<logger_config>.yaml`` given last, as the README says."""
+    ``configs/<logger_config>.yaml`` given last, as docs/training.md says."""
     return run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
                     f"configs/{logger_config}.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
                     "--trainer.max_steps=1", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",

@@ -1,6 +1,6 @@
 """Tests of grasp_lightning.planning and the plan-memory command: hand-computed bytes on a tiny Qwen3-VL, the
 decoder layers' bytes against autograd and a real cache (Qwen3-VL and the hybrid Qwen3.5), the published sizes,
-configs, CLI, and the README's table."""
+configs, CLI, and the table of docs/scaling.md."""
 
 from __future__ import annotations
 
@@ -578,8 +578,9 @@ def test_cli_and_table(capsys) -> None:
                       "SFT, QLoRA r16 NF4, 1 x 24 GB", "SGR, QLoRA r16 NF4, 1 x 24 GB"]
     qlora = [line for line in lines if line.startswith("| ") and "QLoRA" in line]
     assert [line.split(" | ")[0] for line in qlora] == ["| Qwen3-VL-4B"] * 2 + ["| Qwen3-VL-8B"] * 2 + ["| Qwen3.5-9B"] * 2
-    # README.md's memory table is this table, exactly (regenerate it with `plan-memory --table`)
-    assert table in (REPO / "README.md").read_text(), "README.md's memory table is stale: paste plan-memory --table"
+    # docs/scaling.md's memory table is this table, exactly (regenerate it with `plan-memory --table`)
+    assert table in (REPO / "docs" / "scaling.md").read_text(), \
+        "docs/scaling.md's memory table is stale: paste plan-memory --table"
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
@@ -609,7 +610,7 @@ def test_cli_refuses_an_unknown_model(capsys) -> None:
         architecture_config("Qwen/Qwen3.5-4B")
     assert command.main(["--config", str(CONFIGS / "sft.yaml"), "--model", "Qwen/Qwen3-VL-2B-Instruct"]) == 0
     assert "Qwen3-VL-2B" in capsys.readouterr().out
-    # README "Qwen3.5-9B": the SGR recipe on one 8 x H200 node.
+    # docs/models.md "Quick start": the SGR recipe on one 8 x H200 node.
     assert command.main(["--config", str(CONFIGS / "sgr.yaml"), "--model", "Qwen/Qwen3.5-9B",
                          "--gpu-memory-gib", "140.4"]) == 0
     out = capsys.readouterr().out

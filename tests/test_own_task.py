@@ -1,22 +1,28 @@
-"""The README's "Your own task" section, run as written: the example reward file and its `fit` command."""
+"""The docs' own-task examples, run as written: the reward file and its `fit` command, the Task class and its
+`fit` command (docs/own-task.md), and the generic QA rows and suite (docs/data.md)."""
 
 from __future__ import annotations
 
 import re
 import shlex
 
+import pytest
+
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.rewards import compute_rewards
 from tests.conftest import REPO, run_cli, scalars
 
-README = (REPO / "README.md").read_text()
+OWN_TASK = "docs/own-task.md"
+DATA = "docs/data.md"
 
 
-def section(title: str) -> str:
-    """The README text under the heading ``title`` up to the next heading of any level."""
-    start = README.index(title)
-    match = re.compile(r"^#{2,3} ", re.M).search(README, start + len(title))
-    return README[start: match.start() if match else len(README)]
+def section(title: str, page: str) -> str:
+    """The text of ``page`` (relative to the repository) under the heading ``title`` up to the next heading of
+    level 2 or 3."""
+    text = (REPO / page).read_text()
+    start = text.index(title)
+    match = re.compile(r"^#{2,3} ", re.M).search(text, start + len(title))
+    return text[start: match.start() if match else len(text)]
 
 
 def blocks(text: str, lang: str) -> list[str]:
@@ -24,16 +30,16 @@ def blocks(text: str, lang: str) -> list[str]:
 
 
 def command(block: str) -> list[str]:
-    """The arguments after ``python -m grasp_lightning`` of a README bash block (continuations joined)."""
+    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined)."""
     words = shlex.split(block.replace("\\\n", " "))
     return words[words.index("grasp_lightning") + 1:]
 
 
 def test_readme_reward_example_scores_and_trains(tmp_path, monkeypatch) -> None:
-    text = section("### A reward of your own")
+    text = section("### A reward of your own", OWN_TASK)
     (code,) = blocks(text, "python")
     (tmp_path / "my_rewards.py").write_text(code)
-    for name in ("configs", "grasp_lightning"):  # the README's command runs from the repository root
+    for name in ("configs", "grasp_lightning"):  # the page's command runs from the repository root
         (tmp_path / name).symlink_to(REPO / name)
     monkeypatch.chdir(tmp_path)
     item = GraspItem(uid="x", origin="t:1", clip=ClipRef("c.mp4"), question="q", answer="B")
@@ -59,7 +65,7 @@ def test_readme_qa_rows_and_suite_read_as_documented(tmp_path) -> None:
     from grasp_lightning.plugins import load_object
     from tests.data_fixtures import make_image, make_mp4
 
-    text = section("### Your own data")
+    text = section("### Your own data", DATA)
     (rows,) = blocks(text, "json")
     (tmp_path / "clips").mkdir()
     (tmp_path / "images").mkdir()
@@ -77,3 +83,45 @@ def test_readme_qa_rows_and_suite_read_as_documented(tmp_path) -> None:
     suite = load_object(spec["class_path"])(**{**spec["init_args"], "path": str(tmp_path / "qa.val.jsonl")})
     suite.load()
     assert suite.name == "mine" and [item.uid for item in suite.items] == [first.uid, second.uid]
+
+
+def test_docs_task_example_trains_through_the_cli(tmp_path, monkeypatch) -> None:
+    """The Task of docs/own-task.md, written to ``my_tasks.py`` and named by ``--model.task``: one SFT step whose
+    loss is the label-smoothed cross-entropy of the response tokens, and whose metric is logged under train/."""
+    text = section("### A Task of your own", OWN_TASK)
+    (code,) = blocks(text, "python")
+    (tmp_path / "my_tasks.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("configs", "grasp_lightning"):
+        (tmp_path / name).symlink_to(REPO / name)
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from grasp_lightning.data.prompts import IGNORE_INDEX
+
+    my_tasks = importlib.import_module("my_tasks")
+    # the loss against torch's own label-smoothed cross-entropy written out by hand: (1 - e) * nll + e * mean(-logp)
+    logits = torch.randn(1, 4, 5)
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 3, 1]])
+
+    class Policy(torch.nn.Module):
+        def forward(self, **_):
+            return type("Out", (), {"logits": logits})()
+
+    ctx = type("Ctx", (), {"policy": Policy()})()
+    batch = type("B", (), {"inputs": {"input_ids": torch.zeros(1, 4, dtype=torch.long), "labels": labels}})()
+    out = my_tasks.SmoothedSFT(label_smoothing=0.2).training_step(ctx, batch)
+    logp = F.log_softmax(logits[0, 1:3], -1)  # positions predicting tokens 2 and 3
+    expected = (0.8 * -logp[[0, 1], [3, 1]] + 0.2 * -logp.mean(-1)).mean()
+    assert torch.allclose(out.loss, expected)
+    (fit,) = blocks(text, "bash")
+    args = command(fit)
+    assert args[0] == "fit" and "my_tasks.SmoothedSFT" in args
+    cli = run_cli([*args, "--trainer.max_steps=1", "--data.bench=null", "--data.num_workers=0"], tmp_path)
+    assert type(cli.model.task).__name__ == "SmoothedSFT" and cli.model.task.label_smoothing == 0.2
+    series = scalars(cli.trainer.log_dir)
+    assert [value for _, value in series["train/label_smoothing"]] == [pytest.approx(0.2)]
+    assert len(series["train/loss"]) == 1

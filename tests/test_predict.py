@@ -1,4 +1,4 @@
-"""``predict``: the README's command answers the bench, one JSON line per item written as it goes; a
+"""``predict``: the command of docs/predict.md answers the bench, one JSON line per item written as it goes; a
 killed run keeps its lines and the same command finishes it; bad settings and bad items are named."""
 
 from __future__ import annotations
@@ -127,12 +127,12 @@ def test_predict_on_generic_qa_rows_with_images_and_a_rerun_after_the_end(tmp_pa
     assert out.read_text() == before
 
 
-# ------------------------------------------------------------------ the README's commands, run twice
+# ------------------------------------------------------------------ the docs' commands, run twice
 def readme_predict_commands() -> list[list[str]]:
-    """The arguments of every ``python -m grasp_lightning predict`` line of README's ``predict`` section."""
+    """The arguments of every ``python -m grasp_lightning predict`` line of docs/predict.md's Quick start."""
     from tests.test_own_task import blocks, command, section
 
-    text = section("### Answers for your own questions: `predict`")
+    text = section("## Quick start", "docs/predict.md")
     found = []
     for block in blocks(text, "bash"):
         for line in block.replace("\\\n", " ").splitlines():
@@ -146,7 +146,7 @@ def answered(caplog) -> list[str]:
 
 
 def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp_path, in_repo, caplog) -> None:
-    """Before: two runs of the README's bench command wrote version_0 and version_1, 4 lines each (8 answers
+    """Before: two runs of the docs' bench command wrote version_0 and version_1, 4 lines each (8 answers
     of 4 items); a second model with configs/predict.yaml wrote nothing. After: one file, 4 lines, then 4
     more for each other model or decoding."""
     bench_cmd = readme_predict_commands()[0]
@@ -183,7 +183,7 @@ def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp
 
 
 def test_readme_predict_on_your_own_questions_runs_as_written(tmp_path, in_repo, caplog) -> None:
-    """The README's second command (its own file name ``questions.jsonl``: refused before, as the reader
+    """The docs' second command (its own file name ``questions.jsonl``: refused before, as the reader
     wanted a name starting with ``qa``), made a CPU run by configs/demo.yaml after the recipe, twice; the
     resume key does not depend on ``data.root``: the same file under another root is found again."""
     from tests.data_fixtures import make_qa_dataset

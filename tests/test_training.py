@@ -240,12 +240,12 @@ GLOSSARY_SECTIONS = {
 
 
 def glossary() -> dict[str, list[str]]:
-    """The tags of docs/metrics.md by section (``## `` heading): the first cell of each table row."""
+    """The tags of docs/metrics.md by section (``### `` heading): the first cell of each table row."""
     out: dict[str, list[str]] = {}
     section = None
     for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip()
+        if line.startswith("### "):
+            section = line[4:].strip()
         elif section and (m := re.match(r"\| `([^`]+)` \|", line)):
             out.setdefault(section, []).append(m.group(1))
     return out

@@ -55,7 +55,7 @@ def vllm_cfg(python: str, **over):
 
 @pytest.fixture(scope="module")
 def tiny32(tmp_path_factory) -> Path:
-    """``python -m grasp_lightning build-model OUT --text-heads 2`` (README, "Rollout engines"): head dim 32."""
+    """``python -m grasp_lightning build-model OUT --text-heads 2`` (docs/rollout-engines.md): head dim 32."""
     import json
 
     from grasp_lightning.generators.tiny import main

@@ -2,7 +2,7 @@
 
 ``python -m grasp_lightning plan-memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
 prints the bytes of every component per GPU and whether the run fits; ``--table`` prints the
-README's scaling table (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
+the memory table of docs/scaling.md (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
 24 GB GPU, and for Qwen3.5-9B on one 48 GB GPU too; QLoRA, ``configs/qlora.yaml``, on one 24 GB GPU for
 Qwen3-VL-4B/8B and Qwen3.5-9B). ``--model`` takes a local checkpoint or a name
 of :func:`~grasp_lightning.planning.architectures.known_model_names` (or its Hub id).
@@ -79,7 +79,7 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
 
 def table(configs_dir: str | Path = "configs", *, video_seconds: float = 60.0, text_tokens: int = 256,
           rows: Sequence[tuple[str, Sequence[Setup]]] = TABLE_ROWS) -> str:
-    """The README's scaling table: each model of ``rows`` with its setups
+    """The memory table of docs/scaling.md: each model of ``rows`` with its setups
     (:data:`~grasp_lightning.planning.tables.TABLE_ROWS`), each setup's recipes read from ``configs_dir``."""
     planned = []
     for model, setups in rows:
@@ -103,13 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--text-tokens", type=int, default=256,
                         help="prompt tokens besides the clip (the template with its one video placeholder)")
     parser.add_argument("--response-tokens", type=int, default=None, help="SFT target tokens (default: the budget)")
-    parser.add_argument("--table", action="store_true", help="print the README scaling table")
+    parser.add_argument("--table", action="store_true", help="print the memory table of docs/scaling.md")
     parser.add_argument("--configs-dir", default="configs", help="where --table finds sft/sgr/lora/qlora.yaml")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m grasp_lightning plan-memory``: print a plan (``--config ...``) or the README table (``--table``)."""
+    """``python -m grasp_lightning plan-memory``: print a plan (``--config ...``) or the memory table (``--table``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.gpu_memory_gib is not None and not args.gpu_memory_gib > 0:

@@ -18,7 +18,7 @@ class VLLMConfig:
     Attributes:
         python: the Python of vLLM's own environment, which starts the server beside each trainer
             rank (``None``: the ``GRASP_VLLM_PYTHON`` environment variable). vLLM pins its own torch and
-            transformers, so it never shares the trainer's environment (README, "Rollout engines").
+            transformers, so it never shares the trainer's environment (``docs/rollout-engines.md``).
         address: ``host:port`` of a server started by hand (e.g. on other GPUs), one per trainer rank:
             ``{rank}`` is replaced by the global rank (``gpu-node:560{rank}``); then ``python`` is not used,
             the server's key comes from ``GRASP_VLLM_AUTHKEY``, and ``weight_sync_dir`` must be a directory

@@ -203,7 +203,7 @@ class VLLMEngine(RolloutEngine):
             if not self.python:
                 raise GraspConfigError(
                     "model.rollout.engine=vllm needs model.rollout.vllm.python (or GRASP_VLLM_PYTHON): the Python "
-                    "of vLLM's own environment (README, 'Rollout engines'), or model.rollout.vllm.address of a "
+                    "of vLLM's own environment (docs/rollout-engines.md), or model.rollout.vllm.address of a "
                     "running server")
             if not Path(self.python).exists():
                 raise GraspConfigError(f"model.rollout.vllm.python: {self.python} does not exist")

@@ -7,7 +7,7 @@
 - :mod:`~grasp_lightning.planning.tokens`: a clip's tokens as the Qwen3-VL processor writes them (Qwen3.5 reuses it).
 - :mod:`~grasp_lightning.planning.spec`: the planner's inputs (:class:`RunSpec`), read from a run's objects.
 - :mod:`~grasp_lightning.planning.estimate`: the bytes per GPU (:func:`plan_memory`), the verdict, the report.
-- :mod:`~grasp_lightning.planning.tables`: the README's scaling table.
+- :mod:`~grasp_lightning.planning.tables`: the memory table of ``docs/scaling.md``.
 
 The command is :mod:`grasp_lightning.commands.plan_memory`.
 """

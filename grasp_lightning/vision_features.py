@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: The model methods that run the tower, with the medium name used in keys.
 FEATURE_METHODS = (("get_video_features", "video"), ("get_image_features", "image"))
+#: (pixel key, grid key, medium) of the inputs whose features are kept.
+PIXEL_KEYS = (("pixel_values_videos", "video_grid_thw", "video"), ("pixel_values", "image_grid_thw", "image"))
 _WARNED: set[int] = set()  # towers whose training was reported (once each)
 #: other tower -> {this tower: equal weights}, for :meth:`VisionFeatures.serves` (weak: models come and go)
 _SAME_TOWER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -143,6 +145,16 @@ class VisionFeatures:
             self.computed += other.computed
             self.reused += other.reused
         return self
+
+    def subset_for(self, prompt: dict[str, torch.Tensor]) -> "VisionFeatures":
+        """The entries of the clips and images ``prompt`` carries (:data:`PIXEL_KEYS`), those held."""
+        keys = []
+        for pixels, grid_key, medium in PIXEL_KEYS:
+            if grid_key in prompt and prompt[grid_key].shape[0]:
+                grids = prompt[grid_key]
+                chunks = torch.split(prompt[pixels], grids.prod(-1).tolist())
+                keys += [fingerprint(medium, chunk, grid) for chunk, grid in zip(chunks, grids)]
+        return VisionFeatures(entries={k: self.entries[k] for k in keys if k in self.entries}, tower=self.tower)
 
     def state(self) -> dict:
         """The entries as plain CPU tensors and lists (for ``torch.load(weights_only=True)``)."""

@@ -199,11 +199,16 @@ def rollout_state(ro: Rollout) -> dict:
     out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
            "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
            "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens),
-           "vision": None if ro.vision is None else ro.vision.state()}
+           "vision": None if ro.vision is None else _vision_of(ro).state()}
     for name in (*ROW_TENSORS, *TOKEN_TENSORS):
         value = getattr(ro, name)
         out[name] = None if value is None else value.detach().cpu()
     return out
+
+
+def _vision_of(ro: Rollout) -> VisionFeatures:
+    """The rollout's own vision features: those of its prompts (positions of a window share one store)."""
+    return ro.vision if ro.prompt is None else ro.vision.subset_for(ro.prompt)
 
 
 def rollout_from_state(state: dict) -> Rollout:

@@ -57,7 +57,9 @@ from transformers.cache_utils import (
 )
 
 from grasp_lightning import grpo
+from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.vision_features import VisionFeatures, reuse_vision
 
 #: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -440,21 +442,44 @@ def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
 
 
 def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive scoring: one forward over full sequences whose last ``Lc`` tokens are ``completion_ids`` ``(N, Lc)``.
+
+    ``chunk_size``: ``None`` takes the model's ``(N, Lc, V)`` logits (:func:`logps_and_entropy`); an
+    integer takes its final hidden states and applies the LM head over that many tokens at a time
+    (:func:`grasp_lightning.chunked_logps.chunked_logps_and_entropy`), so no ``(N, Lc, V)`` tensor exists.
 
     Returns:
         ``(logp, entropy)``, both ``(N, Lc)`` float32 (see :func:`logps_and_entropy`).
     """
     lc = completion_ids.shape[1]
-    logits = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
-    return logps_and_entropy(logits, completion_ids, temperature)
+    with _scoring_head(model, chunk_size) as head:
+        out = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
+    return _logps(out, head, completion_ids, temperature, chunk_size)
+
+
+@contextlib.contextmanager
+def _scoring_head(model, chunk_size: int | None):
+    """``None`` for the full-logits path; else the LM head, the model returning hidden states meanwhile."""
+    if chunk_size is None:
+        yield None
+        return
+    with hidden_states_as_logits(model) as head:
+        yield head
+
+
+def _logps(out: torch.Tensor, head, completion_ids: torch.Tensor, temperature: float,
+           chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies from logits (``head`` ``None``) or from hidden states (chunked head)."""
+    if head is None:
+        return logps_and_entropy(out, completion_ids, temperature)
+    return chunked_logps_and_entropy(out, head, completion_ids, temperature, chunk_size)
 
 
 # ---------------------------------------------------------------------------------------- shared scoring
 def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
-                            completion_mask: torch.Tensor, k: int,
-                            temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                            completion_mask: torch.Tensor, k: int, temperature: float,
+                            chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-shared scoring: the B prompts run once, the ``B*K`` completions attend to their shared cache.
 
     Differentiable when grad is enabled (policy loss); also used under ``no_grad`` for the
@@ -467,6 +492,8 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
         completion_mask: ``(B*K, Lc)`` bool/int, true on real completion tokens.
         k: group size K.
         temperature: sampling temperature (logits are divided by it).
+        chunk_size: ``None``: full logits; an integer: the LM head over that many tokens at a time
+            (see :func:`completion_logps`).
 
     Returns:
         ``(logp, entropy)``, both ``(B*K, Lc)`` float32, equal to :func:`completion_logps` on
@@ -479,7 +506,7 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
     n, lc = completion_ids.shape
     if n != batch * k:
         raise ValueError(f"{n} completion rows for {batch} prompts x K={k}")
-    with _cache_through_checkpointing(model):
+    with _cache_through_checkpointing(model), _scoring_head(model, chunk_size) as head:
         cache = SharedPrefixCache.for_model(model)
         logits = _prompt_forward(model, prompt, cache).logits[:, -1:].repeat_interleave(k, 0)
         if lc > 1:
@@ -491,17 +518,25 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
             out = model(input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
                         cache=cache.expanded(k), use_cache=False)
             logits = torch.cat([logits, out.logits], 1)
-    return logps_and_entropy(logits, completion_ids, temperature)
+    return _logps(logits, head, completion_ids, temperature, chunk_size)  # the head's own forward is back
 
 
 def score_completions(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                       completion_mask: torch.Tensor, k: int, temperature: float,
-                      share: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies ``(B*K, Lc)`` of the completions: group-shared or naive (repeated rows)."""
-    if share:
-        return shared_completion_logps(model, prompt, completion_ids, completion_mask, k, temperature)
-    return completion_logps(model, full_sequences(prompt, completion_ids, completion_mask, k), completion_ids,
-                            temperature)
+                      share: bool, chunk_size: int | None = None,
+                      vision: VisionFeatures | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies ``(B*K, Lc)`` of the completions: group-shared or naive (repeated rows).
+
+    ``chunk_size``: the LM head over that many completion tokens at a time (``None``: full logits;
+    :func:`completion_logps`). ``vision``: the rollout's vision features, fed to the model instead of
+    running its (frozen) vision tower again (:func:`grasp_lightning.vision_features.reuse_vision`).
+    """
+    with reuse_vision(model, vision):
+        if share:
+            return shared_completion_logps(model, prompt, completion_ids, completion_mask, k, temperature,
+                                           chunk_size)
+        return completion_logps(model, full_sequences(prompt, completion_ids, completion_mask, k), completion_ids,
+                                temperature, chunk_size)
 
 
 def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool, *, generation: bool = False) -> int:

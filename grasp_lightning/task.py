@@ -158,6 +158,9 @@ class Task:
             (``model.rollout``: K per prompt); the memory planner then counts the rollout KV cache.
         shares_prompt: a group's clip is encoded and its prompt prefilled once for its K completions
             (``grasp_lightning/shared_prompt.py``); the planner counts one prompt per group.
+        logprob_chunk_size: the task's log-probs run the LM head over this many tokens at a time
+            (:mod:`grasp_lightning.chunked_logps`); the planner then counts one chunk's logits.
+            ``None``: the full ``(N, L, V)`` logits.
     """
 
     needs_reference: bool = False
@@ -167,6 +170,7 @@ class Task:
     draws_prompts: bool = False
     samples_rollouts: bool = False
     shares_prompt: bool = False
+    logprob_chunk_size: int | None = None
 
     def state_dict(self) -> dict:
         """This rank's task state for checkpoints (plain tensors and containers, so ``weights_only``

@@ -70,6 +70,7 @@ from grasp_lightning.shared_prompt import (
 )
 from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
+from grasp_lightning.vision_features import VisionFeatures, reuse_vision
 from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
     TOKEN_TENSORS,
@@ -152,6 +153,15 @@ class GRPOTask(Task):
             ``vllm_importance_sampling_correction`` (``token_truncate``, TRL's default cap 2.0), correcting
             for the sampler's numerics differing from the trainer's. ``logp_old`` is the trainer's score of
             the sampling policy, computed at the rollout (as for ``num_iterations > 1``). ``None``: off.
+        logprob_chunk_size: completion tokens per chunk of the LM head and log-softmax in every
+            scoring forward (policy, old policy, reference): the model returns hidden states and no
+            ``(B*K, Lc, V)`` logits exist (:mod:`grasp_lightning.chunked_logps`; exact to float
+            rounding). ``None``: the full logits, as before.
+        encode_vision_once: with a frozen vision tower (``model.policy.freeze_vision``), encode each
+            rollout batch's clips once, at sampling, and feed the kept outputs to the reference,
+            old-policy and training forwards and to every ``num_iterations`` reuse
+            (:mod:`grasp_lightning.vision_features`; exact). A trained tower is encoded at every forward
+            (logged once by name). ``False``: every forward runs the tower, as before.
     """
 
     data_mode = "rl"
@@ -164,7 +174,8 @@ class GRPOTask(Task):
                  overlong_penalty: float = 1.0,
                  share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
                  max_resample: int = 4, rollout_batch_prompts: int | None = None,
-                 importance_sampling_cap: float | None = None) -> None:
+                 importance_sampling_cap: float | None = None, logprob_chunk_size: int | None = 256,
+                 encode_vision_once: bool = True) -> None:
         self.rewards = list(rewards or ["accuracy", "format"])
         self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
         if len(self.rewards) != len(self.reward_weights):
@@ -200,6 +211,10 @@ class GRPOTask(Task):
                                    f"contradicts dynamic_sampling={dynamic_sampling!r}; set only dynamic_sampling")
         _check_batching(max_resample, rollout_batch_prompts, importance_sampling_cap)
         self.importance_sampling_cap = importance_sampling_cap
+        if logprob_chunk_size is not None and logprob_chunk_size < 1:
+            raise GraspConfigError(f"model.task.init_args.logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
+        self.logprob_chunk_size = logprob_chunk_size
+        self.encode_vision_once = encode_vision_once
         self.dynamic_sampling = dynamic_sampling
         self.max_resample = max_resample
         self.rollout_batch_prompts = rollout_batch_prompts
@@ -324,8 +339,10 @@ class GRPOTask(Task):
         prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
         share = self._share(policy, prompt)
         engine = engine_of(ctx)
-        completions = engine.sample(policy, ctx.tokenizer, prompt, cfg, share_prompt=share,
-                                    policy_version=getattr(ctx, "policy_version", 0))
+        vision = VisionFeatures.for_model(policy) if self.encode_vision_once else None
+        with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
+            completions = engine.sample(policy, ctx.tokenizer, prompt, cfg, share_prompt=share,
+                                        policy_version=getattr(ctx, "policy_version", 0))
         policy.train(was_training)
         t1 = time.perf_counter()
         prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
@@ -343,20 +360,21 @@ class GRPOTask(Task):
         old_logp = None
         if self.num_iterations > 1 or (self.importance_sampling_cap is not None and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                            share)
+                                            share, self.logprob_chunk_size, vision)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         ref_logp = None
         if self.beta != 0.0:
             with ctx.reference() as ref:
                 ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                                share)
+                                                share, self.logprob_chunk_size, vision)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
                        advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
                        indices=list(batch.indices), rollout_seconds=time.perf_counter() - t0,
                        prompt_tokens=prompt_tokens, penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
                        generation_seconds=t1 - t0, reward_seconds=t2 - t1, logp_seconds=time.perf_counter() - t2,
-                       sampled_logp=completions.sampled_logp, weight_sync_seconds=engine.weight_sync_seconds)
+                       sampled_logp=completions.sampled_logp, weight_sync_seconds=engine.weight_sync_seconds,
+                       vision=vision)
 
     def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
         """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
@@ -580,7 +598,7 @@ class GRPOTask(Task):
         t0 = time.perf_counter()
         mask = ro.loss_mask
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          k, cfg.temperature, ro.shared)
+                                          k, cfg.temperature, ro.shared, self.logprob_chunk_size, ro.vision)
         num_items = None
         if self.loss_type == "dapo":
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).

@@ -14,6 +14,7 @@ import torch
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.generation import Completions
 from grasp_lightning.shared_prompt import concat_prompts, repeat_prompts, select_prompts
+from grasp_lightning.vision_features import VisionFeatures
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Rollout:
         sampled_logp: ``(N, Lc)`` the rollout engine's own log-probs of the sampled tokens (vLLM), or
             ``None`` (the HF engine: the trainer's scoring is the sampler's).
         weight_sync_seconds: wall time the engine spent updating its copy of the weights first.
+        vision: the frozen vision tower's outputs for the prompts' clips and images, computed once at
+            the rollout and fed to every later forward of these prompts
+            (:mod:`grasp_lightning.vision_features`); ``None`` where the tower trains.
     """
 
     prompt: dict[str, torch.Tensor]
@@ -65,6 +69,7 @@ class Rollout:
     generation_calls: int = 1
     sampled_logp: torch.Tensor | None = None
     weight_sync_seconds: float = 0.0
+    vision: VisionFeatures | None = None
 
     @property
     def num_groups(self) -> int:
@@ -132,8 +137,18 @@ def cat_rollouts(ros: list[Rollout], pad_token_id: int) -> Rollout:
                   generation_seconds=sum(ro.generation_seconds for ro in ros),
                   reward_seconds=sum(ro.reward_seconds for ro in ros), logp_seconds=sum(ro.logp_seconds for ro in ros),
                   generation_calls=sum(ro.generation_calls for ro in ros), sampled_logp=cat("sampled_logp", 0.0, True),
-                  weight_sync_seconds=sum(ro.weight_sync_seconds for ro in ros))
+                  weight_sync_seconds=sum(ro.weight_sync_seconds for ro in ros), vision=_merged_vision(ros))
     return out
+
+
+def _merged_vision(ros: list[Rollout]) -> VisionFeatures | None:
+    """One store with every rollout's vision features (``None`` unless all have one)."""
+    if any(ro.vision is None for ro in ros):
+        return None
+    merged = VisionFeatures(tower=ros[0].vision.tower)
+    for ro in ros:
+        merged.merge(ro.vision)
+    return merged
 
 
 def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
@@ -161,7 +176,7 @@ def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
                    ref_logp=rows_of(ro.ref_logp, True), zero_variance=ro.zero_variance.index_select(0, gidx),
                    indices=[ro.indices[g] for g in groups], rollout_seconds=0.0, penalty=rows_of(ro.penalty, False),
                    loss_mask=rows_of(ro.loss_mask, True), items=[ro.items[g] for g in groups] if ro.items else [],
-                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp, True))
+                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp, True), vision=ro.vision)
 
 
 def even_split(n: int, parts: int) -> list[int]:
@@ -215,11 +230,17 @@ def rollout_state(ro: Rollout) -> dict:
     c = ro.completions
     out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
            "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
-           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens)}
+           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens),
+           "vision": None if ro.vision is None else _vision_of(ro).state()}
     for name in (*ROW_TENSORS, *TOKEN_TENSORS):
         value = getattr(ro, name)
         out[name] = None if value is None else value.detach().cpu()
     return out
+
+
+def _vision_of(ro: Rollout) -> VisionFeatures:
+    """The rollout's own vision features: those of its prompts (positions of a window share one store)."""
+    return ro.vision if ro.prompt is None else ro.vision.subset_for(ro.prompt)
 
 
 def rollout_from_state(state: dict) -> Rollout:
@@ -230,4 +251,5 @@ def rollout_from_state(state: dict) -> Rollout:
                    rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
                    ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
                    rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
-                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"))
+                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"),
+                   vision=VisionFeatures.from_state(state.get("vision")))

@@ -332,3 +332,20 @@ def test_world_labels_a_commit_dirty_only_for_changed_code_not_for_its_own_resul
     monkeypatch.setattr(world_bench, "ROOT", tmp_path / "not_a_repo")
     (tmp_path / "not_a_repo").mkdir()
     assert world_bench.measured()["commit"] is None
+
+
+def test_step_limit_prints_vision_forwards_step_time_and_scoring_peak() -> None:
+    """``benchmarks/step_limit.py --smoke``: the tiny Qwen3-VL's step on both paths, the real-vocabulary scoring peak."""
+    out = run_script(["benchmarks/step_limit.py", "--smoke"], timeout=600)
+    assert out["mode"] == "smoke" and out["prompts"] == 1
+    # before: the sampling prefill, the reference's scoring and the training forward each encode the clip
+    assert out["vision_forwards_per_prompt_before"] == 3.0 and out["vision_forwards_per_prompt_after"] == 1.0
+    assert out["step_cpu_s_before"] > 0 and out["step_cpu_s_after"] > 0
+    assert out["step_cpu_ratio"] == pytest.approx(out["step_cpu_s_after"] / out["step_cpu_s_before"], abs=1e-3)
+    assert out["loss_after"] == pytest.approx(out["loss_before"], abs=1e-5)
+    # full logits: at least K x Lc x V bf16 logits are held; chunked: far less
+    k, lc = out["score_k"], out["score_tokens"]
+    assert out["scoring_peak_bytes_before"] >= k * lc * 151936 * 2
+    assert 0 < out["scoring_peak_bytes_after"] < out["scoring_peak_bytes_before"]
+    assert out["scoring_peak_ratio"] == pytest.approx(
+        out["scoring_peak_bytes_after"] / out["scoring_peak_bytes_before"], abs=1e-4)

@@ -179,7 +179,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
     import tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
-    def fake_score(policy, prompt, ids, mask, k, temperature, shared):
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared, chunk_size=None, vision=None):
         logp = torch.zeros(ids.shape, requires_grad=True)
         return logp, torch.zeros(ids.shape)
 

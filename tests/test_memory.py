@@ -355,6 +355,12 @@ def test_tokens_activations_logits_rollout(tiny) -> None:
     #   -> 427616; DeepStack 4 seq x 16 visual x 1 x 64 x 2 B = 8192 -> 2634976.
     assert plan.activations == 2634976
     assert plan.logits == 4 * 21 * 1000 * 6  # completion positions + 1, vocab, GRPO_LOGIT_BYTES (entropy row by row)
+    # chunked log-probs: one chunk of 16 positions x vocab x CHUNK_LOGIT_BYTES (bf16 logits 2 + float32 copy 4
+    #   + float32 softmax of the gradient 4 + bf16 gradient 2) = 192000; a chunk larger than the 84 positions holds them all
+    chunked = plan_memory(spec(logprob_chunk_size=16), tiny)
+    assert chunked.logits == 16 * 1000 * 12 and chunked.activations == plan.activations
+    assert plan_memory(spec(logprob_chunk_size=1024), tiny).logits == 4 * 21 * 1000 * 12
+    assert plan_memory(spec(logprob_chunk_size=16, **SFT), tiny).logits == plan_memory(spec(**SFT), tiny).logits
     # vision (frozen) transient: 256 patches x 2 B x (attention 2*32 + 6*16 + 32 = 192, MLP 2*32 + 2*64 = 192) = 196608
     assert plan.vision_transient == 196608
     # KV: 2 (K, V) x 2 layers x 2 KV heads x 16 x 2 B = 256 B per token
@@ -504,6 +510,7 @@ def test_run_spec_defaults_are_the_codes(tmp_path) -> None:
         policy.gradient_checkpointing, policy.attn_implementation, policy.dtype, policy.freeze_vision)
     assert (d.num_generations, d.max_new_tokens) == (rollout.num_generations, rollout.max_new_tokens)
     assert (d.shares_prompt, d.needs_reference) == (task["share_prompt"].default, task["beta"].default != 0.0)
+    assert d.logprob_chunk_size == task["logprob_chunk_size"].default
     assert d.precision == L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False).precision
     assert (d.fps, d.max_frames, d.max_pixels, d.max_prompt_tokens, d.max_target_tokens, d.micro_batch_size) == tuple(
         data[k].default for k in ("fps", "max_frames", "max_pixels", "max_prompt_tokens", "max_target_tokens",
@@ -616,4 +623,4 @@ def test_cli_refuses_an_unknown_model(capsys) -> None:
     out = capsys.readouterr().out
     assert "Memory plan: Qwen3.5-9B" in out and "24 linear-attention + 8 full-attention" in out
     assert "linear-attention states 8 x 51,904,512 B" in out
-    assert "peak                   83.23" in out and "fits: yes" in out
+    assert "peak                   72.56" in out and "fits: yes" in out  # the table's SGR row (chunked log-probs)

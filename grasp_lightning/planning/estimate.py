@@ -37,7 +37,8 @@ trainable and ``N`` data-parallel ranks:
   transformers code and checked against autograd's saved tensors), or only each layer's input under
   gradient checkpointing plus one layer's full set (the larger kind's) while it is recomputed.
 - logits: the loss's logits and their float32 copies, as ``tasks/sft.py`` and ``tasks/grpo.py``
-  compute them (:data:`SFT_LOGIT_BYTES`, :data:`GRPO_LOGIT_BYTES`).
+  compute them (:data:`SFT_LOGIT_BYTES`, :data:`GRPO_LOGIT_BYTES`); with GRPO's chunked log-probs
+  (``logprob_chunk_size``) one chunk's (:data:`CHUNK_LOGIT_BYTES`).
 - rollout (a task that samples rollouts, ``Task.samples_rollouts``: GRPO): the KV cache of the
   full-attention layers, ``2 x full layers x kv_heads x head_dim x 2 B`` per token of the ``B x K``
   sequences (``generate(num_return_sequences=K)`` prefills the prompt K times), plus, for a hybrid
@@ -97,6 +98,12 @@ SFT_LOGIT_BYTES = 10
 #: ``logsumexp`` keeps for backward (4); the no-grad entropy works one row at a time
 #: (``grasp_lightning/shared_prompt.py: logps_and_entropy``).
 GRPO_LOGIT_BYTES = 6
+#: Bytes per position and vocabulary entry of one chunk of chunked GRPO scoring
+#: (``grasp_lightning/chunked_logps.py``), at its peak in the backward's recompute: the bf16 logits (2),
+#: their float32 scaled copy (4), the float32 softmax of the gradient (4) and the bf16 gradient of the
+#: logits (2). Only one chunk exists at a time; the hidden states it starts from are the final norm's
+#: output, already among the activations.
+CHUNK_LOGIT_BYTES = 12
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
 
@@ -339,10 +346,14 @@ def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoToke
             transient = patches * per_patch  # no graph is kept: one block's tensors at a time
     scored = sequences * (completion + 1)  # logits only from the last prompt position on (both tasks)
     logit_bytes = GRPO_LOGIT_BYTES if spec.samples_rollouts else SFT_LOGIT_BYTES
+    chunked = spec.samples_rollouts and spec.logprob_chunk_size is not None
+    if chunked:  # one chunk of the LM head at a time, recomputed in the backward
+        scored, logit_bytes = min(scored, spec.logprob_chunk_size), CHUNK_LOGIT_BYTES
     per_layer = ", ".join(f"{kind.split('_')[0]} {b:,} B/token" for kind, b in per_kind.items())
     how["activations"] = (f"{tokens} tokens x {_layers_label(s)}{' checkpointed' if spec.gradient_checkpointing else ''}"
                           f" ({per_layer}){' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")
-    how["logits"] = f"{scored} positions x {text.vocab_size} x {logit_bytes} B"
+    how["logits"] = (f"{scored} positions x {text.vocab_size} x {logit_bytes} B"
+                     f"{' (one chunk of the LM head)' if chunked else ''}")
     return dict(activations=activations, logits=scored * text.vocab_size * logit_bytes, vision_transient=transient)
 
 

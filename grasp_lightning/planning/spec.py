@@ -39,6 +39,8 @@ class RunSpec:
             SFT target (``response_tokens``) and its cross-entropy logits.
         shares_prompt: a group's clip is encoded and its prompt run once for its K completions
             (``Task.shares_prompt``); ``False``: K repeated rows, like TRL.
+        logprob_chunk_size: completion tokens per chunk of the LM head and log-softmax
+            (``Task.logprob_chunk_size``); ``None``: the full logits are held.
         devices, num_nodes: GPUs per node and nodes; the data-parallel world is their product.
         zero_stage: 0 (no DeepSpeed: ``auto``, ``ddp``, one device), 1 or 2.
         offload_optimizer: DeepSpeed keeps the optimizer states and fp32 gradients on the CPU.
@@ -99,6 +101,7 @@ class RunSpec:
     response_tokens: int | None = None
     rollout_engine: str = "hf"
     engine_memory_fraction: float = 0.0
+    logprob_chunk_size: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -219,7 +222,8 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         micro_batch_size=int(data.batch_size), num_generations=int(module.rollout_cfg.num_generations),
         max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.fps), max_frames=int(data.max_frames),
         max_pixels=int(data.max_pixels), max_target_tokens=data.max_target_tokens,
-        max_prompt_tokens=data.max_prompt_tokens, **strategy_settings(trainer.strategy))
+        max_prompt_tokens=data.max_prompt_tokens, **strategy_settings(trainer.strategy),
+        logprob_chunk_size=getattr(task, "logprob_chunk_size", None))
     rollout = module.rollout_cfg
     if task.samples_rollouts and rollout.engine == "vllm":
         colocated = rollout.vllm.address is None

@@ -3,8 +3,8 @@ paper's ordering (plain GRPO < GRPO-SGR) on a world with a language shortcut, pl
 
 For each seed of ``--seeds``:
 
-1. **Base world SFT** (:mod:`grasp_lightning.generators.world`, categories T1 T4 T6 G1 G2): generates the
-   world and its random-initialised tiny Qwen3-VL, trains SFT (``configs/world_sft.yaml``) from scratch,
+1. **Base world SFT** (:mod:`experiments.world.world`, categories T1 T4 T6 G1 G2): generates the
+   world and its random-initialised tiny Qwen3-VL, trains SFT (``configs/sft.yaml``) from scratch,
    validating on the held-out bench every ``--val-every`` steps. Reported: the last validation and the last
    one within 10 minutes (``within_10_min``), seconds and steps to 0.90, every category's accuracy.
 
@@ -21,9 +21,9 @@ For each seed of ``--rl-seeds`` (default: the first three):
    shortcut prior's accuracy measured on the training and bench J3 clips, with the share of training
    targets stating it.
 3. From that one checkpoint, with equal budgets (``--rl-steps`` of 16 prompts x K=8): plain GRPO
-   (``configs/world_grpo.yaml``: accuracy + format), GRPO-SGR (``configs/world_sgr.yaml``: + grounding
-   presence + Social Grounding Reward), GRPO-SGR + temporal (``configs/world_temporal.yaml``: + the
-   temporal IoU term) and GRPO-SGR by modality (``configs/world_sgr_modal.yaml``: the grounding reward
+   (``configs/grpo.yaml``: accuracy + format), GRPO-SGR (``configs/sgr.yaml``: + grounding
+   presence + Social Grounding Reward), GRPO-SGR + temporal (``configs/temporal.yaml``: + the
+   temporal IoU term) and GRPO-SGR by modality (``configs/sgr_modal.yaml``: the grounding reward
    ``social_grounding_by_modality``, gaze events matched in ``<gaze>`` blocks only). The exported policy is each run's reference model. Reported per arm: bench
    accuracy, J3 accuracy (the shortcut-breaking split), T3 accuracy, grounding precision (paper, Figure 5),
    enumeration rate (completions naming every person the item shows), temporal IoU and the share of J3
@@ -39,7 +39,7 @@ seed (``world_seed<N>_shortcut.png`` for the RL curves when the base-world figur
 Every stage runs as ``python -m grasp_lightning fit`` in a subprocess with ``OMP_NUM_THREADS`` set to
 ``--threads``; seconds are wall-clock and include validation. Usage (from the repository root)::
 
-    python benchmarks/world.py --seeds 0 1 2 3 4 [--sft-steps 900] [--rl-steps 100] [--work /tmp/grasp_world_bench]
+    python experiments/world/run.py --seeds 0 1 2 3 4 [--sft-steps 900] [--rl-steps 100] [--work /tmp/grasp_world_bench]
 
 Stages can be run apart and joined: ``--skip-sft`` runs the RL comparison alone and keeps the base-world
 SFT figures already in ``--results``; ``--reuse-sft --reuse-rl`` reads back the finished runs of ``--work``;
@@ -63,8 +63,14 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-log = logging.getLogger("benchmarks.world")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]  #: the repository root: the runs' working directory, on their Python path
+CONFIGS = HERE / "configs"  #: the experiment's recipes (a recipe name is a file here)
+RESULTS = HERE / "results"  #: the default ``--results``: the committed figures
+_RESULTS_IN_REPO = RESULTS.relative_to(ROOT).as_posix()
+if str(ROOT) not in sys.path:  # run as a script (python experiments/world/run.py): import experiments.world
+    sys.path.insert(0, str(ROOT))
+log = logging.getLogger("experiments.world.run")
 TOL = 1e-6  #: accuracies read back from TensorBoard are float32
 
 
@@ -105,7 +111,7 @@ def fit(name: str, recipe: str | tuple[str, ...], overrides: dict, work: Path, t
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", GRASP_LOG_LEVEL="WARNING",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     recipes = (recipe,) if isinstance(recipe, str) else recipe
-    cmd = [sys.executable, "-m", "grasp_lightning", "fit", *(a for r in recipes for a in ("--config", str(ROOT / "configs" / r))),
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", *(a for r in recipes for a in ("--config", str(CONFIGS / r))),
            "--config", str(override)]
     log.info("%s: %s", name, " ".join(cmd))
     started, t0 = time.time(), time.perf_counter()
@@ -169,15 +175,15 @@ def prior_rate(run: Path, step: int) -> float | None:
 
 def following_rate(run: Path, step: int, seed: int, options) -> float | None:
     """Share of the ``J3`` bench completions of validation step ``step`` (1-based) whose answer letter is the
-    pointed-at target's: the shortcut prior's answer (:func:`grasp_lightning.generators.world.shortcut_prior`),
+    pointed-at target's: the shortcut prior's answer (:func:`experiments.world.world.shortcut_prior`),
     wrong on every bench item of the shortcut-breaking split. Each item is rebuilt from its uid
-    (``world<seed>_b<k>_...``) with :func:`~grasp_lightning.generators.world.make_world_entry` and ``options``
-    (the world's :class:`~grasp_lightning.generators.world.WorldOptions`). ``None`` without the results file or ``J3``.
+    (``world<seed>_b<k>_...``) with :func:`~experiments.world.world.make_world_entry` and ``options``
+    (the world's :class:`~experiments.world.world.WorldOptions`). ``None`` without the results file or ``J3``.
 
     Raises:
         ValueError: an item's uid is not a bench clip of the world.
     """
-    from grasp_lightning.generators import world as world_mod
+    from experiments.world import world as world_mod
 
     path = run / "bench" / f"step_{step}" / "results.json"
     if not path.exists():
@@ -296,7 +302,7 @@ def add_sft_options(p: argparse.ArgumentParser, sft_steps: int, work: Path, val_
     p.add_argument("--seed", type=int, default=0, help="seed of the world, the initial weights and training")
     p.add_argument("--train", type=int, default=8000, help="SFT clips (and as many RL clips)")
     p.add_argument("--bench", type=int, default=200, help="held-out bench clips")
-    p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch: configs/world_sft.yaml)")
+    p.add_argument("--sft-steps", type=int, default=sft_steps, help="SFT optimizer steps (batch: configs/sft.yaml)")
     p.add_argument("--val-every", type=int, default=val_every, help="validate and checkpoint SFT every N steps")
     p.add_argument("--handoff-acc", type=float, default=0.5, help="hand off the first SFT checkpoint at this accuracy")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each stage")
@@ -316,7 +322,7 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
     the pointed-at target most often (:func:`following_rate`; the first of equals): where the shortcut binds most.
 
     ``args`` holds ``seed, train, bench, sft_steps, val_every, handoff_acc, threads, reuse_sft, work``
-    (:func:`main`'s options); ``options`` the world's :class:`~grasp_lightning.generators.world.WorldOptions`
+    (:func:`main`'s options); ``options`` the world's :class:`~experiments.world.world.WorldOptions`
     (default: the base world), ``tag`` the suffix of its scratch directory ``<work>/seed<N><tag>``,
     ``sft_steps``, ``n_bench`` and ``n_train`` override ``args.sft_steps``, ``args.bench`` and ``args.train``; ``n_rl``
     is the number of RL clips (default ``n_train``; 0 for a world trained by SFT only). Returns a dict with
@@ -327,7 +333,7 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
     Raises:
         RuntimeError: the SFT run failed or logged no bench accuracy.
     """
-    from grasp_lightning.generators import world as world_mod
+    from experiments.world import world as world_mod
 
     options = options or world_mod.WorldOptions()
     steps = args.sft_steps if sft_steps is None else sft_steps
@@ -351,7 +357,7 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
                                   "save_weights_only": True}},
                    {"class_path": "callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
         sft_overrides = run_overrides("sft", data, init, work, args.seed, steps, args.val_every, ckpt_cb)
-        sft_run, sft_s, sft_started = fit("sft", "world_sft.yaml", sft_overrides, work, args.threads)
+        sft_run, sft_s, sft_started = fit("sft", "sft.yaml", sft_overrides, work, args.threads)
         if not scalars(sft_run, "val/acc/overall"):  # before the stage is recorded for --reuse-sft
             raise RuntimeError(f"{sft_run}: SFT logged no val/acc/overall (--sft-steps {steps} must be "
                                f">= --val-every {args.val_every})")
@@ -383,10 +389,10 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
 
 #: The RL arms of the shortcut world: name -> (recipes, label); equal budgets, the same SFT hand-off.
 ARMS = {
-    "grpo": (("world_grpo.yaml",), "GRPO (accuracy + format)"),
-    "sgr": (("world_sgr.yaml",), "GRPO + SGR"),
-    "sgr_temporal": (("world_sgr.yaml", "world_temporal.yaml"), "GRPO + SGR + temporal"),
-    "sgr_modal": (("world_sgr.yaml", "world_sgr_modal.yaml"), "GRPO + SGR by modality"),
+    "grpo": (("grpo.yaml",), "GRPO (accuracy + format)"),
+    "sgr": (("sgr.yaml",), "GRPO + SGR"),
+    "sgr_temporal": (("sgr.yaml", "temporal.yaml"), "GRPO + SGR + temporal"),
+    "sgr_modal": (("sgr.yaml", "sgr_modal.yaml"), "GRPO + SGR by modality"),
 }
 
 
@@ -408,7 +414,7 @@ def base_sft(args: argparse.Namespace) -> dict:
 
 def shortcut_rl(args: argparse.Namespace) -> dict:
     """On the shortcut (and temporal) world: SFT to the hand-off, then every arm of :data:`ARMS` from it."""
-    from grasp_lightning.generators.world import WorldOptions
+    from experiments.world.world import WorldOptions
 
     options = WorldOptions(shortcut=args.shortcut, temporal=not args.no_temporal,
                            shortcut_reasoning=args.shortcut_reasoning)
@@ -439,15 +445,14 @@ def shortcut_rl(args: argparse.Namespace) -> dict:
 
 def measured() -> dict:
     """Where a figure was measured: the commit (``git rev-parse --short HEAD``, with ``-dirty`` when a tracked
-    file other than the results this script writes under ``benchmarks/results`` differs from it: the first seed's
+    file other than the committed results (``experiments/world/results``) differs from it: the first seed's
     JSON must not mark the later seeds of the same call as measured on changed code) and the processor
-    (``/proc/cpuinfo``'s model name; 2-core machines of one kind differ: an SFT step took 0.75 s on one and
-    1.35 s on another)."""
+    (``/proc/cpuinfo``'s model name: machines of one kind differ in speed)."""
     try:
         git = dict(cwd=ROOT, capture_output=True, text=True, check=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **git).stdout.strip()
         changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                  ":(exclude)benchmarks/results"], **git).stdout.strip()
+                                  f":(exclude){_RESULTS_IN_REPO}"], **git).stdout.strip()
         commit += "-dirty" if changed else ""
     except (OSError, subprocess.CalledProcessError):
         commit = None
@@ -517,7 +522,7 @@ def _f(value: float | None, digits: int = 3) -> str:
 
 
 def markdown(out: dict) -> str:
-    """README's tables of a :func:`main` result: base-world SFT per seed, then the shortcut world's arms per seed."""
+    """The tables of a :func:`main` result: base-world SFT per seed, then the shortcut world's arms per seed."""
     sft_rows = []
     for seed, r in out["per_seed"].items():
         if "sft" not in r:
@@ -586,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reuse-rl", action="store_true",
                    help="keep the RL arms of an earlier call with the same --work that ran all --rl-steps "
                         "(with --reuse-sft: add seeds or the base SFT runs to an earlier comparison)")
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where JSON and PNG go")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where JSON and PNG go")
     args = p.parse_args(argv)
     if args.sft_steps < args.val_every or args.rl_sft_steps < args.val_every:
         p.error(f"--sft-steps {args.sft_steps} and --rl-sft-steps {args.rl_sft_steps} must be >= --val-every "

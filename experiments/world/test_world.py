@@ -1,4 +1,4 @@
-"""Tests of :mod:`grasp_lightning.generators.world`: every file read back by the GRASP readers, every answer
+"""Tests of :mod:`experiments.world.world`: every file read back by the GRASP readers, every answer
 re-derived from the drawn actions by an independent solver and, for gazes, from the decoded pixels."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
+from experiments.world import world
 from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import user_text
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
-from grasp_lightning.generators import world
 from grasp_lightning.generators.sample.drawing import OBJECT, Action
 from grasp_lightning.generators.sample.questions import participants
 from grasp_lightning.parsing import extract_participants
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.timeout(120)
 N_TRAIN, N_RL, N_BENCH = 10, 10, 15
 FULL = world.WorldOptions(shortcut=0.7, temporal=True)  #: both options: categories T1 T4 T6 G1 G2 J3 T3
 TARGET_RE = re.compile(r"^<(gaze|gesture)>(?P<sentence>[^<]+)</\1><answer>(?P<letter>[A-D])</answer>$")
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent / "configs"  #: the experiment's recipes
+#: The repository's tiny Qwen3-VL: its processor encodes the world's bench items.
+TINY = Path(__file__).resolve().parents[2] / "grasp_lightning" / "assets" / "tiny-qwen3vl"
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,7 @@ def test_generation_is_deterministic(tmp_path: Path) -> None:
     assert other.clip.data != world.make_world_entry(1, "b", 0).clip.data
 
 
-@pytest.mark.parametrize("name", ["world_sft.yaml", "world_grpo.yaml", "world_sgr.yaml"])
+@pytest.mark.parametrize("name", ["sft.yaml", "grpo.yaml", "sgr.yaml"])
 def test_world_recipes_carry_the_colour_key(name: str) -> None:
     config = yaml.safe_load((CONFIGS / name).read_text())
     assert config["data"]["system_prompt"] == world.SYSTEM_PROMPT
@@ -292,12 +294,12 @@ def test_gestures_differ_in_shape_and_place() -> None:
     assert min(white["pointing"]) >= 9 and min(white["reaching"]) >= 3 * max(white["pointing"]), white
 
 
-def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path, tiny_path: Path) -> None:
+def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path) -> None:
     """``data.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
     from grasp_lightning.data.prompts import INSTRUCTION
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(out), processor=str(tiny_path), mode="rl", max_frames=4,
+    dm = GraspDataModule(root=str(out), processor=str(TINY), mode="rl", max_frames=4,
                          max_pixels=world.WIDTH * world.HEIGHT,
                          val_batch_size=2, num_workers=0, system_prompt=world.SYSTEM_PROMPT,
                          instruction=world.INSTRUCTION)
@@ -501,10 +503,3 @@ def test_decoded_gaze_lines_keep_their_gazers_colour() -> None:
     assert line_error("yuv444p") < 4.0
     assert line_error("yuv420p") > 20.0
 
-
-def test_encode_mp4_refuses_a_pixel_format_its_encoder_lacks() -> None:
-    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
-
-    frames = [np.zeros((16, 16, 3), np.uint8)] * 2
-    with pytest.raises(ValueError, match=r"encoder mpeg4 has no pixel format 'yuv444p'"):
-        encode_mp4(frames, 2.0, Mp4Settings(codec="mpeg4", pix_fmt="yuv444p"))

@@ -1,4 +1,4 @@
-"""A synthetic social world whose answers are in the pixels: the project's end-to-end learning benchmark.
+"""The synthetic social world: GRASP-format clips whose answers are in the pixels.
 
 Every clip is 2 s at 2 fps (4 frames of 64x80 pixels, H.264 with full-resolution colour, :data:`PIX_FMT`).
 Four persons are coloured squares (Person 0 red, 1 green, 2 blue, 3 yellow, see :data:`SYSTEM_PROMPT`; no id
@@ -6,12 +6,7 @@ is drawn: the colour identifies them), placed in the four 16x16-pixel corner cel
 a random order per clip, with a grey object as large as a person in a token of its own below them, off every
 line between two persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16
 pixels: patch 8, merge 2). Social events are drawn with the primitives of
-:mod:`grasp_lightning.generators.sample.drawing`: a gaze is a 2-pixel line in the gazer's colour whose dot (white,
-the gazer's colour at its middle) travels from the gazer into the target's square (it arrives by the second
-frame), mutual gaze is two such
-lines side by side, joint attention two lines ending in the same square, pointing a short thin white bar; the
-other gestures of G2 are reaching (a long thick bar), showing (a magenta object held beside the actor) and
-giving (a magenta object carried into the receiver's square).
+:mod:`grasp_lightning.generators.sample.drawing` (:func:`render_world_frame` says how each looks).
 
 Questions (each with four options, one answer letter, balanced letters):
 
@@ -19,54 +14,42 @@ Questions (each with four options, one answer letter, balanced letters):
   half the clips add a distractor gaze by someone else.
 - ``T4`` mutual gaze: "Who shares mutual gaze with Person a?" (3 others, "No one"); a third person
   always gazes too, and in half of the clips Person b, whom a looks at, looks elsewhere (:data:`NO_ONE_P`).
-  The reasoning is two look-ups: "Person a looks at Person b. Person b looks at Person a." (or at whom b
-  looks instead). (Wording the return gaze "Person b looks back at Person a", so that the answer follows
-  from one word, made the second look-up a yes/no the SFT model answered the same way for every clip of
-  a seed: T4 0.60 on seed 2, 0.38 on seed 1, 1,120 steps; the same "looks at" sentence as ``T1`` shares
-  T1's skill.)
+  The reasoning is two look-ups, each a ``T1`` sentence: "Person a looks at Person b. Person b looks at
+  Person a." (or at whom b looks instead).
 - ``T6`` joint attention: "Who is the focus of joint attention?" (Person 0-3): two gazers, one target.
 - ``G1`` who points: "Who is pointing?" (Person 0-3), half with a distractor gaze.
 - ``G2`` gesture type: "What kind of gesture does Person a make?" (Pointing, Showing, Giving, Reaching).
 
-The training rows (SFT and RL) follow the category cycle :data:`TRAIN_MIX` (a third of them T4, the
-hardest; T6 and G1, learnt first, a ninth each); the bench has every category in turn.
+The training rows (SFT and RL) follow the category cycle :data:`TRAIN_MIX`; the bench has every category
+in turn. :class:`WorldOptions` adds two categories:
 
-Two options of :class:`WorldOptions` add categories:
-
-- ``J3`` gaze response to gesture, the **language shortcut** (``shortcut=p``; the paper's Figure 1
-  item): "When Person p points at Person x, who or what does Person g look at?". The text names the
-  pointed-at target, and in a share ``p`` of the training clips (say 0.7) Person g's gaze does follow
-  the point, so answering the pointed-at target (:func:`shortcut_prior`) is right that often without
-  looking at the gaze. In the bench the gaze follows the point in a share ``shortcut_bench`` of the
-  clips (default 0: the bench's J3 items are the **shortcut-breaking split**, where the prior is
-  always wrong). The ground-truth event is the gaze alone, so a reasoning that names the pointed-at
-  target instead of the gaze's (the shortcut) loses grounding precision. With ``shortcut_reasoning``
-  the SFT targets of the training clips where the prior holds state it, "<gesture>Person p points at
-  x.</gesture><gaze>Person g looks at x.</gaze>" (true of those clips, but naming the pointer, who is not
-  in the event), so SFT learns to reason from the prior as the paper's models do; the grounding reward
-  scores that reasoning 2/3 (or 1/2) of reading the gaze.
+- ``J3`` gaze response to gesture, the **language shortcut** (``shortcut=p``): "When Person p points at
+  Person x, who or what does Person g look at?". The text names the pointed-at target, and in a share
+  ``p`` of the training clips Person g's gaze follows the point, so answering the pointed-at target
+  (:func:`shortcut_prior`) is right that often without looking at the gaze. In the bench the gaze follows
+  the point in a share ``shortcut_bench`` of the clips (default 0: the bench's J3 items are the
+  **shortcut-breaking split**). The ground-truth event is the gaze alone; with ``shortcut_reasoning`` the
+  SFT targets of the training clips where the prior holds state it (the point, then the gaze copied from
+  it), which the grounding reward scores 2/3 (or 1/2) of reading the gaze.
 - ``T3`` temporal gaze reasoning (``temporal=True``): 4-s clips (8 frames) in which Person a looks at
   one target and then, from a whole second ``s`` in 1-3, at another; "Between 2.0s and 3.0s, who or
   what does Person a look at?" asks about a one-second window inside one of the two gazes, and the
-  SFT target states when that gaze happens: ``<gaze>Person a looks at Person y from 2.0s to
-  4.0s.</gaze>``, the span the temporal grounding reward (``temporal_grounding``) scores.
-
-The ``T3`` events carry their time spans (``start_seconds`` / ``end_seconds`` in ``gt_events`` and
-``qa.events``); the other categories' events last the whole clip and carry none, so the temporal reward
-and ``val/grounding/temporal_iou`` score the time questions only.
+  SFT target states when that gaze happens (``from 2.0s to 4.0s``), the span the temporal grounding
+  reward (``temporal_grounding``) scores. Only ``T3`` events carry time spans (``start_seconds`` /
+  ``end_seconds`` in ``gt_events`` and ``qa.events``).
 
 Every question ends with the short :data:`INSTRUCTION`, and the world's tokenizer is trained on the
-world's own prompts (:func:`world_corpus`): a language model trained from scratch must learn to find
-the few video tokens that matter among the prompt's tokens, and it learns that faster in a short
-prompt. The SFT target is one short grounded sentence (two for ``T4``) and the letter, e.g.
-``<gaze>Person 0 looks at Person 2.</gaze><answer>C</answer>``; it names exactly the participants of
-the question's ground-truth events (``gt_events`` of the RL rows and ``qa.events`` of every bench
-item), so grounding precision 1.0 is reachable. Options are listed in a fixed order (persons by id,
-then the non-person option) unless ``shuffle_options`` puts the answer at a random position.
+world's own prompts (:func:`world_corpus`). The SFT target is one short grounded sentence (two for
+``T4``) and the letter, e.g. ``<gaze>Person 0 looks at Person 2.</gaze><answer>C</answer>``; it names
+exactly the participants of the question's ground-truth events (``gt_events`` of the RL rows and
+``qa.events`` of every bench item), so grounding precision 1.0 is reachable. Options are listed in a
+fixed order (persons by id, then the non-person option) unless ``shuffle_options`` puts the answer at a
+random position. Why the world looks as it does, with the measurements behind each choice:
+``experiments/world/README.md``.
 
-Usage::
+Usage (from the repository root)::
 
-    python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
+    python -m experiments.world.world OUT_DIR [--seed 0] [--train 8000] [--rl N] [--bench 200]
         [--shuffle-options] [--shortcut 0.7] [--shortcut-bench 0.0] [--shortcut-reasoning]
         [--temporal] [--train-mix T1,T4,...]
         [--model-dir DIR]
@@ -111,82 +94,58 @@ CELL = 16  #: the tiny model's visual token covers 16x16 pixels (patch 8, spatia
 SQUARE = 12  #: side of a person square in pixels; with its 2-pixel id box it fills one 16x16 corner cell
 CORNERS = ((8, 8), (56, 8), (56, 56), (8, 56))  #: person centres (x, y): the four corner cells
 #: Largest shift of a person's centre in pixels (each axis). 0: a ViT trained from scratch learns
-#: position-fixed cues several times faster (a G1 probe: 89% vs 35% after 200 steps with 2 pixels).
+#: position-fixed cues faster.
 JITTER = 0
 #: The grey object's centre (x, y): the middle of a 16x16-pixel token of its own in a row below the persons
 #: (:data:`HEIGHT`), which no line between two persons crosses (a gaze or an arm aimed at it is at least 14
 #: degrees from any person's direction; it is 16 pixels from the nearest person-to-person line). Every place
-#: between the four corners lies on a token some person-to-person line crosses: at (40, 24) the object was on
-#: the diagonal from (56, 8) to (8, 56); at (32, 18), off every line, it straddled four tokens and four ViT
-#: patches (token borders at x = 32 and y = 16), and over five seeds (commit cafc110) the SFT models named it
-#: right in 16 of 48 T1 look-ups, 0 of 32 T4 second look-ups and 0 of 48 pointing sentences (persons: about
-#: 90 %), for 0.92 / 0.805 / 0.75 / 0.915 / 0.86 overall.
+#: between the four corners lies on a token some person-to-person line crosses, or straddles several tokens.
 OBJECT_CENTRE = (40, 72)
 #: Side of the grey object in pixels: a person's (:data:`SQUARE`), so that a gaze or an arm ending on it
-#: looks like one ending on a person, in grey. With 6 pixels in its own token the SFT models of seeds 1 and 2
-#: still named it in 0 of 37 gaze look-ups (persons 153 of 203; 0.755 / 0.625 overall, 1,120 steps, 1 thread):
-#: at the " the" / " Person" token after "looks at", P(" the") was 0.33 on object items and 0.18 on person
-#: items, so the model hardly saw it. With 12 pixels: 25 of 37 (seed 1: 21 of 22), 0.87 / 0.81 overall.
-#: (10 pixels at (32, 18) did not help: seed 2, 0.775 against 0.865 with 6.)
+#: looks like one ending on a person, in grey.
 OBJECT_SIZE = 12
 ARM_START, ARM, REACH = 4, (9, 2), (18, 6)  #: arms start 3 px from the centre; (length, width) in pixels
-#: The held object of showing and giving: magenta, 6 pixels. (The sample data's orange 5-pixel object has
-#: little contrast on the red and yellow squares: at SFT step 560 of seed 0 every G2 error was showing or
-#: giving, 7 of 14 answered as pointing.) Magenta differs from each person's colour by at least 180 in one
-#: channel, and from the grey object and the white arms.
+#: The held object of showing and giving: magenta, 6 pixels (the sample data's orange 5-pixel object has
+#: little contrast on the red and yellow squares). Magenta differs from each person's colour by at least
+#: 180 in one channel, and from the grey object and the white arms.
 HELD_COLOUR, HELD_SIZE = (230, 40, 230), 6
 #: A gaze dot and a given object reach their target after this fraction of the clip: by the second
-#: frame (t = 0.5 s), so from then on the dot sits in the target's square. (With the sampling default
-#: 0.4 the second frame caught the dot in transit, 62 % of the way: for a corner-to-opposite-corner
-#: gaze that is on the object, and "An object" answers of T1 were the most frequent SFT errors.)
+#: frame (t = 0.5 s), so from then on the dot sits in the target's square (with the sampling default
+#: 0.4 the second frame catches the dot in transit).
 RAMP = 0.25
 FPS = 2.0  #: clips are encoded at the GRASP sampling rate: every frame is seen
 DURATION = 2.0  #: clip length in seconds (4 frames)
 LINE, DOT = 2, 6  #: gaze line width and tip dot side in pixels
-#: Side in pixels of the gazer's colour at the middle of a gaze's white dot, which stops :data:`DOT_SHORT` pixels
-#: before the target's centre. With an all-white 4-pixel dot at the centre the tip said only *that* someone
-#: looks at a square, and whose gaze a line was had to be read from its 2-pixel colour: the SFT models answered
-#: T4's second look-up ("Person b looks at ...") with the end of the line that is not the a-b pair's, whoever's
-#: it was (seed 0, step 2,400: mutual clips where the third gazer looks at a 7 of 7 right, at the object or the
-#: fourth person 1 of 16). With the coloured core the tip says whose gaze ends there, in the target's own token:
-#: 2,400 SFT steps (1 thread, two runs at once) gave 0.94 / 0.97 overall, T4 0.85 / 0.925 on seeds 0 and 2,
-#: against 0.90 / 0.925, T4 0.625 / 0.75 with the white dot. (A 2 x 2 core in a 4-pixel dot at the centre, commit
-#: d6b399f, 1,280 steps: T4 0.725 / 0.65, within the seeds' spread.)
+#: Side in pixels of the gazer's colour at the middle of a gaze's white dot, and how far the dot stops
+#: before the target's centre (pixels, on the gazer's side): the tip says whose gaze ends there, in the
+#: target's own token, rather than only *that* someone looks at the square.
 DOT_CORE, DOT_SHORT = 4, 3.0
 CRF = 18  #: libx264 quality (lower is better)
-#: Encoded pixel format. The world's cue for *who* looks is the colour of a 2-pixel gaze line; 4:2:0 (colour
-#: at half resolution) smeared it into the background and into the neighbouring line of a mutual gaze: the
-#: decoded gaze-line pixels of T4 clips were 30.5 levels off their colour on average, 2.0 with 4:4:4.
+#: Encoded pixel format: 4:4:4. The cue for *who* looks is the colour of a 2-pixel gaze line, which 4:2:0
+#: (colour at half resolution) smears into the background and into the neighbouring line of a mutual gaze.
 PIX_FMT = "yuv444p"
 MP4 = replace(STABLE, crf=CRF, pix_fmt=PIX_FMT)  #: the encoder settings of every world clip
 DISTRACTOR_P = 0.5  #: probability of a distractor gaze in T1 and G1 clips
-#: Probability that nobody returns Person a's gaze in a T4 clip ("No one"). At 0.25 the SFT model of
-#: seed 0 never answered "No one" after 900 steps (all its T4 errors); half the clips give it as much
+#: Probability that nobody returns Person a's gaze in a T4 clip ("No one"): half the clips, as much
 #: signal as the mutual case.
 NO_ONE_P = 0.5
 SOURCE = "social_gesture"  #: GRASP source name of the world's clips (one of the seven the format allows)
 COLOUR_NAMES = ("red", "green", "blue", "yellow")
 CATEGORIES = ("T1", "T4", "T6", "G1", "G2")  #: the base world's categories (no option set)
-#: The category cycle of the base world's training rows (the bench stays balanced): 3 of 9 rows T4, 2 T1,
-#: 2 G2, 1 T6, 1 G1. With every category in turn, T4 was at 0.55-0.70 after 900 SFT steps on seeds 0-2
-#: while T6 and G1 were at 1.00 from step 600 on; with 3 of 8 rows T4 (seed 0) T4 reached 0.88 at step 700,
-#: and G2, down to 1 of 8, was the weakest (0.73).
+#: The category cycle of the base world's training rows (the bench stays balanced): 3 of 9 rows T4 (the
+#: hardest), 2 T1, 2 G2, 1 T6, 1 G1 (learnt first).
 TRAIN_MIX = ("T1", "T4", "G2", "T4", "T1", "T6", "T4", "G2", "G1")
 TEMPORAL_DURATION = 4.0  #: length of a ``T3`` clip in seconds (8 frames: four 1-s temporal patches)
 TEMPORAL_SWITCH = (1.0, 2.0, 3.0)  #: the seconds at which a ``T3`` gazer may switch targets
-#: The system prompt of every world recipe (``data.system_prompt`` in ``configs/world_*.yaml``).
+#: The system prompt of every world recipe (``data.system_prompt`` in ``experiments/world/configs/*.yaml``).
 #: Short on purpose (24 tokens of the world's tokenizer): every prompt token costs CPU time and attention.
 SYSTEM_PROMPT = "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow."
 #: The world's instruction, ending every question (``data.instruction`` in the recipes, so the bench's
 #: questions end with it too). Short on purpose: a language model trained from scratch must learn to
-#: find the few video tokens that matter, and with GRASP's longer instruction and 2 layers it did
-#: not within 1,600 steps.
+#: find the few video tokens that matter among the prompt's tokens.
 INSTRUCTION = "Name who is involved in <gaze> or <gesture> tags, then give the letter in <answer> tags."
-#: Sizes of the world's tiny Qwen3-VL (1.87 M parameters: vision 1.1 M), for :func:`build_world_model`.
-#: Four language-model layers: with two, learning from the pixels started much later (a probe: 17 % vs
-#: 44 % of held-out SFT targets exactly right after 700 and 500 steps). Three vision blocks: with two,
-#: mutual gaze (T4) stayed at 0.775 on two seeds of five, misreading whose dot lies on the grey object
-#: (README, "Learning proof").
+#: Sizes of the world's tiny Qwen3-VL (1.87 M parameters: vision 1.1 M), for :func:`build_world_model`:
+#: four language-model layers and three vision blocks.
 MODEL_SIZES = dict(text_hidden_size=128, text_layers=4, text_heads=4, vision_hidden_size=128, vision_depth=3,
                    patch_size=8)
 
@@ -594,9 +553,9 @@ def prior_accuracy(entries: Sequence[Entry]) -> float | None:
 
 def _readme(seed: int, n_sft: int, n_rl: int, n_bench: int, options: WorldOptions) -> str:
     return (f"# Synthetic social world (seed {seed})\n\n"
-            f"Made by `python -m grasp_lightning.generators.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
-            f"--bench {n_bench}{options.flags()}`; see the docstring of "
-            "`grasp_lightning/generators/world.py`.\nGRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
+            f"Made by `python -m experiments.world.world OUT_DIR --seed {seed} --train {n_sft} --rl {n_rl} "
+            f"--bench {n_bench}{options.flags()}`; see `experiments/world/README.md`.\n"
+            "GRASP file layout: `train/data_sft.jsonl`, `train/data_rl.jsonl`, "
             "`train/annotations.jsonl`, `train/videos/*.tar`, `test/annotations.jsonl`, `test/grasp_bench.tar`.\n"
             f"Categories {', '.join(options.categories)}, balanced in the bench; clips {WIDTH}x{HEIGHT}, {DURATION:g} s "
             f"at {FPS:g} fps{f' ({TEMPORAL_DURATION:g} s for T3)' if options.temporal else ''}.\n\n"
@@ -626,7 +585,7 @@ def build_world_model(out_dir: str | Path, seed: int = 0, options: WorldOptions 
 
 
 def add_world_options(parser: argparse.ArgumentParser) -> None:
-    """The :class:`WorldOptions` flags (shared with ``benchmarks/world.py``)."""
+    """The :class:`WorldOptions` flags (shared with ``experiments/world/run.py``)."""
     parser.add_argument("--shuffle-options", action="store_true", help="answer at a random option position")
     parser.add_argument("--shortcut", type=float, default=None, metavar="P",
                         help="add J3, the language shortcut: the gaze follows the point in this share of training clips")
@@ -646,7 +605,7 @@ def world_options(args: argparse.Namespace) -> WorldOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """CLI: ``python -m grasp_lightning.generators.world OUT_DIR [--seed 0] [--train N] [--rl N] [--bench M] ...``."""
+    """CLI: ``python -m experiments.world.world OUT_DIR [--seed 0] [--train N] [--rl N] [--bench M] ...``."""
     parser = argparse.ArgumentParser(description="Generate the synthetic social world (GRASP format).")
     parser.add_argument("out_dir", type=Path, help="output root (train/, test/, README.md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")

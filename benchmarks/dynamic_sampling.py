@@ -1,8 +1,9 @@
 """Does ``dynamic_sampling: refill`` learn in fewer optimizer steps than ``drop``? GRPO on the synthetic world.
 
-1. The world, its tiny Qwen3-VL and SFT from scratch to the hand-off checkpoint, as ``benchmarks/world.py``
-   (:func:`world.sft_handoff`; ``--reuse-sft`` keeps an earlier call's).
-2. From that export, one plain GRPO run (``configs/world_grpo.yaml``: accuracy + format, 16 prompts x K = 8
+1. The world, its tiny Qwen3-VL and SFT from scratch to the hand-off checkpoint, as the synthetic-world
+   experiment's ``experiments/world/run.py`` (:func:`experiments.world.run.sft_handoff`; ``--reuse-sft`` keeps
+   an earlier call's).
+2. From that export, one plain GRPO run (``experiments/world/configs/grpo.yaml``: accuracy + format, 16 prompts x K = 8
    per optimizer step) per ``--arms`` entry, equal optimizer steps and seeds, differing only in
    ``model.task.init_args.dynamic_sampling``. ``drop`` masks the groups whose rewards are all equal out of
    the loss; ``refill`` draws further windows of 16 prompts from the data stream (at most
@@ -32,9 +33,18 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: experiments/ is not installed
 
-from world import ROOT, add_sft_options, fit, run_overrides, save_figure, scalars, sft_handoff  # noqa: E402
+from experiments.world.run import (  # noqa: E402
+    CONFIGS,
+    ROOT,
+    add_sft_options,
+    fit,
+    run_overrides,
+    save_figure,
+    scalars,
+    sft_handoff,
+)
 
 log = logging.getLogger("benchmarks.dynamic_sampling")
 ARMS = ("off", "drop", "refill")
@@ -121,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     work, handoff = stage["work"], stage["handoff"]
     import yaml
 
-    k = yaml.safe_load((ROOT / "configs" / "world_grpo.yaml").read_text())["model"]["rollout"]["num_generations"]
+    k = yaml.safe_load((CONFIGS / "grpo.yaml").read_text())["model"]["rollout"]["num_generations"]
     result = {"seed": args.seed, "threads": args.threads, "sft_handoff": handoff, "rl_steps": args.rl_steps,
               "max_resample": args.max_resample, "window": args.window, "arms": {}}
     series = {}
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                                   args.rl_val_every)
         overrides["trainer"]["log_every_n_steps"] = 1
         overrides["model"]["task"] = {"init_args": {"dynamic_sampling": arm, "max_resample": args.max_resample}}
-        run, secs, _ = fit(name, "world_grpo.yaml", overrides, work, args.threads)
+        run, secs, _ = fit(name, "grpo.yaml", overrides, work, args.threads)
         s = series[arm] = arm_series(run, k)
         steps = len(s["reward_tried"])
         result["arms"][arm] = {

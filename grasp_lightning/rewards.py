@@ -339,10 +339,10 @@ def social_grounding_by_modality(completion: str, item: GraspItem, opened_think:
     have ground truth or a named person (a modality with either side empty scores 0 there).
 
     Why: :func:`social_grounding` pools every person named anywhere in the reasoning, so a completion that
-    names the event's people under the wrong relation scores the maximum. Measured on the synthetic world's
-    shortcut split (``benchmarks/world.py``, README "Learning proof"): after 80 GRPO-SGR steps the policy
-    wrote the gaze event as a false pointing sentence, ``<gesture>Person g points at Person y.</gesture>``,
-    with ``social_grounding`` 2.0; here it scores 0. Matching events to their modality's blocks mirrors the
+    names the event's people under the wrong relation scores the maximum: a gaze event written as a false
+    pointing sentence, ``<gesture>Person g points at Person y.</gesture>``, scores 2.0 with
+    ``social_grounding`` (a policy trained on it learns to write such sentences: ``experiments/world/README.md``)
+    and 0 here. Matching events to their modality's blocks mirrors the
     released code's ``compute_grounding_score`` (:func:`social_grounding_released`), without its exclusion of
     the people the question names.
 

@@ -192,15 +192,7 @@ class GRPOTask(Task):
             raise GraspConfigError(f"loss_type must be one of {grpo.LOSS_TYPES}, got {loss_type!r}")
         if num_iterations < 1:
             raise GraspConfigError(f"model.task.init_args.num_iterations must be >= 1, got {num_iterations}")
-        if overlong_mode not in OVERLONG_MODES:
-            raise GraspConfigError(f"model.task.init_args.overlong_mode must be one of {OVERLONG_MODES}, "
-                                   f"got {overlong_mode!r}")
-        if overlong_buffer is not None and overlong_buffer_fraction is not None:
-            raise GraspConfigError("model.task.init_args: set overlong_buffer (tokens) or overlong_buffer_fraction "
-                                   "(of model.rollout.max_new_tokens), not both")
-        if overlong_buffer_fraction is not None and not 0 < overlong_buffer_fraction <= 1:
-            raise GraspConfigError(f"model.task.init_args.overlong_buffer_fraction must be in (0, 1], "
-                                   f"got {overlong_buffer_fraction}")
+        _check_overlong(overlong_mode, overlong_buffer, overlong_buffer_fraction)
         if dynamic_sampling is None:
             dynamic_sampling = "drop" if drop_zero_variance_groups else "off"
         if dynamic_sampling not in DYNAMIC_SAMPLING:
@@ -742,6 +734,22 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
     if enumerating:
         out["grounding/enumeration_rate"] = Mean(sum(enumerating), len(enumerating))
     return out, no_gt
+
+
+def _check_overlong(mode: str, buffer: int | None, fraction: float | None) -> None:
+    """``GRPOTask``'s overlong-penalty settings.
+
+    Raises:
+        GraspConfigError: an unknown ``overlong_mode``, both ``overlong_buffer`` and
+            ``overlong_buffer_fraction`` set, or a fraction outside (0, 1].
+    """
+    if mode not in OVERLONG_MODES:
+        raise GraspConfigError(f"model.task.init_args.overlong_mode must be one of {OVERLONG_MODES}, got {mode!r}")
+    if buffer is not None and fraction is not None:
+        raise GraspConfigError("model.task.init_args: set overlong_buffer (tokens) or overlong_buffer_fraction "
+                               "(of model.rollout.max_new_tokens), not both")
+    if fraction is not None and not 0 < fraction <= 1:
+        raise GraspConfigError(f"model.task.init_args.overlong_buffer_fraction must be in (0, 1], got {fraction}")
 
 
 def _check_batching(max_resample: int, rollout_batch_prompts: int | None, importance_sampling_cap: float | None) -> None:

@@ -1,4 +1,5 @@
-"""Every file in ``configs/``, loaded as it is meant to be used, through the loader ``fit`` uses.
+"""Every file in ``configs/`` and in the experiments' recipe folders (``experiments/world/configs/``), loaded
+as it is meant to be used, through the loader ``fit`` uses.
 
 Each file is paired (:data:`USES`) with the ``--config`` lists its header gives: a recipe alone and
 with ``configs/demo.yaml``, an overlay after the recipe it varies, a logger or evaluation file after
@@ -37,23 +38,30 @@ USES: dict[str, list[tuple[str, ...]]] = {
     "tensorboard.yaml": [("sgr", "demo", "wandb", "tensorboard")],
     "wandb.yaml": [("sgr", "demo", "wandb")],
     "mlflow.yaml": [("sgr", "demo", "mlflow")],
-    "world_sft.yaml": [("world_sft",)],
-    "world_sgr.yaml": [("world_sgr",)],
-    "world_grpo.yaml": [("world_grpo",)],
-    "world_sgr_modal.yaml": [("world_sgr", "world_sgr_modal")],
-    "world_temporal.yaml": [("world_sgr", "world_temporal")],
     "grasp_pipeline.yaml": [],  # the pipeline command's own file: test_the_pipeline_config_loads_every_stage
     "released/sft.yaml": [("sft", "released/sft"), ("sft", "released/sft", "demo")],
     "released/sgr.yaml": [("sgr", "released/sgr"), ("sgr", "released/sgr", "demo")],
 }
-COMBOS = sorted({combo for uses in USES.values() for combo in uses})
+#: The synthetic-world experiment's recipes (run from the repository root), paired the same way: names in that folder.
+WORLD_CONFIGS = REPO / "experiments" / "world" / "configs"
+WORLD_USES: dict[str, list[tuple[str, ...]]] = {
+    "sft.yaml": [("sft",)],
+    "sgr.yaml": [("sgr",)],
+    "grpo.yaml": [("grpo",)],
+    "sgr_modal.yaml": [("sgr", "sgr_modal")],
+    "temporal.yaml": [("sgr", "temporal")],
+}
+FOLDERS = {CONFIGS: USES, WORLD_CONFIGS: WORLD_USES}  #: every recipe folder and its pairings
+#: (folder, --config list) of every pairing of every folder
+PAIRINGS = [(folder, combo) for folder, uses in FOLDERS.items()
+            for combo in sorted({combo for names in uses.values() for combo in names})]
 PAPER_RECIPES = ("sft", "sgr")  # the paper's stages; grpo.yaml is an overlay on sgr.yaml
 SAFETY = ("callbacks.control.checkpoint.AtomicModelCheckpoint", "callbacks.control.preemption.Preemption",
           "callbacks.control.guards.NonFiniteGuard")
 
 
-def _yaml(name: str) -> dict:
-    return yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()) or {}
+def _yaml(name: str, folder: Path = CONFIGS) -> dict:
+    return yaml.safe_load((folder / f"{name}.yaml").read_text()) or {}
 
 
 def _merge(base, over):
@@ -105,27 +113,31 @@ def _logger_paths(combo: tuple[str, ...], tmp_path: Path) -> dict:
     return {"trainer.logger.init_args.save_dir": str(tmp_path)} if combo[-1] == "wandb" else {}
 
 
-def test_every_config_file_is_paired() -> None:
-    """A new file in configs/ fails here until USES says how it is used (and a gone one too)."""
-    assert sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*") if p.is_file()) == sorted(USES)
-    for name, uses in USES.items():
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.relative_to(REPO).as_posix())
+def test_every_config_file_is_paired(folder: Path) -> None:
+    """A new file in configs/ (or an experiment's configs/) fails here until USES (WORLD_USES) says how it is
+    used (and a gone one too)."""
+    uses_of = FOLDERS[folder]
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == sorted(uses_of)
+    for name, uses in uses_of.items():
         assert all(name.removesuffix(".yaml") in combo for combo in uses), name
-        assert all((CONFIGS / f"{n}.yaml").is_file() for combo in uses for n in combo), name
+        assert all((folder / f"{n}.yaml").is_file() for combo in uses for n in combo), name
 
 
-@pytest.mark.parametrize("combo", COMBOS, ids="+".join)
-def test_every_pairing_loads_with_the_yaml_values(combo, in_repo, tmp_path) -> None:
+@pytest.mark.parametrize(("folder", "combo"), PAIRINGS,
+                         ids=[f"{f.relative_to(REPO).parent.as_posix()}:{'+'.join(c)}" for f, c in PAIRINGS])
+def test_every_pairing_loads_with_the_yaml_values(folder, combo, in_repo, tmp_path) -> None:
     overrides = _logger_paths(combo, tmp_path)
-    run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo], overrides))
+    run = load_run(config_args([folder / f"{n}.yaml" for n in combo], overrides))
     expected = {}
     for name in combo:
-        expected = _merge(expected, _yaml(name))
+        expected = _merge(expected, _yaml(name, folder))
     expected = _merge(expected, _as_tree(overrides))
     expected.pop("seed_everything", None)  # load_run seeds nothing (seed_everything=false); fit's is the YAML's
     resolved = _plain(run.config)
     assert not _mismatches(expected, resolved)
     callbacks = [cb["class_path"] for cb in resolved["trainer"]["callbacks"] or []]
-    if combo[0] in PAPER_RECIPES and "predict" not in combo:  # every training run of a paper recipe
+    if folder == CONFIGS and combo[0] in PAPER_RECIPES and "predict" not in combo:  # every run of a paper recipe
         assert resolved["weights_only"] is True
         assert all(path in callbacks for path in SAFETY), callbacks
         assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}

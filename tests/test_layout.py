@@ -153,11 +153,31 @@ def test_the_core_imports_no_task_callback_command_or_generator() -> None:
     assert not bad, bad
 
 
+def test_the_package_imports_no_experiment() -> None:
+    """``experiments/`` is research run from a checkout (not installed): no module of the installed packages imports
+    it (an installed ``grasp_lightning`` would fail on it)."""
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "assets" not in p.parts]
+    bad = sorted(f"{path.relative_to(REPO)} imports {m}" for path in files
+                 for m in own_imports_any(path) if m.split(".")[0] == "experiments")
+    assert not bad, bad
+
+
+def own_imports_any(path: Path) -> set[str]:
+    """Every absolute module name ``path`` imports (any package)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
 def test_lint_holds_what_the_conventions_promise() -> None:
     """``ruff check`` with pyproject.toml's rules: imports sorted, no unused names, a docstring on every
     public module, class, method and function (D1), no function above complexity 12 (C901)."""
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "grasp_lightning", "tasks", "callbacks", "tests",
-                           "benchmarks"], cwd=REPO, capture_output=True, text=True)
+                           "benchmarks", "experiments"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 

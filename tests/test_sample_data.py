@@ -371,3 +371,11 @@ def test_readers_parse_the_sample(out: Path, tmp_path: Path) -> None:
     assert clip.frames.ndim == 4 and len(clip.frames) == 7
     synth = video.decode_clip(store.open(rl[1].clip.path), fps=2.0, max_pixels=None)
     assert synth.frames.shape[1:] == (drawing.HEIGHT, drawing.WIDTH, 3)
+
+
+def test_encode_mp4_refuses_a_pixel_format_its_encoder_lacks() -> None:
+    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+
+    frames = [np.zeros((16, 16, 3), np.uint8)] * 2
+    with pytest.raises(ValueError, match=r"encoder mpeg4 has no pixel format 'yuv444p'"):
+        encode_mp4(frames, 2.0, Mp4Settings(codec="mpeg4", pix_fmt="yuv444p"))

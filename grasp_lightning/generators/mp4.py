@@ -1,7 +1,7 @@
 """The one mp4 writer of the project: RGB frames (and optionally a mono audio track) -> mp4, with PyAV.
 
-Every generated clip goes through :func:`encode_mp4`: the bundled sample data and the synthetic
-world (:mod:`grasp_lightning.generators.sample`, :mod:`~grasp_lightning.generators.world`), the
+Every generated clip goes through :func:`encode_mp4`: the bundled sample data
+(:mod:`grasp_lightning.generators.sample`), the synthetic world of ``experiments/world``, the
 evaluation-suite fixtures (:mod:`~grasp_lightning.generators.suite_fixtures`), the test fixtures
 (``tests/data_fixtures.py``) and the benchmark clips (``benchmarks/video_decode.py``,
 ``benchmarks/faults.py``). What differs between them is an :class:`Mp4Settings`:
@@ -66,7 +66,7 @@ class Mp4Settings:
         return {k: str(v) for k, v in pairs if v is not None}
 
 
-#: Byte-stable settings of every generated dataset (sample data, synthetic world, suite fixtures).
+#: Byte-stable settings of every generated dataset (sample data, suite fixtures, the synthetic world's base).
 STABLE = Mp4Settings(crf=30, preset="medium", qscale=6, bframes=0, gop_seconds=2.0, threads=1, bitexact=True)
 
 

@@ -6,7 +6,8 @@ the object. An :class:`Action` is drawn while it lasts: a gaze is a line whose w
 the gazer to the target square (:func:`draw_gaze`), a gesture a white bar (pointing short, reaching
 long) or an orange held object (showing: raised; giving: travelling to the receiver;
 :func:`draw_gesture`). :func:`render_clip` gives the frames; :func:`grasp_lightning.generators.mp4.encode_mp4`
-encodes them. The synthetic world (:mod:`grasp_lightning.generators.world`) reuses these primitives.
+encodes them. The primitives take sizes, colours and line widths as arguments, so other scenes (the
+synthetic world of ``experiments/world``) draw with them too.
 """
 
 from __future__ import annotations
@@ -100,8 +101,7 @@ def draw_gaze(frame: np.ndarray, src: tuple[int, int], dst: tuple[int, int], pro
     ``dst`` (the centre of the target square, so still inside it), and ``short`` pixels before it along
     the gaze (gazes arriving from different directions then end on different sides of the centre). The
     line is shifted ``offset`` pixels to the right of its direction, so the two gazes of a mutual gaze are
-    drawn side by side. ``thickness`` is the line width in pixels (the synthetic world draws 2-pixel
-    lines). ``core`` > 0 fills the dot's middle ``core`` x ``core`` pixels with the gazer's ``colour``: a white
+    drawn side by side. ``thickness`` is the line width in pixels. ``core`` > 0 fills the dot's middle ``core`` x ``core`` pixels with the gazer's ``colour``: a white
     ring around it, so the tip shows both that a gaze ends there and whose it is.
     """
     d = np.array(dst, float) - np.array(src, float)

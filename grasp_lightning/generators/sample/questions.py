@@ -27,7 +27,7 @@ class Question:
         pool: candidate option texts, the answer included (at least 4).
         actions: what is drawn.
         events: ground-truth social events ``(source, persons)`` of the question, or
-            ``(source, persons, (start, end))`` with the event's time span in seconds (the synthetic world).
+            ``(source, persons, (start, end))`` with the event's time span in seconds.
         time_range: ``(start, end)`` seconds the question is about.
         summary: 2-4 sentence reference answer for the open-ended form ("" if none).
         sort_options: order the distractors naturally and put the answer at a random position

@@ -4,6 +4,7 @@ tested in tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -382,7 +383,7 @@ def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, mon
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video embeddings "
+    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video and image embeddings "
                                                r"\(64 bytes\).*model.rollout.vllm.weight_sync_dir"):
         folder.write_embeddings([torch.ones(4, 4)])
     monkeypatch.setattr(weight_sync, "write_safetensors", full)
@@ -390,3 +391,42 @@ def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, mon
         folder.publish(1, [Entry("w", (2,), lambda: torch.ones(2))], torch.float32)
     assert sorted(p.name for p in folder.path.rglob("*")) == ["lock", "weights", "write.lock"]  # nothing half-written
     folder.close()
+
+
+def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predictions(monkeypatch, tmp_path):
+    """``model.evaluation.engine``: ``None`` takes ``model.rollout.engine``'s; the vLLM one is synced to the
+    evaluated weights outside ``fit`` (version -2, never 0, the model directory's); ``predict``'s setup key
+    is unchanged for ``generate`` and differs for vLLM."""
+    from grasp_lightning.engines.base import HFEngine
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.generation import RolloutConfig
+    from grasp_lightning.module import EVALUATED_WEIGHTS, EvalConfig, GraspModule
+    from grasp_lightning.policy import PolicyConfig
+    from tasks.sft import SFTTask
+
+    python = tmp_path / "python"
+    python.write_text("")
+    vllm = {"python": str(python)}
+    with pytest.raises(GraspConfigError, match=r"model.evaluation.engine must be one of \['hf', 'vllm'\] or null"):
+        EvalConfig(engine="sglang")
+
+    def module(rollout="hf", evaluation=None):
+        return GraspModule(SFTTask(), policy=PolicyConfig(name_or_path=str(TINY)),
+                           rollout=RolloutConfig(engine=rollout, vllm=vllm), evaluation=EvalConfig(engine=evaluation))
+
+    plain, both, split = module(), module("vllm"), module("hf", "vllm")
+    assert isinstance(plain.eval_engine, HFEngine) and plain.eval_engine is plain.rollout_engine
+    assert both.eval_engine_name == "vllm" and both.eval_engine is both.rollout_engine
+    assert isinstance(split.eval_engine, VLLMEngine) and isinstance(split.rollout_engine, HFEngine)
+    assert split.eval_engine.model_path == str(TINY) and split.eval_engine.cfg.python == str(python)
+    assert module("vllm", "hf").eval_engine_name == "hf"
+    assert split.eval_weights_version == EVALUATED_WEIGHTS == -2  # no trainer: evaluation, not fit
+    hf_setup, vllm_setup = plain.prediction_setup({}), split.prediction_setup({})
+    assert "engine" not in hf_setup.decoding and vllm_setup.decoding["engine"] == "vllm"
+    assert hf_setup.key != vllm_setup.key
+    legacy = {**dataclasses.asdict(EvalConfig()), "max_new_tokens": plain.eval_max_new_tokens}
+    del legacy["engine"]  # the decoding written before the setting existed: generate's key is the same
+    assert hf_setup.decoding == legacy
+    split.teardown("predict")
+    assert split._eval_engine is None

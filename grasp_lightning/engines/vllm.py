@@ -111,6 +111,49 @@ def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: 
     return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
 
 
+def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    """Per image, the policy's vision features as vLLM's Qwen3-VL takes them as ``image_embeds``.
+
+    Args:
+        policy: a Qwen3-VL policy (peft-wrapped or not).
+        pixel_values: ``(sum N_i, D)`` patches of the images.
+        image_grid_thw: ``(I, 3)`` grids.
+
+    Returns:
+        ``I`` tensors ``(N_i / merge², hidden * (1 + len(deepstack)))``, laid out as :func:`video_embeddings`
+        (transformers ``get_image_features``; vLLM ``Qwen3_VisionTransformer``).
+    """
+    from grasp_lightning.shared_prompt import vl_core
+
+    core = vl_core(policy)
+    out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
+    main = out.pooler_output
+    main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, image_grid_thw)))
+    deep = [list(d) if isinstance(d, (list, tuple)) else list(torch.split(d, _sizes(core, image_grid_thw)))
+            for d in (out.deepstack_features or [])]
+    return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
+
+
+def fold_image_prompt(text: str, pad: str) -> str:
+    """Fold a decoded Qwen3-VL prompt's expanded image back to its one placeholder.
+
+    Qwen3-VL's processor repeats the template's one ``<|image_pad|>`` once per merged patch; vLLM's
+    Qwen3-VL prompt update repeats a bare one again, so the folded text gives the trainer's ids.
+
+    Args:
+        text: the decoded prompt (special tokens written out).
+        pad: the image pad token string.
+
+    Raises:
+        EngineError: no image run, or more than one.
+    """
+    runs = list(re.finditer(rf"(?:{re.escape(pad)})+", text))
+    if len(runs) != 1:
+        raise EngineError(f"vLLM engine: a prompt with an image must hold exactly one image run, found {len(runs)} "
+                          f"(text starts {text[:120]!r})")
+    return text[:runs[0].start()] + pad + text[runs[0].end():]
+
+
 def _sizes(core, grid: torch.Tensor) -> list[int]:
     merge = core.visual.spatial_merge_size
     return (grid.prod(-1) // merge // merge).tolist()
@@ -443,57 +486,89 @@ class VLLMEngine(RolloutEngine):
     def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
         """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
 
-        The batch's video embeddings are written to one file of the run's folder (``embeddings_file``),
-        which :meth:`sample` removes once the server has answered.
+        A row may carry one video, one image, or one of each (generic QA rows; mixed batches too): the grids
+        are matched to the rows as the model matches them (:func:`grasp_lightning.shared_prompt.grids_per_row`),
+        each image's run of ``<|image_pad|>`` is folded back to one (:func:`fold_image_prompt`) and its
+        embeddings sent as vLLM's Qwen3-VL ``image_embeds``. The batch's embeddings are written to one file
+        of the run's folder (``embeddings_file``), which :meth:`sample` removes once the server has answered.
 
         Raises:
-            EngineError: a prompt carries an image (generic QA rows: only video embeddings are sent to
-                the server; sample them with ``model.rollout.engine: hf``), or a prompt has no clip.
+            EngineError: a prompt with neither a clip nor an image, or more than one of either (vLLM is
+                started with at most one of each per prompt), naming the row.
         """
+        from grasp_lightning.shared_prompt import grids_per_row
+
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
-        if prompt.get("image_grid_thw") is not None:
-            types = prompt.get("mm_token_type_ids")
-            rows = (types == 1).any(1).nonzero().flatten().tolist() if types is not None else "some"
-            raise EngineError(f"vLLM engine: prompt row(s) {rows} of this batch carry an image; the vLLM engine sends "
-                              f"only video embeddings to its server. Sample image rows with model.rollout.engine: hf")
-        grid = prompt.get("video_grid_thw")
-        if grid is None or grid.shape[0] != ids.shape[0]:
-            raise EngineError(f"vLLM engine: every prompt needs one clip; got {ids.shape[0]} prompts and "
-                              f"{0 if grid is None else grid.shape[0]} clips")
+        videos, images = grids_per_row(prompt, "video_grid_thw"), grids_per_row(prompt, "image_grid_thw")
+        for b, (v, i) in enumerate(zip(videos, images)):
+            if v > 1 or i > 1 or v + i == 0:
+                raise EngineError(f"vLLM engine: prompt row {b} of this batch carries {v} clip(s) and {i} image(s); "
+                                  f"the vLLM engine serves one clip, one image or one of each per prompt (its "
+                                  f"server's limit_mm_per_prompt). Sample such rows with model.rollout.engine: hf")
         names = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
         with torch.no_grad():
-            embeds = video_embeddings(policy, prompt["pixel_values_videos"], grid)
-        self.embeddings_file, metas = self.folder().write_embeddings(embeds)
+            clip_embeds = (video_embeddings(policy, prompt["pixel_values_videos"], prompt["video_grid_thw"])
+                           if any(videos) else [])
+            image_embeds = (image_embeddings(policy, prompt["pixel_values"], prompt["image_grid_thw"])
+                            if any(images) else [])
+        self.embeddings_file, metas = self.folder().write_embeddings(clip_embeds + image_embeds)
+        clip_metas, image_metas = iter(metas[:len(clip_embeds)]), iter(metas[len(clip_embeds):])
+        clip_grids = iter(prompt["video_grid_thw"].tolist() if any(videos) else [])
+        image_grids = iter(prompt["image_grid_thw"].tolist() if any(images) else [])
         entries, rows = [], []
         for b in range(ids.shape[0]):
             row = ids[b][mask[b].bool()] if mask is not None else ids[b]
             rows.append(row.tolist())
             text = tokenizer.decode(row, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            folded, stamps = fold_video_prompt(text, names)
-            entries.append({"text": folded, "video": {"embeds": metas[b], "grid_thw": grid[b].tolist(),
-                                                      "timestamps": stamps}})
+            entry = {}
+            if videos[b]:
+                text, stamps = fold_video_prompt(text, names)
+                entry["video"] = {"embeds": next(clip_metas), "grid_thw": next(clip_grids), "timestamps": stamps}
+            if images[b]:
+                text = fold_image_prompt(text, "<|image_pad|>")
+                entry["image"] = {"embeds": next(image_metas), "grid_thw": next(image_grids)}
+            entries.append({"text": text, **entry})
         return entries, rows
 
     def sample(self, policy, tokenizer, prompt, cfg: RolloutConfig, *, share_prompt=False, policy_version=0,
                greedy: bool = False) -> Completions:
-        """See :meth:`RolloutEngine.sample`; ``greedy`` decodes with temperature 0 (tests, evaluation).
+        """See :meth:`RolloutEngine.sample`; ``greedy`` decodes with temperature 0 (tests).
 
         Raises:
             EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
         """
+        return self._generate(policy, tokenizer, prompt, n=cfg.num_generations, max_tokens=cfg.max_new_tokens,
+                              temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                              stop_strings=("</answer>",) if cfg.stop_at_answer else (), version=policy_version)
+
+    def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
+               stop_strings=(), policy_version=0) -> Completions:
+        """See :meth:`RolloutEngine.answer`: greedy is vLLM's temperature 0 (argmax, as ``generate``'s
+        ``do_sample=False``); the server's weights are synced to ``policy_version`` first.
+
+        Raises:
+            EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
+        """
+        return self._generate(policy, tokenizer, prompt, n=1, max_tokens=max_new_tokens,
+                              temperature=temperature if do_sample else 0.0, top_p=top_p, top_k=None,
+                              stop_strings=tuple(stop_strings), version=policy_version)
+
+    def _generate(self, policy, tokenizer, prompt, *, n: int, max_tokens: int, temperature: float, top_p: float,
+                  top_k: int | None, stop_strings: tuple[str, ...], version: int) -> Completions:
+        """``n`` completions per prompt from the server, its weights synced to ``version`` first; rows
+        ``b*n .. b*n+n-1`` for prompt ``b`` (temperature 0: greedy)."""
         self.start(policy)
         self.weight_sync_seconds = 0.0
-        if policy_version != self.version:
-            self.update_weights(policy, policy_version)
+        if version != self.version:
+            self.update_weights(policy, version)
         entries, rows = self.requests(policy, tokenizer, prompt)
-        k = cfg.num_generations
+        k = n
         stop = eos_ids(policy, tokenizer)
-        stop_strings = ("</answer>",) if cfg.stop_at_answer else ()
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
         try:
-            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
-                                 "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
-                                 "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
+            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": max_tokens,
+                                 "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                 "stop": list(stop_strings), "stop_token_ids": stop,
                                  "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
         finally:  # the server mapped it: its pages live until the server lets go of the embeddings
             self.embeddings_file.unlink(missing_ok=True)
@@ -509,9 +584,9 @@ class VLLMEngine(RolloutEngine):
         ids = torch.full((len(outs), width), tokenizer.pad_token_id, dtype=torch.long)
         logp = torch.zeros((len(outs), width), dtype=torch.float32)
         for i, o in enumerate(outs):
-            n = len(o["token_ids"])
-            ids[i, :n] = torch.tensor(o["token_ids"], dtype=torch.long)
-            logp[i, :n] = torch.tensor(o["logprobs"], dtype=torch.float32)
+            length = len(o["token_ids"])
+            ids[i, :length] = torch.tensor(o["token_ids"], dtype=torch.long)
+            logp[i, :length] = torch.tensor(o["logprobs"], dtype=torch.float32)
         out = finish_completions(ids.to(device), tokenizer, stop, stop_strings, prompt["input_ids"],
                                  prompt.get("attention_mask"), k, sampled_logp=logp.to(device))
         # vLLM's own lengths and ends bound ours: a row it ended without a stop token (its budget, or max_model_len)

@@ -383,7 +383,7 @@ class SyncFolder:
             os.fsync(fd)  # a server on another node reads it through a shared filesystem (a no-op on tmpfs)
         except OSError as e:
             path.unlink(missing_ok=True)
-            self._raise_if_full(e, f"one request's video embeddings ({offset} bytes)")
+            self._raise_if_full(e, f"one request's video and image embeddings ({offset} bytes)")
             raise
         finally:
             os.close(fd)

@@ -171,6 +171,36 @@ def test_vllm_after_a_lora_update_matches_the_peft_policy_and_leaves_it_unmerged
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # merged in the file only
 
 
+def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, tmp_path_factory):
+    """Generic QA rows (image, video, image, image + video) through the server as image and video embeddings:
+    greedy tokens identical to ``generate`` on the same batch, and sampled-token log-probs within 1e-4 of our
+    scoring, every row."""
+    from grasp_lightning.datamodule import GraspDataModule
+    from grasp_lightning.generation import RolloutConfig
+
+    from .data_fixtures import make_qa_dataset
+
+    folder = tmp_path_factory.mktemp("qa")
+    make_qa_dataset(folder)
+    dm = GraspDataModule(root=str(folder), train_file="qa.jsonl", mode="rl", processor=str(tiny32), max_frames=8,
+                         max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert [i.media for i in batch.items] == [("image",), ("video",), ("image", "video"), ("image",)]
+    prompt = {k: v for k, v in batch.inputs.items() if k != "labels"}
+    tokenizer = dm.processor.tokenizer
+    model = _policy(tiny32)
+    _perturb(model, 3)
+    engine.update_weights(model, engine.version + 1)
+    cfg = RolloutConfig(num_generations=K, max_new_tokens=16, stop_at_answer=False)
+    greedy, sampled = _check_against_ours(engine, model, prompt, tokenizer, cfg, "mixed batch")
+    # the 1e-4 agreement is about the images: scored with other pixels, the image rows' log-probs move far more
+    other = dict(prompt, pixel_values=prompt["pixel_values"].flip(0))
+    moved = ((_sampling_logp(model, other, sampled, tokenizer) - sampled.sampled_logp).abs() * sampled.mask).amax(1)
+    image_rows = [r for r in range(len(moved)) if "image" in batch.items[r // K].media]
+    assert all(float(moved[r]) > 1e-3 for r in image_rows), moved
+
+
 def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32, prompts):
     """Runs last against the module's server: a request that outlives ``request_timeout_s``."""
     from grasp_lightning.engines.vllm import EngineError
@@ -358,3 +388,4 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
         cli = run_cli(["validate", *base, *extra], tmp_path / f"validate-{name}")
         metrics[name] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["vllm"] == metrics["hf"] and "val/acc/overall" in metrics["hf"], metrics
+

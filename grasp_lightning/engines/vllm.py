@@ -107,7 +107,7 @@ def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: 
     out = core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True)
     main = out.pooler_output
     main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, video_grid_thw)))
-    deep = [list(d) for d in (out.deepstack_features or [])]
+    deep = [list(d) for d in (getattr(out, "deepstack_features", None) or [])]
     return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
 
 
@@ -130,7 +130,7 @@ def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.T
     main = out.pooler_output
     main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, image_grid_thw)))
     deep = [list(d) if isinstance(d, (list, tuple)) else list(torch.split(d, _sizes(core, image_grid_thw)))
-            for d in (out.deepstack_features or [])]
+            for d in (getattr(out, "deepstack_features", None) or [])]
     return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
 
 

@@ -146,8 +146,14 @@ def test_vllm_engine_refuses_a_model_it_was_not_tested_with(monkeypatch, tmp_pat
     python = tmp_path / "python"
     python.write_text("")
     engine = VLLMEngine(VLLMConfig(python=str(python)), model_path="m")
+    llava = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llava"))
+    with pytest.raises(GraspConfigError, match=r"supports \['qwen3_vl', 'qwen3_5'\].*the policy is 'llava'"):
+        engine.start(llava)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    engine = VLLMEngine(VLLMConfig(python=str(python), dtype="float32"), model_path="m")
     qwen35 = types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen3_5"))
-    with pytest.raises(GraspConfigError, match=r"supports \['qwen3_vl'\].*the policy is 'qwen3_5'"):
+    with pytest.raises(GraspConfigError, match=r"model.rollout.vllm.dtype=float32 with Qwen3.5 on the CPU: .*"
+                                               r"'CPU GDN attention requires BF16'.*dtype=bfloat16"):
         engine.start(qwen35)
 
 

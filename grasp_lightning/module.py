@@ -31,6 +31,7 @@ from grasp_lightning.checkpointing import (
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import make_engine
 from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.config import ENGINES
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
 from grasp_lightning.evaluation.suite import SuiteRunner
@@ -52,6 +53,10 @@ from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
 log = logging.getLogger(__name__)
+
+#: The policy version a vLLM engine is synced to in ``validate``/``test``/``predict`` (never an optimizer step
+#: count): the weights as loaded for evaluation (:attr:`GraspModule.eval_weights_version`).
+EVALUATED_WEIGHTS = -2
 
 #: Checkpoint key of every rank's task state (``Task.state_dict``; GRPO: the rollout cache of the window).
 TASK_STATE_KEY = "task_state_all_ranks"
@@ -116,6 +121,10 @@ class EvalConfig:
             size x merge size (32 for Qwen3-VL and Qwen3.5, the released constant).
         timestamps: ``released`` only: ``released`` (frame ``i`` labelled ``i / 2`` s, as the released
             code's fake metadata does) or ``real`` (the frames' true seconds).
+        engine: who decodes the answers: ``hf`` (transformers' ``generate`` on the policy) or ``vllm`` (a
+            vLLM server with ``model.rollout.vllm``'s settings, the one rollouts use when
+            ``model.rollout.engine`` is ``vllm`` too; docs/rollout-engines.md); ``None``:
+            ``model.rollout.engine``'s. Greedy answers are the same tokens either way (float32).
     """
 
     protocol: str = "grasp"
@@ -130,9 +139,12 @@ class EvalConfig:
     frame_max_tokens: int = 256
     frame_spatial_patch: int | None = None
     timestamps: str = "released"
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         k = "model.evaluation."
+        require(self.engine is None or self.engine in ENGINES, k + "engine", f"one of {list(ENGINES)} or null",
+                self.engine)
         require(is_count(self.max_new_tokens, optional=True), k + "max_new_tokens", "an integer >= 1 or null",
                  self.max_new_tokens)
         require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
@@ -198,6 +210,7 @@ class GraspModule(L.LightningModule):
         self.last_step_metrics: dict[str, float] = {}  # the last step's metrics over all ranks, as logged
         self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
         self._rollout_engine: RolloutEngine | None = None
+        self._eval_engine: RolloutEngine | None = None  # only when model.evaluation.engine differs from rollouts'
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -302,11 +315,46 @@ class GraspModule(L.LightningModule):
         updates it when its copy is older."""
         return int(self.trainer.global_step) if self._trainer is not None else 0
 
+    @property
+    def eval_engine_name(self) -> str:
+        """``model.evaluation.engine``, else ``model.rollout.engine``."""
+        return self.eval_cfg.engine or self.rollout_cfg.engine
+
+    @property
+    def eval_engine(self) -> RolloutEngine:
+        """The engine that decodes ``validate``/``test``/``predict`` answers (:attr:`eval_engine_name`): the
+        rollout engine when both name the same, else one of its own built with ``model.rollout``'s settings.
+
+        Raises:
+            GraspConfigError: ``vllm`` without its Python or address.
+        """
+        if self.eval_engine_name == self.rollout_cfg.engine:
+            return self.rollout_engine
+        if self._eval_engine is None:
+            rank = self.global_rank if self._trainer is not None else 0
+            cfg = dataclasses.replace(self.rollout_cfg, engine=self.eval_engine_name)
+            self._eval_engine = make_engine(cfg, model_path=self.policy_cfg.name_or_path, rank=rank)
+        return self._eval_engine
+
+    @property
+    def eval_weights_version(self) -> int:
+        """The version of the weights evaluation decodes with, for an engine holding its own copy: inside
+        ``fit``, :attr:`policy_version` (validation after step ``t`` reuses the copy the rollouts synced);
+        in ``validate``/``test``/``predict``, :data:`EVALUATED_WEIGHTS`, so a vLLM server is synced once
+        to the policy as loaded (a checkpoint, LoRA merged, QLoRA dequantized) before its first answer,
+        never left on the model directory's weights."""
+        trainer = self._trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            return self.policy_version
+        return EVALUATED_WEIGHTS
+
     def teardown(self, stage: str) -> None:
-        """Stop the rollout engine's server, if one was started (Lightning calls this at the end of every stage)."""
-        if self._rollout_engine is not None:
-            self._rollout_engine.close()
-            self._rollout_engine = None
+        """Stop the engines' servers, if any were started (Lightning calls this at the end of every stage)."""
+        for attr in ("_rollout_engine", "_eval_engine"):
+            engine = getattr(self, attr)
+            if engine is not None:
+                engine.close()
+                setattr(self, attr, None)
 
     @property
     def tokenizer(self):
@@ -510,15 +558,22 @@ class GraspModule(L.LightningModule):
         self.suites.update(suite, self._answer(batch).texts, batch)
 
     def _answer(self, batch: Batch):
-        """One completion per prompt of ``batch`` with the ``model.evaluation`` decoding (eval mode)."""
+        """One completion per prompt of ``batch`` with the ``model.evaluation`` decoding (eval mode), by
+        :attr:`eval_engine` (``generate``, or a vLLM server synced to :attr:`eval_weights_version`).
+
+        Raises:
+            EngineError: the vLLM engine failed or refused a prompt (:mod:`grasp_lightning.engines.vllm`).
+        """
         cfg = self.eval_cfg
         was_training = self.policy.training
         self.policy.eval()
-        completions = sample_completions(
-            self.policy, self.tokenizer, batch.inputs, num_return_sequences=1, max_new_tokens=self.eval_max_new_tokens,
-            do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else ())
-        self.policy.train(was_training)
+        try:
+            completions = self.eval_engine.answer(
+                self.policy, self.tokenizer, batch.inputs, max_new_tokens=self.eval_max_new_tokens,
+                do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
+                stop_strings=("</answer>",) if cfg.stop_at_answer else (), policy_version=self.eval_weights_version)
+        finally:
+            self.policy.train(was_training)
         return completions
 
     def on_validation_epoch_end(self) -> None:
@@ -566,6 +621,9 @@ class GraspModule(L.LightningModule):
         trainer = self._trainer
         checkpoint = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
         decoding = {**dataclasses.asdict(self.eval_cfg), "max_new_tokens": self.eval_max_new_tokens}
+        decoding.pop("engine")  # generate's answers keep the key they had before the setting existed; vLLM's get
+        if self.eval_engine_name != "hf":  # their own (bf16 kernels may break a greedy tie the other way)
+            decoding["engine"] = self.eval_engine_name
         identity = {
             "model": model_identity(cfg.name_or_path, cfg.revision), "dtype": cfg.dtype,
             "attn_implementation": cfg.attn_implementation,

@@ -4,6 +4,7 @@ tested in tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -145,9 +146,20 @@ def test_vllm_engine_refuses_a_model_it_was_not_tested_with(monkeypatch, tmp_pat
     python = tmp_path / "python"
     python.write_text("")
     engine = VLLMEngine(VLLMConfig(python=str(python)), model_path="m")
+    llava = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llava"))
+    with pytest.raises(GraspConfigError, match=r"supports \['qwen3_vl', 'qwen3_5'\].*the policy is 'llava'"):
+        engine.start(llava)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    engine = VLLMEngine(VLLMConfig(python=str(python), dtype="float32"), model_path="m")
     qwen35 = types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen3_5"))
-    with pytest.raises(GraspConfigError, match=r"supports \['qwen3_vl'\].*the policy is 'qwen3_5'"):
+    with pytest.raises(GraspConfigError, match=r"model.rollout.vllm.dtype=float32 with Qwen3.5 on the CPU: .*"
+                                               r"'CPU GDN attention requires BF16'.*dtype=bfloat16"):
         engine.start(qwen35)
+    for model_type, version in (("qwen3_5", -1), ("qwen3_vl", 0)):  # Qwen3.5: synced before its first rollout
+        engine = VLLMEngine(VLLMConfig(python=str(python), dtype="bfloat16"), model_path="m")
+        config = types.SimpleNamespace(model_type=model_type, get_text_config=lambda: types.SimpleNamespace())
+        engine._check_model(types.SimpleNamespace(config=config))
+        assert engine.version == version
 
 
 # ------------------------------------------------------------------ the weight-sync folder (no server)
@@ -382,7 +394,7 @@ def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, mon
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video embeddings "
+    with pytest.raises(GraspConfigError, match=r"no space left in .*grasp-vllm-.* for one request's video and image embeddings "
                                                r"\(64 bytes\).*model.rollout.vllm.weight_sync_dir"):
         folder.write_embeddings([torch.ones(4, 4)])
     monkeypatch.setattr(weight_sync, "write_safetensors", full)
@@ -390,3 +402,42 @@ def test_a_full_weight_sync_dir_mid_run_is_named_not_a_bare_enospc(tmp_path, mon
         folder.publish(1, [Entry("w", (2,), lambda: torch.ones(2))], torch.float32)
     assert sorted(p.name for p in folder.path.rglob("*")) == ["lock", "weights", "write.lock"]  # nothing half-written
     folder.close()
+
+
+def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predictions(monkeypatch, tmp_path):
+    """``model.evaluation.engine``: ``None`` takes ``model.rollout.engine``'s; the vLLM one is synced to the
+    evaluated weights outside ``fit`` (version -2, never 0, the model directory's); ``predict``'s setup key
+    is unchanged for ``generate`` and differs for vLLM."""
+    from grasp_lightning.engines.base import HFEngine
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.generation import RolloutConfig
+    from grasp_lightning.module import EVALUATED_WEIGHTS, EvalConfig, GraspModule
+    from grasp_lightning.policy import PolicyConfig
+    from tasks.sft import SFTTask
+
+    python = tmp_path / "python"
+    python.write_text("")
+    vllm = {"python": str(python)}
+    with pytest.raises(GraspConfigError, match=r"model.evaluation.engine must be one of \['hf', 'vllm'\] or null"):
+        EvalConfig(engine="sglang")
+
+    def module(rollout="hf", evaluation=None):
+        return GraspModule(SFTTask(), policy=PolicyConfig(name_or_path=str(TINY)),
+                           rollout=RolloutConfig(engine=rollout, vllm=vllm), evaluation=EvalConfig(engine=evaluation))
+
+    plain, both, split = module(), module("vllm"), module("hf", "vllm")
+    assert isinstance(plain.eval_engine, HFEngine) and plain.eval_engine is plain.rollout_engine
+    assert both.eval_engine_name == "vllm" and both.eval_engine is both.rollout_engine
+    assert isinstance(split.eval_engine, VLLMEngine) and isinstance(split.rollout_engine, HFEngine)
+    assert split.eval_engine.model_path == str(TINY) and split.eval_engine.cfg.python == str(python)
+    assert module("vllm", "hf").eval_engine_name == "hf"
+    assert split.eval_weights_version == EVALUATED_WEIGHTS == -2  # no trainer: evaluation, not fit
+    hf_setup, vllm_setup = plain.prediction_setup({}), split.prediction_setup({})
+    assert "engine" not in hf_setup.decoding and vllm_setup.decoding["engine"] == "vllm"
+    assert hf_setup.key != vllm_setup.key
+    legacy = {**dataclasses.asdict(EvalConfig()), "max_new_tokens": plain.eval_max_new_tokens}
+    del legacy["engine"]  # the decoding written before the setting existed: generate's key is the same
+    assert hf_setup.decoding == legacy
+    split.teardown("predict")
+    assert split._eval_engine is None

@@ -10,7 +10,6 @@ validation suite and ``check-data`` run on a generated QA file.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -285,17 +284,54 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
     assert reasons[f"{path}:5"].startswith("end_seconds 30 is beyond the clip's duration")
 
 
-def test_vllm_engine_refuses_image_rows_naming_them(qa_dir, tmp_path):
+def test_vllm_engine_requests_carry_each_rows_image_and_clip_and_refuse_a_row_without_media(qa_dir, tmp_path):
+    """A mixed batch (image, video, image, image + video) becomes one server entry per row: the image's pad run
+    folded to one ``<|image_pad|>``, its embeddings (main + DeepStack, as ``get_image_features`` gives them) and
+    grid; the video's as before. A text-only row is refused by name. (The server's answers: tests/test_vllm_engine.py.)"""
+    from transformers import Qwen3VLForConditionalGeneration
+
     from grasp_lightning.engines.config import VLLMConfig
     from grasp_lightning.engines.vllm import EngineError, VLLMEngine
+    from grasp_lightning.shared_prompt import select_prompts, vl_core
 
     batch, dm = _batch(qa_dir, "rl")
+    tok = dm.processor.tokenizer
+    policy = Qwen3VLForConditionalGeneration.from_pretrained(str(TINY), dtype=torch.float32).eval()
     python = tmp_path / "python"
     python.write_text("")
-    engine = VLLMEngine(VLLMConfig(python=str(python)), model_path="m")  # never started: refused before the server
-    rows = [b for b, item in enumerate(batch.items) if item.image is not None]
-    with pytest.raises(EngineError, match=rf"prompt row\(s\) {re.escape(str(rows))} of this batch carry an image.*engine: hf"):
-        engine.requests(None, dm.processor.tokenizer, batch.inputs)
+    engine = VLLMEngine(VLLMConfig(python=str(python), weight_sync_dir=str(tmp_path / "sync")), model_path="m")
+    entries, rows = engine.requests(policy, tok, batch.inputs)  # never started: requests need no server
+    media = [i.media for i in batch.items]
+    assert [("image" in e, "video" in e) for e in entries] == [("image" in m, "video" in m) for m in media]
+    feats = vl_core(policy).get_image_features(batch.inputs["pixel_values"], batch.inputs["image_grid_thw"],
+                                               return_dict=True)
+    grids = batch.inputs["image_grid_thw"].tolist()
+    image_rows = [b for b, e in enumerate(entries) if "image" in e]
+    for k, b in enumerate(image_rows):  # the k-th image grid is the k-th image row's (the model's own pairing)
+        e = entries[b]
+        assert e["text"].count("<|image_pad|>") == 1 and e["image"]["grid_thw"] == grids[k]
+        want = torch.cat([feats.pooler_output[k]] + [level[k] for level in feats.deepstack_features], dim=-1)
+        assert torch.equal(_mapped(e["image"]["embeds"]), want)
+    for b, e in enumerate(entries):
+        assert e["text"].count("<|video_pad|>") == int("video" in e) and len(rows[b]) == int(batch.inputs["attention_mask"][b].sum())
+        assert "<|image_pad|><|image_pad|>" not in e["text"]
+    text_only = dict(select_prompts(batch.inputs, [1]))  # the video row, its clip taken away
+    for key in ("pixel_values_videos", "video_grid_thw"):
+        text_only.pop(key)
+    text_only["mm_token_type_ids"] = torch.zeros_like(text_only["input_ids"])
+    with pytest.raises(EngineError, match=r"prompt row 0 of this batch carries 0 clip\(s\) and 0 image\(s\).*engine: hf"):
+        engine.requests(policy, tok, text_only)
+    engine.close()
+
+
+def _mapped(meta: dict) -> torch.Tensor:
+    """A tensor the engine wrote for its server, read back as the server maps it."""
+    import math
+
+    raw = torch.from_file(meta["file"], shared=False, size=Path(meta["file"]).stat().st_size, dtype=torch.uint8)
+    dtype = getattr(torch, meta["dtype"])
+    n = math.prod(meta["shape"]) * torch.empty((), dtype=dtype).element_size()
+    return raw[meta["offset"]:meta["offset"] + n].view(dtype).reshape(meta["shape"]).clone()
 
 
 # ------------------------------------------------------------------ found by a new user's session

@@ -5,8 +5,8 @@ One interface, two engines:
 * :class:`~grasp_lightning.engines.base.HFEngine` (``hf``, the default and the reference): transformers' ``generate`` on the
   trainer's own policy, with the exact group-shared prefill (:mod:`grasp_lightning.shared_prompt`).
 * :class:`grasp_lightning.engines.vllm.VLLMEngine` (``vllm``): a vLLM server in vLLM's own Python
-  environment and process, fed the trainer's video embeddings, its weights reloaded after every
-  optimizer step that changed the policy.
+  environment and process, fed the trainer's video and image embeddings, its weights reloaded after
+  every optimizer step that changed the policy; it can also decode evaluation (``model.evaluation.engine``).
 
 Either way the trainer scores the completions itself for the loss; an engine's own sampled-token
 log-probs (``Completions.sampled_logp``) are a health metric and, optionally, the denominator of

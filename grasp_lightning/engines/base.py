@@ -38,6 +38,28 @@ class RolloutEngine:
         """
         raise NotImplementedError
 
+    def answer(self, policy, tokenizer, prompt: dict[str, torch.Tensor], *, max_new_tokens: int,
+               do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+               stop_strings: tuple[str, ...] = (), policy_version: int = 0) -> Completions:
+        """One completion per prompt with the ``model.evaluation`` decoding (validation, test, predict).
+
+        Args:
+            policy: the trainer's policy, in eval mode.
+            tokenizer: its tokenizer.
+            prompt: left-padded prompt inputs, as for :meth:`sample`.
+            max_new_tokens: completion budget in tokens.
+            do_sample: sample (``temperature``, ``top_p``) instead of greedy decoding.
+            temperature: sampling temperature (ignored when greedy).
+            top_p: nucleus mass (ignored when greedy).
+            stop_strings: a completion may stop once one of these has been produced.
+            policy_version: the version of the weights being evaluated; an engine holding a copy of the
+                weights updates it first when its copy is another.
+
+        Returns:
+            :class:`~grasp_lightning.generation.Completions` with ``B`` rows.
+        """
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release the engine (stop a server this process started). Idempotent."""
 
@@ -54,6 +76,13 @@ class HFEngine(RolloutEngine):
             policy, tokenizer, prompt, num_return_sequences=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt)
+
+    def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
+               stop_strings=(), policy_version=0) -> Completions:
+        """See :meth:`RolloutEngine.answer`: ``generate`` on the policy, no group-shared prefill."""
+        return sample_completions(
+            policy, tokenizer, prompt, num_return_sequences=1, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            temperature=temperature, top_p=top_p, stop_strings=tuple(stop_strings))
 
 
 _HF: HFEngine | None = None

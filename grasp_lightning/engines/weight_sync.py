@@ -1,4 +1,4 @@
-"""Where the vLLM engine leaves the policy's weights and the prompts' video embeddings for its server.
+"""Where the vLLM engine leaves the policy's weights and the prompts' video and image embeddings for its server.
 
 One folder per run and node, ``<weight_sync_dir>/grasp-vllm-<run>-<host>`` (mode ``0o700``, files
 ``0o600``: a node's ``/dev/shm`` is world-readable by default), shared by every rank of the run on
@@ -13,7 +13,7 @@ that node:
   written (the servers have loaded it already), and tensors are written one at a time
   (:func:`write_safetensors`), so a node holds one copy of the weights, not one per rank plus a
   staging copy.
-* ``embeds-rank<r>-<n>.raw``: one generate request's video embeddings, written once by the trainer
+* ``embeds-rank<r>-<n>.raw``: one generate request's video and image embeddings, written once by the trainer
   and mapped by the server (no pickling); removed after the answer.
 * ``lock``: every live engine of the run holds it shared. A folder whose ``lock`` can be taken
   exclusively belongs to no live process: a run killed with SIGKILL left it, and the next start on
@@ -383,7 +383,7 @@ class SyncFolder:
             os.fsync(fd)  # a server on another node reads it through a shared filesystem (a no-op on tmpfs)
         except OSError as e:
             path.unlink(missing_ok=True)
-            self._raise_if_full(e, f"one request's video embeddings ({offset} bytes)")
+            self._raise_if_full(e, f"one request's video and image embeddings ({offset} bytes)")
             raise
         finally:
             os.close(fd)

@@ -15,10 +15,10 @@ Requests (``{"op": ...}``) and answers:
 
 * ``hello`` → ``{"vllm": version, "torch": version, "model": path}``.
 * ``generate`` with ``prompts`` (each ``{"text": str, "video": {"embeds": file tensor, "grid_thw": [t, h, w],
-  "timestamps": [seconds]}}``), ``n``, ``max_tokens``, ``temperature`` (0: greedy), ``top_p``,
+  "timestamps": [seconds]}, "image": {"embeds": file tensor, "grid_thw": [1, h, w]}}``, either or both), ``n``, ``max_tokens``, ``temperature`` (0: greedy), ``top_p``,
   ``top_k``, ``stop`` (strings), ``stop_token_ids``, ``suppress_token_ids``, ``seed`` → ``{"outputs": [[{"token_ids": [int],
   "logprobs": [float], "finish_reason": str}] * n] * B, "prompt_token_ids": [[int]] * B, "seconds": float}``.
-  Video embeddings come from the trainer's own (frozen) vision tower, so vLLM runs only the language
+  Video and image embeddings come from the trainer's own (frozen) vision tower, so vLLM runs only the language
   model (vLLM's ``enable_mm_embeds``; main and DeepStack features concatenated on the last dimension,
   as vLLM's Qwen3-VL vision tower returns them). ``logprobs`` are the sampled tokens' log-probs after
   temperature, top-k/top-p and the suppression bias (vLLM's ``processed_logprobs``): the sampling
@@ -133,7 +133,7 @@ class Server:
         self.tied_name = args.tied_embedding_name
         self.versions = {"vllm": vllm.__version__, "torch": torch.__version__, "model": args.model}
         self.llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, enable_mm_embeds=True,
-                       limit_mm_per_prompt={"video": 1, "image": 0}, max_model_len=args.max_model_len,
+                       limit_mm_per_prompt={"video": 1, "image": 1}, max_model_len=args.max_model_len,
                        gpu_memory_utilization=args.gpu_memory_utilization,
                        tensor_parallel_size=args.tensor_parallel_size, logprobs_mode="processed_logprobs",
                        worker_extension_cls="vllm_server.GraspWorkerExtension", **extra)
@@ -147,9 +147,14 @@ class Server:
         t0 = time.perf_counter()
         prompts = []
         for p in req["prompts"]:
-            v = p["video"]
-            mm = {"video": {"video_embeds": _tensor(v["embeds"]), "video_grid_thw": torch.tensor([v["grid_thw"]]),
-                            "timestamps": torch.tensor([v["timestamps"]], dtype=torch.float32)}}
+            mm = {}
+            if "video" in p:
+                v = p["video"]
+                mm["video"] = {"video_embeds": _tensor(v["embeds"]), "video_grid_thw": torch.tensor([v["grid_thw"]]),
+                               "timestamps": torch.tensor([v["timestamps"]], dtype=torch.float32)}
+            if "image" in p:
+                i = p["image"]
+                mm["image"] = {"image_embeds": _tensor(i["embeds"]), "image_grid_thw": torch.tensor([i["grid_thw"]])}
             prompts.append({"prompt": p["text"], "multi_modal_data": mm})
         greedy = req["temperature"] == 0
         n = 1 if greedy else req["n"]

@@ -433,7 +433,7 @@ def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, exp
     import tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
-    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared: (
+    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared, *_: (
         torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)))
     module = GraspModule(_TruncationTask(script), rollout=RolloutConfig(num_generations=2, max_new_tokens=3))
     batches = [_batch([0]), _batch([1])]

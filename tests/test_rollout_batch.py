@@ -564,7 +564,7 @@ def _empty_window_rank(rank: int) -> None:
     import tasks.grpo as grpo_module
     from grasp_lightning.module import GraspModule
 
-    def fake_score(policy, prompt, ids, mask, k, temperature, shared):
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared, *_):
         return torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)
 
     grpo_module.score_completions = fake_score

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -125,3 +126,25 @@ def test_docs_task_example_trains_through_the_cli(tmp_path, monkeypatch) -> None
     series = scalars(cli.trainer.log_dir)
     assert [value for _, value in series["train/label_smoothing"]] == [pytest.approx(0.2)]
     assert len(series["train/loss"]) == 1
+
+
+def test_docs_item_example_reads_a_column_of_the_row(tmp_path) -> None:
+    """docs/own-task.md "The item a reward receives": its reward reads ``item.extra["weight"]``, a column of a
+    generic QA row that the format does not know, kept on the item by the reader."""
+    from grasp_lightning.data.qa import read_qa
+    from tests.data_fixtures import make_image
+
+    text = section("### The item a reward receives", OWN_TASK)
+    (code,) = blocks(text, "python")
+    (tmp_path / "weighted.py").write_text(code)
+    (tmp_path / "img.png").write_bytes(make_image())
+    rows = [{"id": "a", "image": "img.png", "question": "Who?", "options": ["Person 0", "Person 1"], "answer": "B",
+             "weight": 0.5},
+            {"id": "b", "image": "img.png", "question": "Who?", "options": ["Person 0", "Person 1"], "answer": "A"}]
+    (tmp_path / "qa.train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = read_qa(tmp_path / "qa.train.jsonl").items
+    assert [item.extra for item in items] == [{"weight": 0.5}, {}]
+    right = ["<think>x</think><answer>B</answer>", "<think>x</think><answer>A</answer>"]
+    out = compute_rewards(right + ["<think>x</think><answer>A</answer>"], [*items, items[0]],
+                          [f"{tmp_path / 'weighted.py'}:weighted_accuracy"])
+    assert out[:, 0].tolist() == [0.5, 1.0, 0.0]  # the row's weight; no column: 1.0; a wrong answer: 0

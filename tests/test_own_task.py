@@ -148,3 +148,53 @@ def test_docs_item_example_reads_a_column_of_the_row(tmp_path) -> None:
     out = compute_rewards(right + ["<think>x</think><answer>A</answer>"], [*items, items[0]],
                           [f"{tmp_path / 'weighted.py'}:weighted_accuracy"])
     assert out[:, 0].tolist() == [0.5, 1.0, 0.0]  # the row's weight; no column: 1.0; a wrong answer: 0
+
+
+def _with_demo(args: list[str]) -> list[str]:
+    """``args`` with ``--config configs/demo.yaml`` after its last ``--config FILE`` (the page's CPU note)."""
+    last = max(n for n, word in enumerate(args) if word == "--config")
+    return [*args[:last + 2], "--config", "configs/demo.yaml", *args[last + 2:]]
+
+
+def test_docs_own_task_path_runs_as_written(tmp_path, monkeypatch) -> None:
+    """docs/own-task.md "Quick start", command by command, on the tiny model (``configs/demo.yaml`` after the
+    last ``--config``, as the page says) and a tiny generic QA set: check-data, LoRA SFT, export, GRPO with
+    the page's reward, export, validate on a QASuite, predict. Each step starts from the previous step's files."""
+    from grasp_lightning.__main__ import main as dispatch
+    from tests.data_fixtures import make_qa_dataset
+
+    for name in ("configs", "grasp_lightning"):
+        (tmp_path / name).symlink_to(REPO / name)
+    make_qa_dataset(tmp_path / "mine", name="qa.train.jsonl")
+    make_qa_dataset(tmp_path / "mine", name="qa.val.jsonl")
+    (reward_code,) = blocks(section("### A reward of your own", OWN_TASK), "python")
+    (tmp_path / "my_rewards.py").write_text(reward_code)
+    monkeypatch.chdir(tmp_path)
+    (path,) = blocks(section("## Quick start", OWN_TASK), "bash")
+    path = "\n".join(line for line in path.splitlines() if not line.startswith("#"))
+    steps = [command(block) for block in re.split(r"\n(?=python -m grasp_lightning)", path.strip())
+             if "grasp_lightning" in block]
+    assert [step[0] for step in steps] == ["check-data", "fit", "export", "fit", "export", "validate", "predict"]
+    short = {"check-data": ["--progress=false", "--workers=1"],
+             "fit": ["--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--data.num_workers=0",
+                     "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
+                     "--trainer.enable_progress_bar=false"],
+             "validate": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+                          "--trainer.enable_progress_bar=false"],
+             "predict": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+                         "--trainer.enable_progress_bar=false"],
+             "export": []}
+    for step in steps:
+        args = step if step[0] == "export" else _with_demo(step)
+        assert dispatch([*args, *short[step[0]]]) == 0, step
+    assert (tmp_path / "runs/own_sft/export/config.json").is_file()
+    assert (tmp_path / "runs/own_sgr/export/config.json").is_file()
+    series = scalars(tmp_path / "runs/own_sgr/version_0")
+    assert len(series["train/rewards/brief_and_right/mean"]) == 1  # the page's reward ran in GRPO
+    results = list((tmp_path / "runs/own_val").rglob("results.json"))
+    assert results, "validate wrote no results.json"
+    data = json.loads(results[0].read_text())
+    assert "mine" in json.dumps(data)
+    predictions = [json.loads(line) for line in (tmp_path / "runs/predict/predictions.jsonl").read_text().splitlines()]
+    assert sorted(p["id"] if "id" in p else p.get("uid") for p in predictions) == ["qa_0001", "qa_0002", "qa_0003",
+                                                                                   "qa_0004"]

@@ -31,8 +31,9 @@ def blocks(text: str, lang: str) -> list[str]:
 
 
 def command(block: str) -> list[str]:
-    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined)."""
-    words = shlex.split(block.replace("\\\n", " "))
+    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined, ``# ...``
+    comments dropped)."""
+    words = shlex.split(block.replace("\\\n", " "), comments=True)
     return words[words.index("grasp_lightning") + 1:]
 
 
@@ -198,3 +199,36 @@ def test_docs_own_task_path_runs_as_written(tmp_path, monkeypatch) -> None:
     predictions = [json.loads(line) for line in (tmp_path / "runs/predict/predictions.jsonl").read_text().splitlines()]
     assert sorted(p["id"] if "id" in p else p.get("uid") for p in predictions) == ["qa_0001", "qa_0002", "qa_0003",
                                                                                    "qa_0004"]
+
+
+def test_docs_multi_gpu_lora_example_plans_and_trains(tmp_path, capsys) -> None:
+    """docs/scaling.md "LoRA on several GPUs": its plan-memory command fits (exit 0, DDP on 4 GPUs, LoRA), and
+    its fit runs as written on two CPU processes (DDP over gloo) with the tiny model: ``configs/demo.yaml`` after
+    the last ``--config``, the sample data and the tiny model instead of the paths, 2 devices instead of 4, batch 1
+    (accumulate 8 as written: 8 micro-batches per rank of the 24 sample rows)."""
+    import os
+    import subprocess
+    import sys
+
+    from grasp_lightning.commands import plan_memory
+
+    (block,) = blocks(section("### LoRA on several GPUs", "docs/scaling.md"), "bash")
+    plan, fit = (command(text) for text in re.split(r"\n(?=python -m grasp_lightning)", block.strip()))
+    assert plan[0] == "plan-memory" and fit[0] == "fit"
+    assert plan_memory.main([str(REPO / w) if w.startswith("configs/") else w for w in plan[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16" in out and "DDP on 4 GPU(s)" in out and "fits: yes" in out
+    args = [*_with_demo(fit), "--trainer.devices=2", "--data.root=grasp_lightning/assets/sample",
+            "--model.policy.name_or_path=grasp_lightning/assets/tiny-qwen3vl", "--data.bench=null",
+            "--data.num_workers=0", "--data.batch_size=1", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=2",
+            "--model.rollout.max_new_tokens=8", f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.default_root_dir={tmp_path}"]
+    assert args[args.index("--trainer.strategy") + 1] == "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in proc.stdout + proc.stderr
+    (log_dir,) = (tmp_path / "demo").glob("version_*")
+    assert len(scalars(log_dir)["train/loss"]) == 1

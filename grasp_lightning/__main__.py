@@ -32,6 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(level: str | int = "INFO") -> None:
+    """One handler for every log line: the root logger's (``logging.basicConfig``, timestamped).
+
+    ``import lightning`` gives the ``lightning`` logger a console handler of its own
+    (``lightning/__init__.py``: ``INFO: ...``) while its records also propagate to the root logger, so
+    every Lightning INFO line would be printed twice; that handler is removed here (Lightning's
+    ``lightning.pytorch`` and ``lightning.fabric`` loggers add theirs only while the root has none).
+    """
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import lightning  # noqa: F401  (adds the handler now, so that it can be removed before any line)
+
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        if isinstance(handler, logging.StreamHandler):
+            lightning_logger.removeHandler(handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command named by the first argument; return its exit status.
 
@@ -51,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, command_args = command.module, [name, *args[1:]] if command.lightning else args[1:]
     else:
         build_parser().error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")
-    logging.basicConfig(level=os.environ.get("GRASP_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(os.environ.get("GRASP_LOG_LEVEL", "INFO"))
     try:
         status = importlib.import_module(module).main(command_args)
     except GraspError as e:

@@ -21,6 +21,7 @@ Source: Dettmers et al. 2023, "QLoRA" (NF4, double quantization); bitsandbytes 0
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -38,6 +39,32 @@ SKIP_MODULES = ("model.visual", "visual", "lm_head")
 QUANT_STATE_SUFFIXES = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
                         ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4")
 _INSTALL = "pip install 'bitsandbytes>=0.50,<0.51' (or pip install -e '.[qlora]')"
+
+#: The loggers that warn when bitsandbytes is imported: its own (a CPU 4-bit kernel that did not load) and
+#: the ``kernels`` package's, which it asks for that kernel (a skipped Hub trust check when offline).
+#: peft imports bitsandbytes whenever it is installed (``peft/helpers.py``), and transformers imports
+#: peft (``transformers.trainer_utils``, reached by ``get_scheduler``), so the warnings reach every run.
+BITSANDBYTES_LOGGERS = ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "bitsandbytes.cextension",
+                        "kernels", "kernels._internals.hf_hub")
+_four_bit_requested = False
+
+
+class UnlessFourBit(logging.Filter):
+    """Drops bitsandbytes' records below ERROR (those of its own loggers, and the ``kernels`` records
+    that name it) until a run asks for 4-bit weights (:func:`bnb_config`): without
+    ``model.lora.quantize`` they concern nothing the run does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True (keep the record) once 4-bit weights are requested, for an ERROR or worse, or for a
+        record that is not about bitsandbytes."""
+        if _four_bit_requested or record.levelno >= logging.ERROR:
+            return True
+        return not (record.name.startswith("bitsandbytes") or "bitsandbytes" in record.getMessage())
+
+
+for _name in BITSANDBYTES_LOGGERS:
+    if not any(isinstance(f, UnlessFourBit) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(UnlessFourBit())
 
 
 def check_quantize(lora: Any) -> None:
@@ -88,6 +115,8 @@ def bnb_config(lora: Any, policy_dtype: str):
     """
     from transformers import BitsAndBytesConfig
 
+    global _four_bit_requested
+    _four_bit_requested = True  # bitsandbytes' warnings concern this run now
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as err:

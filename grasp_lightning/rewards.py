@@ -22,8 +22,10 @@ The second (batched: its first parameter is named ``completions``, or the functi
 
 - ``completion``: one decoded completion (special tokens removed; the prompt not included);
 - ``item``: its prompt's record (:class:`~grasp_lightning.data.records.GraspItem`: ``answer``,
-  ``options``, ``participants``, ``events``, ``question_text``, ...); the K completions of a group
-  share one item;
+  ``options``, ``participants``, ``events``, ``question_text``, ...; ``question`` is the whole user
+  text the model saw, ``extra`` a generic QA row's other columns as written, as TRL passes dataset
+  columns to reward functions; ``docs/own-task.md`` lists them); the K completions of a group share
+  one item;
 - ``opened_think`` (keyword, optional): the prompt ended with an opened ``<think>``; passed only
   when the function has a parameter of that name;
 - returns a finite float (batched: a sequence of one finite float per completion), the term's value

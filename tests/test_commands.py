@@ -162,3 +162,44 @@ def test_settings_the_task_refuses_stop_the_loader_as_they_stop_fit(in_repo) -> 
     with pytest.raises(SystemExit) as done:
         dispatch(["plan-memory", "--config", "configs/sgr.yaml", "--gpu-memory-gib", "0"])
     assert done.value.code == 2
+
+
+def test_a_demo_fit_logs_each_line_once_and_no_bitsandbytes_warning(tmp_path) -> None:
+    """A one-step demo fit (a real process): Lightning's INFO lines are printed once, by the root handler
+    (``lightning``'s own console handler would print each again as ``INFO: ...``), and bitsandbytes'
+    import warning (peft imports it in every run) does not appear in a run without 4-bit weights."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sft.yaml", "--config",
+           "configs/demo.yaml", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+           "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("Seed set to 0") == 1, out
+    assert out.count("`Trainer.fit` stopped: `max_steps=1` reached.") == 1, out
+    assert re.search(r"^\S+ \S+ INFO lightning.fabric.utilities.seed: Seed set to 0$", out, re.M), out
+    assert not re.search(r"^INFO: ", out, re.M), out
+    assert "bitsandbytes" not in out, [line for line in out.splitlines() if "bitsandbytes" in line]
+
+
+def test_bitsandbytes_warnings_pass_once_four_bit_weights_are_asked_for(monkeypatch, caplog) -> None:
+    """The filter on bitsandbytes' loggers drops their warnings until :func:`bnb_config` runs (QLoRA);
+    errors always pass."""
+    import logging
+
+    from grasp_lightning import quantization
+
+    monkeypatch.setattr(quantization, "_four_bit_requested", False)
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING):
+        bnb.warning("Failed to load CPU gemm_4bit_forward")
+        bnb.error("a real failure")
+        hub = logging.getLogger("kernels._internals.hf_hub")
+        hub.warning("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'")
+        hub.warning("another kernel")
+        assert [r.getMessage() for r in caplog.records] == ["a real failure", "another kernel"]
+        monkeypatch.setattr(quantization, "_four_bit_requested", True)
+        bnb.warning("Failed to load CPU gemm_4bit_forward")
+    assert [r.getMessage() for r in caplog.records] == ["a real failure", "another kernel",
+                                                        "Failed to load CPU gemm_4bit_forward"]

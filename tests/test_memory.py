@@ -598,8 +598,50 @@ def test_cli_exit_code(monkeypatch, capsys) -> None:
                                       "configs/lora.yaml", "--gpu-memory-gib", "24"])
     with pytest.raises(SystemExit) as done:
         runpy.run_module("grasp_lightning", run_name="__main__")
-    assert done.value.code == 0
-    assert "LoRA r=16" in capsys.readouterr().out
+    # the GRPO recipe with LoRA on 24 GB does not fit (32.6 GiB peak): status 1 and the change that would fit
+    assert done.value.code == command.EXIT_DOES_NOT_FIT == 1
+    out = capsys.readouterr().out
+    assert "LoRA r=16" in out and "fits: no" in out
+    assert ("the first change that fits: --model.lora.enabled true --model.lora.quantize nf4 --trainer.strategy auto "
+            "--model.rollout.num_generations 2") in out
+
+
+def test_cli_names_the_change_that_fits(capsys, caplog) -> None:
+    """plan-memory exits 0 when the run fits and 1 when it does not, naming the first candidate change
+    (fit's syntax) whose plan fits; every earlier candidate, planned independently here, does not fit."""
+    sgr = ["--config", str(CONFIGS / "sgr.yaml")]
+    assert command.main([*sgr, "--gpu-memory-gib", "141"]) == 0
+    assert "fits: yes" in capsys.readouterr().out
+    # 2 GPUs with ZeRO-2 on 80 GB: the 8B GRPO run needs 8 GPUs (the candidates try 4, then 8)
+    assert command.main([*sgr, "--trainer.devices", "2", "--gpu-memory-gib", "80"]) == 1
+    out = capsys.readouterr().out
+    assert "fits: no" in out
+    assert "the first change that fits: --trainer.devices 8 --trainer.strategy deepspeed_stage_2" in out
+    four = plan_from_config([CONFIGS / "sgr.yaml"], {"trainer.devices": 4})
+    eight = plan_from_config([CONFIGS / "sgr.yaml"], {"trainer.devices": 8})
+    assert not fits(four, 80).fits and fits(eight, 80).fits
+    assert f"(peak {fits(eight, 80).need_gib:.1f} GiB of {fits(eight, 80).usable_gib:.1f} usable)" in out
+    # nothing fits 4 GB: status 1 and every change tried is named
+    assert command.main([*sgr, "--config", str(CONFIGS / "lora.yaml"), "--gpu-memory-gib", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "even with all of these changes: --model.lora.enabled true --model.lora.quantize nf4" in out
+    assert "--model.rollout.num_generations 2" in out and "--data.max_frames 15" in out
+
+
+def test_cli_takes_fits_override_syntax(capsys, caplog) -> None:
+    """``--trainer.devices 2`` as fit takes it, ``--KEY=VALUE`` too, and the deprecated ``--set KEY=VALUE``
+    (with a warning) plan the same run."""
+    sgr = ["--config", str(CONFIGS / "sgr.yaml")]
+    outs = []
+    for override in (["--trainer.devices", "2"], ["--trainer.devices=2"], ["--set", "trainer.devices=2"]):
+        assert command.main([*sgr, *override]) == 0
+        outs.append(capsys.readouterr().out)
+    assert "DeepSpeed ZeRO-2 on 2 GPU(s)" in outs[0] and outs[0] == outs[1] == outs[2]
+    assert "--set trainer.devices=2 is deprecated: give --trainer.devices 2" in caplog.text
+    with pytest.raises(SystemExit) as done:
+        command.main([*sgr, "trainer.devices=2"])
+    assert done.value.code == 2
+    assert "overrides are --KEY VALUE" in capsys.readouterr().err
 
 
 def test_cli_refuses_an_unknown_model(capsys) -> None:

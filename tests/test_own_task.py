@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -30,8 +31,9 @@ def blocks(text: str, lang: str) -> list[str]:
 
 
 def command(block: str) -> list[str]:
-    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined)."""
-    words = shlex.split(block.replace("\\\n", " "))
+    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined, ``# ...``
+    comments dropped)."""
+    words = shlex.split(block.replace("\\\n", " "), comments=True)
     return words[words.index("grasp_lightning") + 1:]
 
 
@@ -125,3 +127,108 @@ def test_docs_task_example_trains_through_the_cli(tmp_path, monkeypatch) -> None
     series = scalars(cli.trainer.log_dir)
     assert [value for _, value in series["train/label_smoothing"]] == [pytest.approx(0.2)]
     assert len(series["train/loss"]) == 1
+
+
+def test_docs_item_example_reads_a_column_of_the_row(tmp_path) -> None:
+    """docs/own-task.md "The item a reward receives": its reward reads ``item.extra["weight"]``, a column of a
+    generic QA row that the format does not know, kept on the item by the reader."""
+    from grasp_lightning.data.qa import read_qa
+    from tests.data_fixtures import make_image
+
+    text = section("### The item a reward receives", OWN_TASK)
+    (code,) = blocks(text, "python")
+    (tmp_path / "weighted.py").write_text(code)
+    (tmp_path / "img.png").write_bytes(make_image())
+    rows = [{"id": "a", "image": "img.png", "question": "Who?", "options": ["Person 0", "Person 1"], "answer": "B",
+             "weight": 0.5},
+            {"id": "b", "image": "img.png", "question": "Who?", "options": ["Person 0", "Person 1"], "answer": "A"}]
+    (tmp_path / "qa.train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = read_qa(tmp_path / "qa.train.jsonl").items
+    assert [item.extra for item in items] == [{"weight": 0.5}, {}]
+    right = ["<think>x</think><answer>B</answer>", "<think>x</think><answer>A</answer>"]
+    out = compute_rewards(right + ["<think>x</think><answer>A</answer>"], [*items, items[0]],
+                          [f"{tmp_path / 'weighted.py'}:weighted_accuracy"])
+    assert out[:, 0].tolist() == [0.5, 1.0, 0.0]  # the row's weight; no column: 1.0; a wrong answer: 0
+
+
+def _with_demo(args: list[str]) -> list[str]:
+    """``args`` with ``--config configs/demo.yaml`` after its last ``--config FILE`` (the page's CPU note)."""
+    last = max(n for n, word in enumerate(args) if word == "--config")
+    return [*args[:last + 2], "--config", "configs/demo.yaml", *args[last + 2:]]
+
+
+def test_docs_own_task_path_runs_as_written(tmp_path, monkeypatch) -> None:
+    """docs/own-task.md "Quick start", command by command, on the tiny model (``configs/demo.yaml`` after the
+    last ``--config``, as the page says) and a tiny generic QA set: check-data, LoRA SFT, export, GRPO with
+    the page's reward, export, validate on a QASuite, predict. Each step starts from the previous step's files."""
+    from grasp_lightning.__main__ import main as dispatch
+    from tests.data_fixtures import make_qa_dataset
+
+    for name in ("configs", "grasp_lightning"):
+        (tmp_path / name).symlink_to(REPO / name)
+    make_qa_dataset(tmp_path / "mine", name="qa.train.jsonl")
+    make_qa_dataset(tmp_path / "mine", name="qa.val.jsonl")
+    (reward_code,) = blocks(section("### A reward of your own", OWN_TASK), "python")
+    (tmp_path / "my_rewards.py").write_text(reward_code)
+    monkeypatch.chdir(tmp_path)
+    (path,) = blocks(section("## Quick start", OWN_TASK), "bash")
+    path = "\n".join(line for line in path.splitlines() if not line.startswith("#"))
+    steps = [command(block) for block in re.split(r"\n(?=python -m grasp_lightning)", path.strip())
+             if "grasp_lightning" in block]
+    assert [step[0] for step in steps] == ["check-data", "fit", "export", "fit", "export", "validate", "predict"]
+    short = {"check-data": ["--progress=false", "--workers=1"],
+             "fit": ["--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--data.num_workers=0",
+                     "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
+                     "--trainer.enable_progress_bar=false"],
+             "validate": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+                          "--trainer.enable_progress_bar=false"],
+             "predict": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+                         "--trainer.enable_progress_bar=false"],
+             "export": []}
+    for step in steps:
+        args = step if step[0] == "export" else _with_demo(step)
+        assert dispatch([*args, *short[step[0]]]) == 0, step
+    assert (tmp_path / "runs/own_sft/export/config.json").is_file()
+    assert (tmp_path / "runs/own_sgr/export/config.json").is_file()
+    series = scalars(tmp_path / "runs/own_sgr/version_0")
+    assert len(series["train/rewards/brief_and_right/mean"]) == 1  # the page's reward ran in GRPO
+    results = list((tmp_path / "runs/own_val").rglob("results.json"))
+    assert results, "validate wrote no results.json"
+    data = json.loads(results[0].read_text())
+    assert "mine" in json.dumps(data)
+    predictions = [json.loads(line) for line in (tmp_path / "runs/predict/predictions.jsonl").read_text().splitlines()]
+    assert sorted(p["id"] if "id" in p else p.get("uid") for p in predictions) == ["qa_0001", "qa_0002", "qa_0003",
+                                                                                   "qa_0004"]
+
+
+def test_docs_multi_gpu_lora_example_plans_and_trains(tmp_path, capsys) -> None:
+    """docs/scaling.md "LoRA on several GPUs": its plan-memory command fits (exit 0, DDP on 4 GPUs, LoRA), and
+    its fit runs as written on two CPU processes (DDP over gloo) with the tiny model: ``configs/demo.yaml`` after
+    the last ``--config``, the sample data and the tiny model instead of the paths, 2 devices instead of 4, batch 1
+    (accumulate 8 as written: 8 micro-batches per rank of the 24 sample rows)."""
+    import os
+    import subprocess
+    import sys
+
+    from grasp_lightning.commands import plan_memory
+
+    (block,) = blocks(section("### LoRA on several GPUs", "docs/scaling.md"), "bash")
+    plan, fit = (command(text) for text in re.split(r"\n(?=python -m grasp_lightning)", block.strip()))
+    assert plan[0] == "plan-memory" and fit[0] == "fit"
+    assert plan_memory.main([str(REPO / w) if w.startswith("configs/") else w for w in plan[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16" in out and "DDP on 4 GPU(s)" in out and "fits: yes" in out
+    args = [*_with_demo(fit), "--trainer.devices=2", "--data.root=grasp_lightning/assets/sample",
+            "--model.policy.name_or_path=grasp_lightning/assets/tiny-qwen3vl", "--data.bench=null",
+            "--data.num_workers=0", "--data.batch_size=1", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=2",
+            "--model.rollout.max_new_tokens=8", f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.default_root_dir={tmp_path}"]
+    assert args[args.index("--trainer.strategy") + 1] == "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in proc.stdout + proc.stderr
+    (log_dir,) = (tmp_path / "demo").glob("version_*")
+    assert len(scalars(log_dir)["train/loss"]) == 1

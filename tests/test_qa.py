@@ -88,11 +88,14 @@ BAD_ROWS = [
     (qa_row(question=""), GraspFormatError, "'question' is empty"),
     (qa_row(start=2.0, end=1.0, video="media/clip.mp4"), GraspFormatError, r"'end' \(1 s\) must be after"),
     ("[1, 2]", GraspFormatError, "expected a JSON object"),
+    (qa_row(events=[{"source": "gaze", "persons": [0], "start_seconds": 1.0}]), GraspFormatError,
+     "event 0: 'start_seconds' given without 'end_seconds'"),
 ]
 
 
 @pytest.mark.parametrize("row, error, message", BAD_ROWS, ids=["missing", "no_media", "url", "options", "answer",
-                                                                  "participants", "question", "window", "not_object"])
+                                                                  "participants", "question", "window", "not_object",
+                                                                  "event_span"])
 def test_bad_rows_name_file_and_line(qa_dir, tmp_path, row, error, message):
     (tmp_path / "media").symlink_to(qa_dir / "media")
     path = write_jsonl(tmp_path / "qa.jsonl", [qa_row(), row])
@@ -100,6 +103,39 @@ def test_bad_rows_name_file_and_line(qa_dir, tmp_path, row, error, message):
         read_qa(path)
     skipped = read_qa(path, on_error="skip")
     assert len(skipped) == 1 and [s.where for s in skipped.skipped] == [f"{path}:2"]
+
+
+def test_events_spans_and_extra_columns_reach_every_grounding_reward(qa_dir, tmp_path):
+    """A generic QA row's ``events`` (with time spans) feed the by-modality, released-code and temporal
+    rewards, and its unknown columns reach a reward of one's own as ``item.extra``; values by hand."""
+    from grasp_lightning.rewards import compute_rewards
+
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    row = qa_row(image=None, video="media/clip.mp4", participants=[5], difficulty_score=0.7, notes={"rater": 2},
+                 events=[{"source": "gaze", "persons": [0, 1], "start_seconds": 0.5, "end_seconds": 1.5},
+                         {"source": "pointing", "persons": [2], "start_seconds": 1.0, "end_seconds": 2.0}])
+    item = read_qa(write_jsonl(tmp_path / "qa.jsonl", [row])).items[0]
+    assert item.extra == {"difficulty_score": 0.7, "notes": {"rater": 2}}
+    assert [(e.source, e.persons, e.kind, e.span) for e in item.events] == [
+        ("gaze", (0, 1), "gaze", (0.5, 1.5)), ("gesture", (2,), "pointing", (1.0, 2.0))]
+    assert item.participants == {0, 1, 2, 5}
+    completion = ("<think><gaze>Person 0 looks at Person 1 from 0.5s to 1.5s.</gaze> "
+                  "<gesture>Person 2 and Person 3 point.</gesture></think><answer>B</answer>")
+
+    def difficulty_bonus(completion: str, item) -> float:
+        return item.extra["difficulty_score"]
+
+    values = compute_rewards([completion], [item], ["social_grounding", "social_grounding_by_modality",
+                                                    "social_grounding_released", "temporal_grounding",
+                                                    difficulty_bonus])
+    # social_grounding: named {0,1,2,3}, participants {0,1,2,5}: P = R = 3/4, (1 + 3/4) * 3/4
+    # by modality: gaze named {0,1} = gt {0,1}: 2; gesture named {2,3}, gt {2}: P 1/2, R 1: 1; mean 1.5
+    # released: Person 0 is asked about, so gaze {1} vs {1}, gesture {2,3} vs {2}: R = 1, P = (1 + 1/2) / 2;
+    #   0.7 * 1 + 0.3 * 0.75
+    # temporal: named (0.5, 1.5); IoU 1 with the gaze span, 0.5 / 1.5 with the pointing one; / max(2, 1)
+    expected = [1.75 * 0.75, 1.5, 0.7 + 0.3 * 0.75, (1 + 1 / 3) / 2, 0.7]
+    assert values.shape == (1, 5)
+    assert values[0].tolist() == pytest.approx(expected)
 
 
 def test_skip_mode_counts_bad_lines_and_unreadable_images(qa_dir, tmp_path):

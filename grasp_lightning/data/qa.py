@@ -11,8 +11,14 @@ One JSON object per line (``docs/data-format.md``, "Your own data: the generic Q
   options, else a reference text); ``response`` (optional SFT target);
 - ``participants`` (optional list of 0-based person ids: the ground truth of the Social Grounding
   Reward, :attr:`GraspItem.participants <grasp_lightning.data.records.GraspItem.participants>`);
+- ``events`` (optional list of ``{"source": "gaze" | any gesture, "persons": [ids], "start_seconds":
+  s, "end_seconds": s}``, the times optional, in seconds from the clip start): ground-truth social
+  events as in ``data_rl.jsonl`` (:func:`~grasp_lightning.data.formats.parse_events`), so the
+  by-modality, released-code and temporal grounding rewards score the row; their people are part of
+  the participants too;
 - ``category``, ``difficulty``, ``source`` (optional; a GRASP code such as ``T1`` or ``C2`` is
-  normalised, any other category kept as written); ``start``/``end`` (optional seconds of the video).
+  normalised, any other category kept as written); ``start``/``end`` (optional seconds of the video);
+- any other column is kept as written on the item's ``extra`` (a dict), which rewards receive.
 
 Chosen for files named ``qa.jsonl`` / ``qa.<split>.jsonl`` (:mod:`grasp_lightning.data.readers`). Rows
 become :class:`~grasp_lightning.data.records.GraspItem` records like every other reader's:
@@ -37,6 +43,7 @@ from grasp_lightning.data.formats import (
     SkipRecord,
     check_mcq_answer,
     parse_difficulty,
+    parse_events,
     parse_options,
     read_lines,
     text_field,
@@ -49,6 +56,10 @@ log = logging.getLogger(__name__)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
+#: The columns the generic QA format reads; any other column goes to ``GraspItem.extra``.
+QA_COLUMNS = frozenset({"id", "video", "image", "question", "options", "answer", "response", "participants",
+                        "events", "category", "difficulty", "source", "start", "end"})
+
 
 def read_qa(path: str | Path, on_error: str = "raise") -> ReadResult:
     """Read a generic QA JSONL file (the fields in the module docstring) into items.
@@ -58,7 +69,7 @@ def read_qa(path: str | Path, on_error: str = "raise") -> ReadResult:
     Raises:
         GraspFormatError: (``on_error="raise"``) malformed JSON, not an object, no ``question``,
             neither ``video`` nor ``image``, a URL, bad ``options``/``answer``/``participants``/
-            ``start``/``end``; always when ``path`` does not exist.
+            ``events``/``start``/``end``; always when ``path`` does not exist.
         ClipNotFoundError: (``on_error="raise"``) a ``video`` or ``image`` file that does not exist.
 
     An ``id`` given twice is an error at its second line (``on_error="skip"``: that line is skipped).
@@ -123,7 +134,8 @@ def parse_qa_row(row: Any, where: str, base: Path, default_id: str) -> GraspItem
         response=text_field(row, "response", where, required=False), category=_category(row.get("category"), where),
         difficulty=parse_difficulty(row.get("difficulty"), where), format="mcq" if options else "open_ended",
         source=text_field(row, "source", where, required=False), question_text=question.strip(),
-        persons=_participants(row.get("participants"), where),
+        persons=_participants(row.get("participants"), where), events=parse_events(row.get("events"), where),
+        extra={key: value for key, value in row.items() if key not in QA_COLUMNS},
     )
 
 

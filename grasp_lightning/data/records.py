@@ -8,7 +8,9 @@ and the GRASP dataset card (arXiv 2605.15764, Sec. 3).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from grasp_lightning.errors import GraspFormatError
 
@@ -135,6 +137,10 @@ class GraspItem:
         persons: ground-truth participants given without an event (a generic QA row's
             ``participants``); part of :attr:`participants`, matched by neither modality of the
             released-code reward variant (which reads ``events`` only).
+        extra: a generic QA row's columns that the format does not read, by name, with their JSON
+            values as written (``{"difficulty_score": 0.7}``); empty for the GRASP files. A reward
+            gets them on its ``item`` (as TRL passes dataset columns to reward functions). Not part
+            of equality.
     """
 
     uid: str
@@ -154,6 +160,7 @@ class GraspItem:
     time_range: tuple[float, float] | None = None
     image: str | None = None
     persons: tuple[int, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def participants(self) -> frozenset[int]:

@@ -53,7 +53,8 @@ class HFEngine(RolloutEngine):
         return sample_completions(
             policy, tokenizer, prompt, num_return_sequences=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt)
+            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt,
+            compile_decode=cfg.compile_decode, compile_backend=cfg.compile_backend)
 
 
 _HF: HFEngine | None = None

@@ -39,6 +39,16 @@ checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs). 
 rollout (prompt prefill + generated tokens), the reference's scoring forward and the policy's
 training pass, with the prompt counted once per group when the task shares it (``share_prompt``).
 
+``--split`` runs SGR only and splits its step, per model of :data:`SPLIT_MODELS` (the 2B stand-in at its
+published depth, the Qwen3.5-9B stand-in at 8 text layers and 7 vision blocks; on ``--smoke-cpu`` the
+bundled tiny models of both families, ``compile_decode`` with ``aot_eager``) and per arm of :data:`ARMS`
+(today's path, ``encode_vision_once: false, logprob_chunk_size: null``, eager decode; each change alone;
+all three), each arm in its own ``fit`` process: generation / reference / scoring / rewards / update /
+data seconds per step, generated tokens/s and MFU, plus flash-linear-attention's initial-state
+gradient for Qwen3.5 (:func:`fla_initial_state_check`). On a GPU: 3 SGR steps per arm, the first one
+(compiling, for the compiled decode) left out; arms not started within :data:`SPLIT_BUDGET_S` are
+listed as skipped. Not yet run on a GPU.
+
 ``--qlora`` composes ``configs/qlora.yaml`` after each recipe (NF4 base, LoRA r16, strategy ``auto``
 instead of ZeRO-2): the figure to compare is the measured peak against the planner's QLoRA peak.
 
@@ -98,6 +108,8 @@ SPLIT_MODELS = {
     "gpu": [("Qwen3-VL-2B-Instruct", None, None), ("Qwen3.5-9B", 8, 7)],
     "smoke-cpu": [("tiny-qwen3vl", None, None), ("tiny-qwen3_5", None, None)],
 }
+#: ``--split``'s changes to :data:`SIZES`: fewer SGR steps per arm on the GPU, so the arms fit the time limit.
+SPLIT_SIZES = {"gpu": {"sgr_steps": 3, "warmup": 1}, "smoke-cpu": {}}
 #: Seconds after which ``--split`` starts no further arm (the shell kills the run at 480 s).
 SPLIT_BUDGET_S = 400.0
 #: The configs ``--qlora`` composes after the phase's recipe (and before the overrides).
@@ -525,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=None, help=f"comma-separated arms of --split (default: {','.join(ARMS)})")
     args = parser.parse_args(argv)
     mode = "smoke-cpu" if args.smoke_cpu else "gpu"
-    sizes = {**SIZES[mode], **{k: v for k, v in vars(args).items() if k in SIZES[mode] and v is not None}}
+    base = {**SIZES[mode], **(SPLIT_SIZES[mode] if args.split else {})}
+    sizes = {**base, **{k: v for k, v in vars(args).items() if k in base and v is not None}}
     os.chdir(REPO)
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -134,3 +134,26 @@ def test_a_cache_without_a_compileable_static_form_is_refused_by_name(prompts, f
     monkeypatch.setattr(StaticLayer, "is_compileable", False)
     with pytest.raises(GraspConfigError, match=r"model\.rollout\.compile_decode: .*\['StaticLayer'\].*false"):
         static_cache_for(model, 8)
+
+
+def test_compiled_decode_through_a_lora_policy(prompts, family, fresh_dynamo):  # noqa: F811
+    """A peft-wrapped policy (LoRA on attention and MLP projections, non-zero B) decodes the same tokens."""
+    from peft import LoraConfig, get_peft_model
+
+    inputs, tok = prompts
+    model = load_model(family)
+    policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    common = dict(num_return_sequences=K, max_new_tokens=NEW, do_sample=False, stop_strings=(), share_prompt=True)
+    eager = sample_completions(policy, tok, inputs, **common)
+    with policy.disable_adapter():
+        base = sample_completions(policy, tok, inputs, **common)
+    assert not torch.equal(base.ids, eager.ids)  # the adapter changes the decoding
+    backend = CountingBackend()
+    compiled = sample_completions(policy, tok, inputs, compile_decode=True, compile_backend=backend, **common)
+    assert backend.graphs >= 1
+    assert torch.equal(compiled.ids, eager.ids)

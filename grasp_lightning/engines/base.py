@@ -43,8 +43,9 @@ class RolloutEngine:
 
 
 class HFEngine(RolloutEngine):
-    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`);
-    nothing to sync, nothing to close."""
+    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`),
+    eager or with ``model.rollout.compile_decode``'s static cache and compiled decode step; nothing to sync,
+    nothing to close."""
 
     name = "hf"
 

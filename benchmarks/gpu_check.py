@@ -39,6 +39,16 @@ checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs). 
 rollout (prompt prefill + generated tokens), the reference's scoring forward and the policy's
 training pass, with the prompt counted once per group when the task shares it (``share_prompt``).
 
+``--split`` runs SGR only and splits its step, per model of :data:`SPLIT_MODELS` (the 2B stand-in at its
+published depth, the Qwen3.5-9B stand-in at 8 text layers and 7 vision blocks; on ``--smoke-cpu`` the
+bundled tiny models of both families, ``compile_decode`` with ``aot_eager``) and per arm of :data:`ARMS`
+(today's path, ``encode_vision_once: false, logprob_chunk_size: null``, eager decode; each change alone;
+all three), each arm in its own ``fit`` process: generation / reference / scoring / rewards / update /
+data seconds per step, generated tokens/s and MFU, plus flash-linear-attention's initial-state
+gradient for Qwen3.5 (:func:`fla_initial_state_check`). On a GPU: 3 SGR steps per arm, the first one
+(compiling, for the compiled decode) left out; arms not started within :data:`SPLIT_BUDGET_S` are
+listed as skipped. Not yet run on a GPU.
+
 ``--qlora`` composes ``configs/qlora.yaml`` after each recipe (NF4 base, LoRA r16, strategy ``auto``
 instead of ZeRO-2): the figure to compare is the measured peak against the planner's QLoRA peak.
 
@@ -70,6 +80,38 @@ SIZES = {
     "smoke-cpu": {"text_layers": 1, "vision_layers": 1, "clip_seconds": 2.0, "clip_size": 448, "sft_steps": 1,
                   "sgr_steps": 1, "warmup": 0, "num_generations": 2, "max_new_tokens": 8},
 }
+#: The split of an SGR step: figure name -> the GRPO task's ``time/<key>`` metric. ``generation_s``:
+#: sampling the K completions (prefill + decode); ``reference_s``: the rollout's reference (and
+#: old-policy) log-probs; ``scoring_s``: the policy's training forward over the completions;
+#: ``rewards_s``: rewards and advantages. The callback adds ``update_s`` (backward passes + optimizer
+#: step) and ``data_s`` (waiting for the batch).
+SPLIT_KEYS = {"generation_s": "generation_s", "reference_s": "logp_s", "scoring_s": "scoring_s",
+              "rewards_s": "rewards_s"}
+#: The SGR arms of ``--split``: today's path (every change off) against each change alone and all together.
+#: Keys are ``model.task.init_args`` (``task``) and ``model.rollout`` (``rollout``) settings.
+ARMS = {
+    "today": {"task": {"encode_vision_once": False, "logprob_chunk_size": None}, "rollout": {"compile_decode": False}},
+    "vision_once": {"task": {"encode_vision_once": True, "logprob_chunk_size": None},
+                    "rollout": {"compile_decode": False}},
+    "chunked_logps": {"task": {"encode_vision_once": False, "logprob_chunk_size": 256},
+                      "rollout": {"compile_decode": False}},
+    "compiled_decode": {"task": {"encode_vision_once": False, "logprob_chunk_size": None},
+                        "rollout": {"compile_decode": True}},
+    "all": {"task": {"encode_vision_once": True, "logprob_chunk_size": 256}, "rollout": {"compile_decode": True}},
+}
+#: ``--split``'s models per mode: (stand-in or tiny asset, text layers, vision layers; ``None``: published depth).
+#: The GPU runs the 2B stand-in at its published depth and the Qwen3.5-9B stand-in at 8 of its 32 text
+#: layers (6 Gated DeltaNet + 2 full attention, the published 3:1 pattern) and 7 of its 27 vision blocks:
+#: at full depth its bf16 weights, float32 master copy and Adam moments (about 16 bytes a parameter,
+#: 144 GB) exceed one GPU under ZeRO-2. The CPU smoke run uses the bundled tiny models of both families.
+SPLIT_MODELS = {
+    "gpu": [("Qwen3-VL-2B-Instruct", None, None), ("Qwen3.5-9B", 8, 7)],
+    "smoke-cpu": [("tiny-qwen3vl", None, None), ("tiny-qwen3_5", None, None)],
+}
+#: ``--split``'s changes to :data:`SIZES`: fewer SGR steps per arm on the GPU, so the arms fit the time limit.
+SPLIT_SIZES = {"gpu": {"sgr_steps": 3, "warmup": 1}, "smoke-cpu": {}}
+#: Seconds after which ``--split`` starts no further arm (the shell kills the run at 480 s).
+SPLIT_BUDGET_S = 400.0
 #: The configs ``--qlora`` composes after the phase's recipe (and before the overrides).
 QLORA_CONFIGS = {False: (), True: (REPO / "configs" / "qlora.yaml",)}
 #: Device, strategy class and number format per mode. The GPU keeps the recipe's ``bf16-mixed`` and
@@ -77,9 +119,9 @@ QLORA_CONFIGS = {False: (), True: (REPO / "configs" / "qlora.yaml",)}
 #: AVX-512 BF16 run bf16 matrix products about a hundred times slower than float32 ones.
 DEVICE = {
     "gpu": {"accelerator": "gpu", "strategy": "grasp_lightning.strategies.GraspDeepSpeedStrategy",
-            "precision": None, "dtype": None},
+            "precision": None, "dtype": None, "compile_backend": None},
     "smoke-cpu": {"accelerator": "cpu", "strategy": "tests.deepspeed_cpu.CPUDeepSpeedStrategy",
-                  "precision": "32-true", "dtype": "float32"},
+                  "precision": "32-true", "dtype": "float32", "compile_backend": "aot_eager"},
 }
 
 
@@ -147,7 +189,7 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
 
 # ---------------------------------------------------------------------------------------- one phase
 def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, result: Path,
-                    qlora: bool = False) -> dict:
+                    qlora: bool = False, arm: dict | None = None) -> dict:
     """The config that goes after ``configs/<phase>.yaml`` (and ``configs/qlora.yaml`` with ``qlora``):
     sizes, device and strategy class only; QLoRA runs without DeepSpeed (strategy ``auto``), and on the
     CPU dequantizes to float32 like the rest of the smoke run.
@@ -156,6 +198,7 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
         phase: ``sft`` or ``sgr``. mode: ``gpu`` or ``smoke-cpu`` (a key of :data:`SIZES`).
         sizes: the run's sizes (:data:`SIZES` with command-line overrides).
         model_dir, data_root: the stand-in and the dataset. result: where :class:`Throughput` writes.
+        arm: an SGR arm of :data:`ARMS` (``task`` and ``rollout`` settings), or ``None`` (the recipe's).
     """
     steps = sizes[f"{phase}_steps"]
     callback = {"class_path": "benchmarks.gpu_check.Throughput",
@@ -178,6 +221,11 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
     if phase == "sgr":
         cfg["model"]["rollout"] = {"num_generations": sizes["num_generations"],
                                    "max_new_tokens": sizes["max_new_tokens"]}
+        if arm is not None:
+            cfg["model"]["task"] = {"init_args": dict(arm["task"])}
+            cfg["model"]["rollout"].update(arm["rollout"])
+            if arm["rollout"].get("compile_decode") and device["compile_backend"] is not None:
+                cfg["model"]["rollout"]["compile_backend"] = device["compile_backend"]
     if qlora:
         cfg["trainer"]["strategy"] = "auto"
         if device["dtype"] is not None:
@@ -200,6 +248,11 @@ class Throughput(L.Callback):
         self.steps: list[dict] = []
         self._t0 = 0.0
         self._fit_t0 = 0.0
+        self._last_end: float | None = None
+        self._wait = 0.0
+        self._mark = 0.0
+        self._update = 0.0
+        self._optimizer_start: float | None = None
         self.counts: dict = {}
 
     @staticmethod
@@ -228,10 +281,28 @@ class Throughput(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._sync()
         self._t0 = time.perf_counter()
+        self._wait = self._t0 - self._last_end if self._last_end is not None else 0.0
+        self._update = 0.0
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._sync()
+        self._mark = time.perf_counter()
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._sync()
+        self._update += time.perf_counter() - self._mark
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._sync()
+        self._optimizer_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._sync()
-        seconds = time.perf_counter() - self._t0
+        self._last_end = time.perf_counter()
+        seconds = self._last_end - self._t0
+        if self._optimizer_start is not None:  # the optimizer step ran in this micro-batch (clipping included)
+            self._update += self._last_end - self._optimizer_start
+            self._optimizer_start = None
         if batch_idx < self.warmup:
             return
         c = self.counts
@@ -256,8 +327,13 @@ class Throughput(L.Callback):
         else:  # SFT: one forward + backward over the sequence
             flops = float(sum(3 * (2 * n * s + layers * d * s * s) for s in lengths.tolist())) + 2 * nv * patches
             tokens, samples = float(lengths.sum()), float(len(batch))
-        self.steps.append({"seconds": seconds, "tokens": tokens, "samples": samples, "flops": flops,
-                           "video_tokens_per_sample": patches / 4 / max(1, len(batch))})
+        record = {"seconds": seconds, "tokens": tokens, "samples": samples, "flops": flops,
+                  "video_tokens_per_sample": patches / 4 / max(1, len(batch)),
+                  "update_s": self._update, "data_s": self._wait}
+        if "tokens/generated" in metrics:
+            record.update({name: float(metrics.get(f"time/{key}", 0.0)) for name, key in SPLIT_KEYS.items()})
+            record["generated_tokens"] = gen
+        self.steps.append(record)
 
     def on_train_end(self, trainer, pl_module) -> None:
         """Write the figures (rank 0 only)."""
@@ -284,6 +360,11 @@ class Throughput(L.Callback):
         if steps:
             samples = sum(s["samples"] for s in steps)
             result["tokens_per_sample"] = round(sum(s["tokens"] for s in steps) / samples, 1)
+            result["split_s"] = {name: round(sum(s.get(name, 0.0) for s in steps) / len(steps), 4)
+                                 for name in (*SPLIT_KEYS, "update_s", "data_s") if any(name in s for s in steps)}
+            generation = sum(s.get("generation_s", 0.0) for s in steps)
+            if generation > 0:
+                result["generated_tokens_per_s"] = round(sum(s["generated_tokens"] for s in steps) / generation, 1)
         if torch.cuda.is_available():
             result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
@@ -309,7 +390,7 @@ def planned_peak_gib(phase: str, override_file: Path, clip_seconds: float, clip_
 
 
 def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Path, tmp: Path,
-              qlora: bool = False) -> dict:
+              qlora: bool = False, arm: dict | None = None, tag: str = "") -> dict:
     """``python -m grasp_lightning fit --config configs/<phase>.yaml [--config configs/qlora.yaml] --config
     <overrides>`` in a child process.
 
@@ -318,9 +399,9 @@ def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Pa
     """
     import yaml
 
-    result = tmp / f"{phase}.json"
-    override = tmp / f"{phase}-overrides.yaml"
-    override.write_text(yaml.safe_dump(phase_overrides(phase, mode, sizes, model_dir, data_root, result, qlora)))
+    result = tmp / f"{phase}{tag}.json"
+    override = tmp / f"{phase}{tag}-overrides.yaml"
+    override.write_text(yaml.safe_dump(phase_overrides(phase, mode, sizes, model_dir, data_root, result, qlora, arm)))
     cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", f"configs/{phase}.yaml",
            *[a for path in QLORA_CONFIGS[qlora] for a in ("--config", str(path))], "--config", str(override)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -331,6 +412,110 @@ def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Pa
     figures = json.loads(result.read_text())
     figures["planned_peak_gib"] = planned_peak_gib(phase, override, sizes["clip_seconds"], sizes["clip_size"], qlora)
     return figures
+
+
+# ---------------------------------------------------------------------------------------- --split
+def fla_initial_state_check() -> dict:
+    """Whether flash-linear-attention's ``chunk_gated_delta_rule`` returns the gradient of its initial state.
+
+    The group-shared scoring of Qwen3.5 (:mod:`grasp_lightning.shared_prompt`) runs the completions'
+    linear-attention layers from the prompt's recurrent state, which carries the prompt's gradient;
+    a kernel that drops ``d initial_state`` silently cuts that path. Compares the kernel's output and
+    the gradients of ``q`` and of the initial state with transformers' reference
+    ``torch_chunk_gated_delta_rule`` in float32 (B 2, T 80, 4 heads, head dims 32/64) on the GPU.
+
+    Returns:
+        ``{"installed": False}`` without the ``fla`` package; ``{"installed": True, "ran": False, "why": ...}``
+        without CUDA; otherwise the version, ``initial_state_grad`` (``"returned"``, ``"none"`` or
+        ``"zero"``) and the largest absolute differences from the reference.
+    """
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("fla") is None:
+        return {"installed": False}
+    import fla
+
+    out: dict = {"installed": True, "version": getattr(fla, "__version__", None)}
+    if not torch.cuda.is_available():
+        return {**out, "ran": False, "why": "needs CUDA (Triton kernels)"}
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, t, h, dk, dv = 2, 80, 4, 32, 64
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).requires_grad_()
+
+    q, k, v = rand(b, t, h, dk), rand(b, t, h, dk), rand(b, t, h, dv)
+    g = (-torch.rand(b, t, h, generator=gen, device="cuda")).requires_grad_()  # log decay <= 0
+    beta = torch.rand(b, t, h, generator=gen, device="cuda").requires_grad_()
+    state = rand(b, h, dk, dv, scale=0.1)
+    grads, outs = [], []
+    for fn in (chunk_gated_delta_rule, torch_chunk_gated_delta_rule):
+        for x in (q, k, v, g, beta, state):
+            x.grad = None
+        o, final = fn(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True)
+        (o.float().square().sum() + final.float().square().sum()).backward()
+        outs.append(o.detach().float())
+        grads.append((None if q.grad is None else q.grad.clone(), None if state.grad is None else state.grad.clone()))
+    (dq, dstate), (dq_ref, dstate_ref) = grads
+    verdict = "none" if dstate is None else ("zero" if not dstate.abs().max() > 0 else "returned")
+    out.update(ran=True, initial_state_grad=verdict, output_max_abs_diff=float((outs[0] - outs[1]).abs().max()),
+               q_grad_max_abs_diff=float((dq - dq_ref).abs().max()),
+               initial_state_grad_max_abs_diff=None if dstate is None else float((dstate - dstate_ref).abs().max()),
+               initial_state_grad_scale=float(dstate_ref.abs().max()))
+    return out
+
+
+def model_for_split(mode: str, like: str, text_layers: int | None, vision_layers: int | None, tmp: Path) -> tuple:
+    """The model directory and facts of one ``--split`` model: a stand-in built into ``tmp`` (GPU) or a
+    bundled tiny model (``grasp_lightning/assets/<like>``, CPU smoke)."""
+    if mode == "smoke-cpu":
+        path = REPO / "grasp_lightning" / "assets" / like
+        if not path.is_dir():
+            raise FileNotFoundError(f"no bundled tiny model {path}")
+        return path, {"like": like}
+    out = tmp / like
+    return out, build_model_dir(out, like, text_layers, vision_layers)
+
+
+def run_split(mode: str, sizes: dict, arms: list[str], tmp: Path, peak: float | None, t0: float) -> dict:
+    """SGR steps per model of :data:`SPLIT_MODELS` and per arm of :data:`ARMS`, each arm its own ``fit`` process.
+
+    Every arm's figures carry ``split_s`` (generation / reference / scoring / rewards / update / data
+    seconds per step), ``generated_tokens_per_s`` (per second of generation) and ``mfu``; arms not
+    started before :data:`SPLIT_BUDGET_S` are listed under ``skipped``. Qwen3.5 models also carry
+    :func:`fla_initial_state_check`.
+    """
+    data = tmp / "data"
+    report: dict = {"data": build_dataset(data, sizes["sgr_steps"], sizes["clip_seconds"], sizes["clip_size"]),
+                    "models": {}, "skipped": []}
+    for like, text_layers, vision_layers in SPLIT_MODELS[mode]:
+        if time.perf_counter() - t0 > SPLIT_BUDGET_S:
+            report["skipped"] += [f"{like}/{arm}" for arm in arms]
+            continue
+        model_dir, facts = model_for_split(mode, like, text_layers, vision_layers, tmp)
+        entry = {**facts, "arms": {}}
+        if "3_5" in like or "3.5" in like:
+            entry["flash_linear_attention"] = fla_initial_state_check()
+        for arm in arms:
+            if time.perf_counter() - t0 > SPLIT_BUDGET_S:
+                report["skipped"].append(f"{like}/{arm}")
+                continue
+            try:
+                figures = run_phase("sgr", mode, sizes, model_dir, data, tmp, arm=ARMS[arm], tag=f"-{like}-{arm}")
+            except RuntimeError as err:
+                figures = {"error": str(err)}
+            if peak and figures.get("model_tflops_per_s") is not None:
+                figures["mfu"] = round(figures["model_tflops_per_s"] / peak, 4)
+            entry["arms"][arm] = figures
+            print(f"gpu_check: {like}/{arm}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+        report["models"][like] = entry
+    return report
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -347,9 +532,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="compose configs/qlora.yaml (NF4 base + LoRA, one GPU, no DeepSpeed)")
     parser.add_argument("--smoke-cpu", action="store_true",
                         help="the same path on the CPU with tiny sizes (1+1 layers, 2 s clips, 1 step per phase)")
+    parser.add_argument("--split", action="store_true",
+                        help="SGR only, per arm (today's path against each change) and per model (2B, Qwen3.5-9B)")
+    parser.add_argument("--arms", default=None, help=f"comma-separated arms of --split (default: {','.join(ARMS)})")
     args = parser.parse_args(argv)
     mode = "smoke-cpu" if args.smoke_cpu else "gpu"
-    sizes = {**SIZES[mode], **{k: v for k, v in vars(args).items() if k in SIZES[mode] and v is not None}}
+    base = {**SIZES[mode], **(SPLIT_SIZES[mode] if args.split else {})}
+    sizes = {**base, **{k: v for k, v in vars(args).items() if k in base and v is not None}}
     os.chdir(REPO)
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -363,6 +552,18 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name(0) if mode == "gpu" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
     report: dict = {"ok": True, "mode": mode, "qlora": args.qlora, "device": device, "peak_tflops": peak}
+    if args.split:
+        arms = args.arms.split(",") if args.arms else list(ARMS)
+        unknown = [a for a in arms if a not in ARMS]
+        if unknown:
+            fail(f"--arms: unknown arm(s) {unknown}; known: {list(ARMS)}")
+        report["split"] = True
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+            report.update(run_split(mode, sizes, arms, Path(tmp), peak, t0))
+        report["ok"] = all("error" not in f for m in report["models"].values() for f in m["arms"].values())
+        report["total_seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(report))
+        sys.exit(0 if report["ok"] else 1)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         tmp = Path(tmp)
         report.update(build_model_dir(tmp / "model", args.like, sizes["text_layers"], sizes["vision_layers"]))

@@ -6,6 +6,9 @@
 # Stops within 8 minutes (killed at 480 s); without a CUDA device it stops at once (status 2).
 #   bash benchmarks/gpu_check.sh [--like Qwen3-VL-4B-Instruct] [--sft-steps 10] [--sgr-steps 5]
 #   bash benchmarks/gpu_check.sh --smoke-cpu     # the same path on the CPU with tiny sizes
+#   bash benchmarks/gpu_check.sh --split     # SGR only: the step split per arm (today's path, vision once,
+#                                             # chunked log-probs, compiled decode, all), 2B and Qwen3.5-9B
+#                                             # stand-ins; not yet run on a GPU
 #   bash benchmarks/gpu_check.sh --qlora --like Qwen3-VL-8B-Instruct   # QLoRA (configs/qlora.yaml), no DeepSpeed
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -63,6 +63,12 @@ class RolloutConfig:
             environment and process, :class:`grasp_lightning.engines.vllm.VLLMEngine`). The trainer
             computes the loss's log-probs itself with either.
         vllm: the vLLM engine's settings (:class:`grasp_lightning.engines.config.VLLMConfig`).
+        compile_decode: the HF engine decodes with a static KV cache and a ``torch.compile``-d decode
+            step (:mod:`grasp_lightning.compiled_decode`), group-shared prefill kept; the same tokens
+            as eager decoding. Off by default: compiling costs time on the first step and on every new
+            prompt length, and pays on a GPU.
+        compile_backend: the ``torch.compile`` backend of ``compile_decode`` (``inductor``: CUDA graphs
+            on a GPU; ``aot_eager`` where no C compiler is available).
 
     Raises:
         GraspConfigError: a value out of range (the message names ``model.rollout.<key>``).
@@ -76,6 +82,8 @@ class RolloutConfig:
     stop_at_answer: bool = True
     engine: str = "hf"
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    compile_decode: bool = False
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         k = "model.rollout."
@@ -87,6 +95,9 @@ class RolloutConfig:
         require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
         require(is_number(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
         require(is_count(self.top_k, optional=True), k + "top_k", "an integer >= 1 or null", self.top_k)
+        require(isinstance(self.compile_decode, bool), k + "compile_decode", "true or false", self.compile_decode)
+        require(isinstance(self.compile_backend, str) and bool(self.compile_backend), k + "compile_backend",
+                "a torch.compile backend name", self.compile_backend)
 
 
 def vision_token_ids(tokenizer) -> list[int]:
@@ -230,7 +241,8 @@ def completion_mask(ids: torch.Tensor, stop_ids: list[int], tokenizer=None,
 def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num_return_sequences: int = 1,
                        max_new_tokens: int = 1024, do_sample: bool = True, temperature: float = 1.0,
                        top_p: float = 1.0, top_k: int | None = None,
-                       stop_strings: tuple[str, ...] = ("</answer>",), share_prompt: bool = False) -> Completions:
+                       stop_strings: tuple[str, ...] = ("</answer>",), share_prompt: bool = False,
+                       compile_decode: bool = False, compile_backend="inductor") -> Completions:
     """Generate ``K = num_return_sequences`` completions per prompt.
 
     Args:
@@ -249,9 +261,16 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
             expanded cache (:func:`grasp_lightning.shared_prompt.prefill_for_generation`); same tokens and
             logits as without, less work. Needs a model that
             :func:`grasp_lightning.shared_prompt.sharing_unsupported_reason` accepts.
+        compile_decode: decode with a static KV cache and a compiled decode step
+            (:mod:`grasp_lightning.compiled_decode`; with ``share_prompt`` the shared prefill fills the
+            static cache). Same tokens as eager decoding; log-probs to float tolerance.
+        compile_backend: the ``torch.compile`` backend (a name, or a callable) of ``compile_decode``.
 
     Returns:
         :class:`Completions` with ``N = B * K`` rows.
+
+    Raises:
+        GraspConfigError: ``compile_decode`` on a model whose cache has no compileable static form.
     """
     prompt_len = inputs["input_ids"].shape[1]
     prompt_ids, prompt_mask = inputs["input_ids"], inputs.get("attention_mask")
@@ -265,7 +284,17 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
     if stop_strings:
         gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
-    if share_prompt and num_return_sequences > 1:
+    if compile_decode:
+        from grasp_lightning.compiled_decode import decode_compile_config, prefill_static, static_cache_for
+
+        gen_kwargs.update(compile_config=decode_compile_config(compile_backend))
+        if share_prompt and num_return_sequences > 1:
+            inputs, cache = prefill_static(model, inputs, num_return_sequences, max_new_tokens)
+            gen_kwargs.update(num_return_sequences=1, cache=cache)
+        else:
+            static_cache_for(model, 1)  # refuses a model without a compileable static cache, by name
+            gen_kwargs.update(cache_implementation="static")
+    elif share_prompt and num_return_sequences > 1:
         from grasp_lightning.shared_prompt import prefill_for_generation
 
         inputs, cache = prefill_for_generation(model, inputs, num_return_sequences)

@@ -34,6 +34,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
     "grasp_lightning.shared_prompt": 3,
+    "grasp_lightning.compiled_decode": 3,  # the HF engine's static cache and compiled decode step
     "grasp_lightning.generation": 3,
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,

@@ -65,8 +65,9 @@ class RolloutEngine:
 
 
 class HFEngine(RolloutEngine):
-    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`);
-    nothing to sync, nothing to close."""
+    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`),
+    eager or with ``model.rollout.compile_decode``'s static cache and compiled decode step; nothing to sync,
+    nothing to close."""
 
     name = "hf"
 
@@ -75,7 +76,8 @@ class HFEngine(RolloutEngine):
         return sample_completions(
             policy, tokenizer, prompt, num_return_sequences=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt)
+            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt,
+            compile_decode=cfg.compile_decode, compile_backend=cfg.compile_backend)
 
     def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
                stop_strings=(), policy_version=0) -> Completions:

@@ -56,8 +56,8 @@ FOLDERS = {CONFIGS: USES, WORLD_CONFIGS: WORLD_USES}  #: every recipe folder and
 PAIRINGS = [(folder, combo) for folder, uses in FOLDERS.items()
             for combo in sorted({combo for names in uses.values() for combo in names})]
 PAPER_RECIPES = ("sft", "sgr")  # the paper's stages; grpo.yaml is an overlay on sgr.yaml
-SAFETY = ("callbacks.control.checkpoint.AtomicModelCheckpoint", "callbacks.control.preemption.Preemption",
-          "callbacks.control.guards.NonFiniteGuard")
+SAFETY = ("grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint", "grasp_lightning.callbacks.control.preemption.Preemption",
+          "grasp_lightning.callbacks.control.guards.NonFiniteGuard")
 
 
 def _yaml(name: str, folder: Path = CONFIGS) -> dict:
@@ -142,7 +142,7 @@ def test_every_pairing_loads_with_the_yaml_values(folder, combo, in_repo, tmp_pa
         assert all(path in callbacks for path in SAFETY), callbacks
         assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}
     if "predict" in combo:
-        assert callbacks == ["callbacks.predictions.PredictionWriter"]
+        assert callbacks == ["grasp_lightning.callbacks.predictions.PredictionWriter"]
 
 
 def _as_tree(dotted: dict) -> dict:

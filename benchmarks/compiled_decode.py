@@ -27,6 +27,33 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+ASSETS = REPO / "grasp_lightning" / "assets"
+#: the two tiny model families shipped with the package
+TINY_MODELS = {"qwen3_vl": ASSETS / "tiny-qwen3vl", "qwen3_5": ASSETS / "tiny-qwen3_5"}
+
+
+def _datamodule(path: Path):
+    """The sample data's RL rows (8 frames of 64 x 64 px), batch 2, for the tiny model at ``path``."""
+    from grasp_lightning.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(ASSETS / "sample"), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
+                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm.setup("fit")
+    return dm
+
+
+def load_model(path: Path, noise: float = 0.5):
+    """The tiny model at ``path`` with seeded Gaussian noise on every weight (diverse greedy tokens), eval mode."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise)
+    return model.eval()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Time eager and compiled decoding per family and backend; print one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,16 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from grasp_lightning.generation import sample_completions
-    from tests.conftest import FAMILIES, TINY_MODELS
-    from tests.test_rollout_sharing import _datamodule, load_model
 
     report: dict = {"device": "cpu", "threads": torch.get_num_threads(), "k": args.k, "new_tokens": args.new_tokens,
                     "torch": torch.__version__, "families": {}}
-    for family in FAMILIES:
-        dm = _datamodule(TINY_MODELS[family])
+    for family, path in TINY_MODELS.items():
+        dm = _datamodule(path)
         batch = next(iter(dm.train_dataloader()))
         inputs, tok = batch.inputs, dm.processor.tokenizer
-        model = load_model(family)
+        model = load_model(path)
         common = dict(num_return_sequences=args.k, max_new_tokens=args.new_tokens, do_sample=False, stop_strings=(),
                       share_prompt=True)
         rows: dict = {}

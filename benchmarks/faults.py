@@ -52,7 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
-sys.path.insert(0, str(REPO))  # tests.data_fixtures and tests.recorders
+sys.path.insert(0, str(REPO))  # tests.recorders (class paths of the runs' callbacks)
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
         "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -203,10 +203,47 @@ def skip_faults(work: Path) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------- bad inputs
+def write_jsonl(path: Path, rows: list) -> None:
+    """One JSON value per line; a ``str`` row is written verbatim (a malformed line)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+
+
+def make_mp4(n_frames: int, fps: int) -> bytes:
+    """``n_frames`` grey 32x32 frames at ``fps`` as mp4 bytes (libx264, the library's encoder)."""
+    import tempfile
+
+    import numpy as np
+
+    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+
+    settings = Mp4Settings(codec="libx264", fallback=None, preset="ultrafast", crf=10)
+    frames = (np.full((32, 32, 3), 16 * (i + 1), np.uint8) for i in range(n_frames))
+    with tempfile.TemporaryDirectory() as tmp:
+        return encode_mp4(frames, fps, settings, out=Path(tmp) / "clip.mp4", size=(32, 32)).read_bytes()
+
+
+def make_tar(path: Path, members: dict[str, bytes], *, symlinks: dict[str, str], hardlinks: dict[str, str]) -> Path:
+    """An uncompressed tar holding ``members``, ``symlinks`` and ``hardlinks`` with names written verbatim
+    (``../x`` and ``/x`` included): the hostile archive that check-data must list."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for kind, links in ((tarfile.SYMTYPE, symlinks), (tarfile.LNKTYPE, hardlinks)):
+            for name, target in links.items():
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = kind, target
+                tf.addfile(info)
+    return path
+
+
 def bad_inputs(work: Path) -> dict[str, bool]:
     """Every hostile or broken input, and whether it was handled (refused, listed or bounded)."""
     from grasp_lightning.commands.check_data import main as check_data
-    from tests.data_fixtures import make_mp4, make_tar, write_jsonl
 
     root = work / "bad_data"
     shutil.copytree(SAMPLE, root)

@@ -24,8 +24,8 @@ import lightning as L  # noqa: E402
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
-from tasks.grpo import GRPOTask  # noqa: E402
-from tasks.sft import SFTTask  # noqa: E402
+from grasp_lightning.tasks.grpo import GRPOTask  # noqa: E402
+from grasp_lightning.tasks.sft import SFTTask  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = dict(root=str(REPO / "grasp_lightning/assets/sample"), bench=None, num_workers=0, max_frames=8,

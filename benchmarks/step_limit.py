@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     from grasp_lightning.generation import RolloutConfig
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result: dict = {"mode": "smoke" if args.smoke else "full", **{k: v for k, v in sizes.items()}}

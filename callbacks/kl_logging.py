@@ -5,7 +5,7 @@ Everything goes under one section, ``kl/``, of every logger: the scalar ``kl/max
 ``kl/per_token`` of the k3 estimates of the step's completion tokens
 (:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and W&B, summary metrics
 ``kl/per_token/p50, ...`` in MLflow and CSV). A step is the whole accumulation window on every rank: the
-loss tokens of all its micro-batches (:class:`callbacks.step_window.StepWindow`), gathered from every
+loss tokens of all its micro-batches (:class:`grasp_lightning.callbacks.step_window.StepWindow`), gathered from every
 rank, written once when the optimizer has stepped, at the step's 0-based index (where the module writes
 its ``train/`` values of the same window). The step's mean KL, clip ratio and entropy are the task's
 ``train/kl``, ``train/clip_ratio`` and ``train/entropy`` (``docs/metrics.md``); a warning is logged when
@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from callbacks.step_window import StepWindow
+from grasp_lightning.callbacks.step_window import StepWindow
 from grasp_lightning.loggers import log_histogram
 
 log = logging.getLogger(__name__)

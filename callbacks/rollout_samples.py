@@ -14,7 +14,7 @@ import os
 import lightning as L
 from typing_extensions import override
 
-from callbacks.step_window import StepWindow
+from grasp_lightning.callbacks.step_window import StepWindow
 from grasp_lightning.loggers import log_table, run_dir
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.task import RolloutRecord
@@ -53,7 +53,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
 class RolloutSamples(L.Callback):
     """Every ``every_n_steps`` optimizer steps (0, n, 2n, ...), write the first ``num_prompts`` groups of
     the step: one dump per step, the groups taken in order over the micro-batches of the step's
-    accumulation window (:class:`callbacks.step_window.StepWindow`) on rank zero, written when the
+    accumulation window (:class:`grasp_lightning.callbacks.step_window.StepWindow`) on rank zero, written when the
     optimizer has stepped, at the step's 0-based index (where Lightning writes the module's ``train/``
     values of the same window).
 

@@ -2,7 +2,7 @@
 
 One record per optimizer step, written when the optimizer has stepped, at the step's 0-based index
 (where Lightning writes the module's ``train/`` values of the same window); each time is the sum over
-the micro-batches of the step's accumulation window (:class:`callbacks.step_window.StepWindow`), in
+the micro-batches of the step's accumulation window (:class:`grasp_lightning.callbacks.step_window.StepWindow`), in
 seconds (wall clock, ``time.perf_counter``; CUDA is synchronised at each boundary so asynchronous
 kernels are charged to the phase that launched them), on rank zero:
 
@@ -42,7 +42,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from callbacks.step_window import StepWindow
+from grasp_lightning.callbacks.step_window import StepWindow
 
 
 class StepTiming(L.Callback):

@@ -106,7 +106,7 @@ def require_complete(path: str | os.PathLike) -> None:
         raise GraspConfigError(
             f"checkpoint directory {path} has no {COMPLETE_MARKER}: its save did not finish (a crash or a kill "
             f"while writing), so it is refused. Resume from an earlier checkpoint; if the directory was written "
-            f"without callbacks.control.checkpoint.AtomicModelCheckpoint and you know it is whole, create the marker with "
+            f"without grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint and you know it is whole, create the marker with "
             f"grasp_lightning.checkpointing.write_marker")
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))["files"]

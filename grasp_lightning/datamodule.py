@@ -716,7 +716,7 @@ def ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 (DataLoader's w
     """DataLoader ``worker_init_fn``: workers ignore SIGTERM and SIGUSR1.
 
     SLURM and ``kill -- -PGID`` signal every process of a job; a worker killed by it would make the
-    main process fail before ``callbacks.control.preemption.Preemption`` saves its checkpoint. Workers
+    main process fail before ``grasp_lightning.callbacks.control.preemption.Preemption`` saves its checkpoint. Workers
     still exit when the main process shuts them down or dies (PyTorch's worker watchdog).
     """
     for sig in (signal.SIGTERM, signal.SIGUSR1):

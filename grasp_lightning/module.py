@@ -1,10 +1,10 @@
 """``GraspModule``: the LightningModule that holds the policy, the frozen reference model and a task.
 
-Training delegates the objective to the task plugin (``tasks.sft.SFTTask``,
-``tasks.grpo.GRPOTask``); validation and test decode answers for every evaluation suite
+Training delegates the objective to the task plugin (``grasp_lightning.tasks.sft.SFTTask``,
+``grasp_lightning.tasks.grpo.GRPOTask``); validation and test decode answers for every evaluation suite
 (GRASP-Bench, MMSI, ...) and hand them to ``module.suites``
 (:class:`~grasp_lightning.evaluation.suite.SuiteRunner`), which scores each with its own suite and
-metric (exact across ranks). Reports are written by the ``callbacks.bench.GraspBenchReport``
+metric (exact across ranks). Reports are written by the ``grasp_lightning.callbacks.bench.GraspBenchReport``
 callback from ``module.suites``.
 """
 
@@ -493,7 +493,7 @@ class GraspModule(L.LightningModule):
 
         On one process Lightning skips backward and step for ``None``; with several processes (DDP,
         DeepSpeed) every rank must still run the backward collective, so the micro-batch returns a
-        zero loss over the trainable weights instead (zero gradient). ``callbacks.control.guards.NonFiniteGuard``
+        zero loss over the trainable weights instead (zero gradient). ``grasp_lightning.callbacks.control.guards.NonFiniteGuard``
         stops the run after too many in a row.
         """
         self.nonfinite_losses += 1
@@ -604,11 +604,11 @@ class GraspModule(L.LightningModule):
 
         Raises:
             GraspConfigError: no callback of ``trainer.callbacks`` is a ``BasePredictionWriter``
-                (``callbacks.predictions.PredictionWriter`` in the recipes).
+                (``grasp_lightning.callbacks.predictions.PredictionWriter`` in the recipes).
         """
         if not any(isinstance(cb, BasePredictionWriter) for cb in self.trainer.callbacks):
             raise GraspConfigError("predict writes its answers through a prediction writer, and trainer.callbacks has "
-                                   "none: add `- class_path: callbacks.predictions.PredictionWriter` (as the recipes "
+                                   "none: add `- class_path: grasp_lightning.callbacks.predictions.PredictionWriter` (as the recipes "
                                    "in configs/ do)")
 
     def prediction_setup(self, prompt: dict) -> PredictionSetup:

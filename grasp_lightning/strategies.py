@@ -29,7 +29,7 @@ LoRA (a module whose ``trainable_only_checkpoints`` is true): DeepSpeed writes t
 :meth:`GraspDeepSpeedStrategy.save_checkpoint` keeps the frozen base out of it: see there.
 
 Resume: a sharded checkpoint directory is loaded only if it carries the completion marker that
-``callbacks.control.checkpoint.AtomicModelCheckpoint`` writes last
+``grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint`` writes last
 (:func:`grasp_lightning.checkpointing.require_complete`). DeepSpeed restores a checkpoint after
 the strategy's setup, by which time Lightning has built the train loader (to count the stepping
 batches for the LR schedule) and started it at the epoch's first batch; the loader is rebuilt after

@@ -4,7 +4,7 @@ The core knows no task by name. A task gets a :class:`TaskContext` (policy, toke
 reference model, rollout sampling settings, a cross-rank sum) and a batch, and returns a
 :class:`TaskOutput`: a loss, the metrics to log and, for tasks that sample, a typed
 :class:`RolloutRecord` the callbacks read. Configs select a task by ``class_path``
-(``tasks.sft.SFTTask``, ``tasks.grpo.GRPOTask``). A task owns its objective, including how its loss
+(``grasp_lightning.tasks.sft.SFTTask``, ``grasp_lightning.tasks.grpo.GRPOTask``). A task owns its objective, including how its loss
 is normalised under gradient accumulation, and nothing else: it never sees the trainer, the
 strategy, the DataModule or the processor. :class:`~grasp_lightning.module.GraspModule` is a
 ``TaskContext`` (structurally); tests pass small stand-ins.

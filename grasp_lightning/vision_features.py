@@ -16,7 +16,7 @@ unchanged; only the tower's work is skipped.
 Entries are found by content, not by position: a key is the medium, the grid ``(t, h, w)`` and an
 exact integer fingerprint of the grid's patch rows (the float bits summed with two position
 weightings in int64), so the lookup works for whichever layout asks (the ``B`` shared prompts, the
-``B*K`` naive rows, the groups :func:`tasks.grpo_rollouts.take_groups` keeps) and after a resume.
+``B*K`` naive rows, the groups :func:`grasp_lightning.tasks.grpo_rollouts.take_groups` keeps) and after a resume.
 The fingerprint is a hash: two different clips colliding on all of grid, patch count and both sums
 is not excluded, only far-fetched.
 

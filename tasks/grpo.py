@@ -22,7 +22,7 @@ of the loss's numerator; ``refill`` also draws further windows of prompts from t
 rollout batch holds as many groups with distinct rewards as the window has prompts, at most
 ``max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
 the first useful groups in sampling order, then, if the budget ran out, masked degenerate groups
-(:func:`tasks.grpo_rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
+(:func:`grasp_lightning.tasks.grpo_rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
 (never more than ``B`` prompts in one). Useful groups drawn beyond that are *drawn and unused*: sampled
 and scored (their rewards count in ``dynamic_sampling/reward_mean_tried``), not trained, not returned to
 the stream, and counted in ``dynamic_sampling/groups_unused``. In that sense no prompt is lost or seen
@@ -70,8 +70,7 @@ from grasp_lightning.shared_prompt import (
 )
 from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
-from grasp_lightning.vision_features import VisionFeatures, reuse_vision
-from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
+from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
     TOKEN_TENSORS,
     Rollout,
@@ -84,6 +83,7 @@ from tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-
     rollout_state,
     take_groups,
 )
+from grasp_lightning.vision_features import VisionFeatures, reuse_vision
 
 log = logging.getLogger(__name__)
 
@@ -471,9 +471,9 @@ class GRPOTask(Task):
         :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
 
         Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the window's prompt
-        count of groups (:func:`~tasks.grpo_rollouts.refill_selection`: useful ones first, masked degenerate
+        count of groups (:func:`~grasp_lightning.tasks.grpo_rollouts.refill_selection`: useful ones first, masked degenerate
         ones if the budget ran out) split evenly over the non-empty positions
-        (:func:`~tasks.grpo_rollouts.even_split`); none for a window with no prompt on this rank. Collective
+        (:func:`~grasp_lightning.tasks.grpo_rollouts.even_split`); none for a window with no prompt on this rank. Collective
         under refill: one ``cross_rank.sum`` per try, on every rank, an empty one included.
         """
         pad = _pad_id(ctx)

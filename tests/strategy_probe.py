@@ -18,14 +18,14 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from tasks.grpo import GRPOTask
+from grasp_lightning.tasks.grpo import GRPOTask
 
 #: Seed of the prompt with dataset index ``i``: ``PROMPT_SEED + i``.
 PROMPT_SEED = 10_000
 
 
 class PromptSeededGRPOTask(GRPOTask):
-    """:class:`tasks.grpo.GRPOTask` whose rollouts of a prompt come from torch's RNG seeded with
+    """:class:`grasp_lightning.tasks.grpo.GRPOTask` whose rollouts of a prompt come from torch's RNG seeded with
     ``PROMPT_SEED + dataset index`` (forked: the run's own RNG stream is untouched). Needs one
     prompt per generation call (``rollout_batch_prompts: 1``), since one call draws from one stream.
 

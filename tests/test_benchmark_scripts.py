@@ -165,3 +165,14 @@ def test_step_limit_prints_vision_forwards_step_time_and_scoring_peak() -> None:
     assert out["scoring_peak_ratio"] == pytest.approx(
         out["scoring_peak_bytes_after"] / out["scoring_peak_bytes_before"], abs=1e-4)
 
+
+
+def test_compiled_decode_prints_eager_and_compiled_tokens_per_second_with_the_same_tokens() -> None:
+    """``benchmarks/compiled_decode.py`` at a smoke size: both tiny families, eager and aot_eager-compiled decode."""
+    out = run_script(["benchmarks/compiled_decode.py", "--backends", "aot_eager", "--new-tokens", "4", "--repeats", "1",
+                      "--k", "2"], timeout=600)
+    assert out["k"] == 2 and out["new_tokens"] == 4 and sorted(out["families"]) == ["qwen3_5", "qwen3_vl"]
+    for rows in out["families"].values():
+        assert set(rows) == {"eager", "aot_eager"}
+        assert rows["aot_eager"]["same_tokens_as_eager"] is True and rows["aot_eager"]["tokens"] == rows["eager"]["tokens"]
+        assert all(r["tokens_per_s"] > 0 and r["best_s"] > 0 for r in rows.values())

@@ -63,7 +63,7 @@ def accumulated_fit(tmp_path_factory):
                        f"--trainer.max_steps={STEPS}", f"--trainer.accumulate_grad_batches={ACCUMULATE}",
                        "--data.batch_size=1", f"--model.rollout.num_generations={K}",
                        "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
-                       "--trainer.callbacks+=callbacks.rollout_samples.RolloutSamples",
+                       "--trainer.callbacks+=grasp_lightning.callbacks.rollout_samples.RolloutSamples",
                        "--trainer.callbacks.every_n_steps=1", "--trainer.callbacks.filename=every_step.jsonl",
                        "--trainer.callbacks+=tests.test_callbacks.WindowRecorder"], tmp_path)
     finally:

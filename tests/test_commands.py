@@ -80,7 +80,7 @@ def test_the_loader_instantiates_the_run_with_the_yaml_values(in_repo) -> None:
     """configs/sgr.yaml then configs/demo.yaml: the later file wins, every key as the YAML says."""
     sgr, demo = _yaml("configs/sgr.yaml", "configs/demo.yaml")
     run = load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"]))
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     task_args = sgr["model"]["task"]["init_args"]
     assert isinstance(run.task, GRPOTask) and run.task is run.module.task

@@ -56,8 +56,8 @@ FOLDERS = {CONFIGS: USES, WORLD_CONFIGS: WORLD_USES}  #: every recipe folder and
 PAIRINGS = [(folder, combo) for folder, uses in FOLDERS.items()
             for combo in sorted({combo for names in uses.values() for combo in names})]
 PAPER_RECIPES = ("sft", "sgr")  # the paper's stages; grpo.yaml is an overlay on sgr.yaml
-SAFETY = ("callbacks.control.checkpoint.AtomicModelCheckpoint", "callbacks.control.preemption.Preemption",
-          "callbacks.control.guards.NonFiniteGuard")
+SAFETY = ("grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint", "grasp_lightning.callbacks.control.preemption.Preemption",
+          "grasp_lightning.callbacks.control.guards.NonFiniteGuard")
 
 
 def _yaml(name: str, folder: Path = CONFIGS) -> dict:
@@ -142,7 +142,7 @@ def test_every_pairing_loads_with_the_yaml_values(folder, combo, in_repo, tmp_pa
         assert all(path in callbacks for path in SAFETY), callbacks
         assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}
     if "predict" in combo:
-        assert callbacks == ["callbacks.predictions.PredictionWriter"]
+        assert callbacks == ["grasp_lightning.callbacks.predictions.PredictionWriter"]
 
 
 def _as_tree(dotted: dict) -> dict:
@@ -218,3 +218,47 @@ def test_the_pipeline_config_loads_every_stage(demo, in_repo, tmp_path) -> None:
     for name in pipeline.final_validate or []:
         assert (REPO / name).is_file()
     assert pipeline.final_validate == (["configs/eval_suites.yaml"] if demo else None)
+
+
+# ------------------------------------------------------------------ shipped files from any directory
+def test_config_files_resolve_against_the_installation(tmp_path, monkeypatch) -> None:
+    from grasp_lightning.paths import resolve_config_args
+
+    monkeypatch.chdir(tmp_path)
+    shipped = str(REPO / "configs" / "sft.yaml")
+    assert resolve_config_args(["fit", "--config", "configs/sft.yaml", "--config=sgr.yaml", "--config", "nope.yaml",
+                                "--trainer.max_steps=2"]) == \
+        ["fit", "--config", shipped, f"--config={REPO / 'configs' / 'sgr.yaml'}", "--config", "nope.yaml",
+         "--trainer.max_steps=2"]
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "sft.yaml").write_text("seed_everything: 1\n")  # the user's own file wins
+    assert resolve_config_args(["--config", "configs/sft.yaml"]) == ["--config", "configs/sft.yaml"]
+
+
+def test_fit_from_another_directory_reads_the_shipped_recipe_and_demo_files(tmp_path, monkeypatch) -> None:
+    """The quickstart from a folder that has neither configs/ nor grasp_lightning/: the recipe and the overlay
+    by their repository paths and by bare name, and demo.yaml's ``grasp_lightning/assets/...`` values, resolve
+    against the installation; the run trains."""
+    from .conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli(["fit", "--config", "sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
+                   "--trainer.limit_val_batches=0", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "--data.bench=null"], tmp_path)
+    config = cli.config.fit
+    assert config.model.policy.name_or_path == str(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl")
+    assert config.data.processor == config.model.policy.name_or_path
+    assert config.data.root == str(REPO / "grasp_lightning" / "assets" / "sample")
+    assert type(cli.model.task).__module__ == "grasp_lightning.tasks.sft"
+    assert cli.trainer.global_step == 1
+
+
+def test_a_shipped_path_found_nowhere_names_itself_and_both_folders(tmp_path, monkeypatch) -> None:
+    from grasp_lightning.errors import GraspConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GraspConfigError) as e:
+        load_run(config_args(["configs/sft.yaml", "configs/demo.yaml"],
+                             {"model.policy.name_or_path": "grasp_lightning/assets/no-such-model"}))
+    assert str(e.value) == (f"model.policy.name_or_path: 'grasp_lightning/assets/no-such-model' exists neither "
+                            f"relative to the working directory ({tmp_path}) nor in the installation ({REPO})")

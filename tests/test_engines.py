@@ -96,7 +96,7 @@ def test_truncated_importance_weights_scale_the_clipped_term_before_the_kl():
 
 
 def test_sampler_gap_metrics_and_the_capped_weights():
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
@@ -119,7 +119,7 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
     from grasp_lightning.engines.config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
     from grasp_lightning.generation import RolloutConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
     assert isinstance(make_engine(RolloutConfig()), HFEngine)
@@ -414,7 +414,7 @@ def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predic
     from grasp_lightning.generation import RolloutConfig
     from grasp_lightning.module import EVALUATED_WEIGHTS, EvalConfig, GraspModule
     from grasp_lightning.policy import PolicyConfig
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     python = tmp_path / "python"
     python.write_text("")

@@ -114,7 +114,7 @@ def test_split_arms_set_only_the_three_changes(tmp_path) -> None:
     import inspect
 
     from grasp_lightning.generation import RolloutConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     task_args, rollout_args = set(inspect.signature(GRPOTask).parameters), set(inspect.signature(RolloutConfig).parameters)
     on = {"vision_once": ("task", "encode_vision_once", True), "chunked_logps": ("task", "logprob_chunk_size", 256),

@@ -27,7 +27,7 @@ from grasp_lightning.data.windows import Window
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions, RolloutConfig
 from grasp_lightning.task import CrossRank
-from tasks.grpo import GRPOTask, Rollout
+from grasp_lightning.tasks.grpo import GRPOTask, Rollout
 
 from .conftest import REPO, run_cli, scalars
 from .multiprocess import free_port
@@ -176,7 +176,7 @@ DAPO_SCRIPT = {(0,): ([1.0, 0.0], [3, 5]), (1,): ([0.0, 1.0], [2, 4]), (3,): ([1
 
 
 def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
-    import tasks.grpo as grpo_task
+    import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
     def fake_score(policy, prompt, ids, mask, k, temperature, shared, chunk_size=None, vision=None):
@@ -215,7 +215,7 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
     the second comes after an optimizer step (ratio != 1, against the cached old log-probs), and each
     prompt is sampled once."""
     import grasp_lightning.engines.base as engines_base
-    import tasks.grpo as grpo_task
+    import grasp_lightning.tasks.grpo as grpo_task
 
     calls: list[int] = []
     real = engines_base.sample_completions
@@ -430,7 +430,7 @@ class _TruncationTask(GRPOTask):
 def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, expected, monkeypatch, caplog):
     """A window of 2 micro-batches (1 prompt, K = 2): the warnings describe the whole step and name the
     settings to change."""
-    import tasks.grpo as grpo_task
+    import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
     monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared, *_: (

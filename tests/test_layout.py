@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("grasp_lightning", "tasks", "callbacks")
+PACKAGES = ("grasp_lightning", "tasks", "callbacks")  # folders; tasks/ and callbacks/ are grasp_lightning.tasks/.callbacks
+#: grasp_lightning/{tasks,callbacks}/__init__.py: the checkout's loaders of the top-level folders (not in a wheel)
+CHECKOUT_LOADERS = (REPO / "grasp_lightning" / "tasks" / "__init__.py", REPO / "grasp_lightning" / "callbacks" / "__init__.py")
 
 #: Rooms, lowest first. A module belongs to the first prefix it starts with (longest prefix wins).
 RANKS: dict[str, int] = {
@@ -45,8 +47,8 @@ RANKS: dict[str, int] = {
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,
     "grasp_lightning.generators": 6,
-    "tasks": 7,  # plugins: import the core, never each other's rooms
-    "callbacks": 7,
+    "grasp_lightning.tasks": 7,  # plugins: import the core, never each other's rooms
+    "grasp_lightning.callbacks": 7,
     "grasp_lightning.commands": 8,
     "grasp_lightning.__main__": 9,
 }
@@ -56,6 +58,8 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in ("tasks", "callbacks"):  # installed under the package (setup.cfg package_dir)
+        parts.insert(0, "grasp_lightning")
     return ".".join(parts)
 
 
@@ -87,7 +91,8 @@ def own_imports(path: Path, name: str) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "assets" not in p.parts]
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
+             if "assets" not in p.parts and p not in CHECKOUT_LOADERS]
     names = {module_name(p): p for p in files}
     edges = {}
     for name, path in names.items():
@@ -149,7 +154,7 @@ def test_the_core_imports_no_task_callback_command_or_generator() -> None:
     core = [m for m in edges if m.startswith("grasp_lightning") and RANKS[room(m)] <= RANKS["grasp_lightning.module"]]
     assert "grasp_lightning.module" in core and "grasp_lightning.data.formats" in core
     bad = sorted((src, dst) for src in core for dst in edges[src]
-                 if dst.split(".")[0] in ("tasks", "callbacks")
+                 if dst.startswith(("grasp_lightning.tasks", "grasp_lightning.callbacks"))
                  or dst.startswith(("grasp_lightning.commands", "grasp_lightning.generators", "grasp_lightning.planning")))
     assert not bad, bad
 
@@ -180,6 +185,63 @@ def test_lint_holds_what_the_conventions_promise() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "grasp_lightning", "tasks", "callbacks", "tests",
                            "benchmarks", "experiments"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+
+# ------------------------------------------------------------------ the installed package
+def setup_cfg():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return cfg
+
+
+def test_the_wheel_holds_tasks_callbacks_and_configs_under_grasp_lightning() -> None:
+    """setup.cfg lists every package of grasp_lightning/, tasks/ and callbacks/ (no more, no fewer), each
+    under ``grasp_lightning`` (the wheel's only top-level name), with tasks/, callbacks/ and configs/
+    mapped by ``package_dir``, and the recipes as package data."""
+    options = setup_cfg()["options"]
+    listed = [line for line in options["packages"].split() if not line.startswith("#")]
+    mapping = dict(line.replace(" ", "").split("=") for line in options["package_dir"].splitlines()
+                   if "=" in line and not line.lstrip().startswith("#"))
+    assert mapping == {"grasp_lightning.tasks": "tasks", "grasp_lightning.callbacks": "callbacks",
+                       "grasp_lightning.configs": "configs"}
+    found = {module_name(p.parent) for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")
+             if "assets" not in p.parts and p not in CHECKOUT_LOADERS}
+    assert sorted(listed) == sorted(found | {"grasp_lightning.configs"})
+    assert {name.split(".")[0] for name in listed} == {"grasp_lightning"}
+    assert "grasp_lightning.configs = *.yaml, */*.yaml" in (REPO / "setup.cfg").read_text()
+
+
+def test_grasp_lightning_tasks_and_callbacks_are_the_top_level_folders() -> None:
+    """In a checkout ``grasp_lightning.tasks`` and ``grasp_lightning.callbacks`` are tasks/ and callbacks/ (the
+    checkout loaders), and a config's class path ``grasp_lightning.tasks.grpo.GRPOTask`` is that file's class."""
+    from jsonargparse._util import import_object  # what resolves a config's class_path
+
+    import grasp_lightning.callbacks.control.guards as guards
+    import grasp_lightning.tasks as tasks_package
+    import grasp_lightning.tasks.grpo as grpo
+
+    assert Path(grpo.__file__) == REPO / "tasks" / "grpo.py"
+    assert Path(guards.__file__) == REPO / "callbacks" / "control" / "guards.py"
+    assert Path(tasks_package.__file__) == REPO / "tasks" / "__init__.py"
+    assert sys.modules["grasp_lightning.tasks"] is tasks_package and tasks_package.__doc__.startswith("Task plugins")
+    assert import_object("grasp_lightning.tasks.grpo.GRPOTask") is grpo.GRPOTask
+
+
+def test_no_code_outside_tests_imports_tests_or_the_old_top_level_names() -> None:
+    """``git grep "from tests|import tests" -- ':!tests'`` is empty, and no file names ``tasks.X`` or
+    ``callbacks.X`` as a module (imports, class paths, docs): they are ``grasp_lightning.tasks.X``."""
+    def grep(pattern: str, *paths: str) -> str:
+        proc = subprocess.run(["git", "grep", "-nP", pattern, "--", *paths], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode in (0, 1), proc.stderr
+        return proc.stdout
+
+    assert grep(r"from tests|import tests", ":!tests") == ""
+    old = r"(?<![\w./-])(tasks\.(sft|grpo|grpo_rollouts)\b|callbacks\.(bench|kl_logging|predictions|rollout_samples|" \
+          r"step_window|timing|control)\b)|^\s*(from|import) (tasks|callbacks)\b"
+    assert grep(old) == ""
 
 
 # ------------------------------------------------------------------ the README and the docs

@@ -35,7 +35,7 @@ IDS = torch.arange(3, 35).reshape(2, 16)
 
 def _every_two_steps(run: Path) -> list[str]:
     """A checkpoint every 2 optimizer steps, kept, and the step recorder of ``tests.deepspeed_cpu``."""
-    return ["--trainer.callbacks+=callbacks.control.checkpoint.AtomicModelCheckpoint",
+    return ["--trainer.callbacks+=grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint",
             f"--trainer.callbacks.init_args.dirpath={run / 'ckpt'}", "--trainer.callbacks.init_args.every_n_train_steps=2",
             "--trainer.callbacks.init_args.save_top_k=-1",
             "--trainer.callbacks+=tests.deepspeed_cpu.StepRecorder", f"--trainer.callbacks.init_args.out_dir={run / 'rec'}",

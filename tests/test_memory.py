@@ -498,10 +498,10 @@ def test_run_spec_defaults_are_the_codes(tmp_path) -> None:
     from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     minimal = tmp_path / "minimal.yaml"
-    minimal.write_text("model:\n  task:\n    class_path: tasks.grpo.GRPOTask\n")
+    minimal.write_text("model:\n  task:\n    class_path: grasp_lightning.tasks.grpo.GRPOTask\n")
     d, _ = load_spec(config_args([minimal]))
     policy, rollout = PolicyConfig(), RolloutConfig()
     task = inspect.signature(GRPOTask).parameters

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 class SigtermAt(L.Callback):
     """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
-    ``callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
+    ``grasp_lightning.callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
     step boundary and stops the run."""
 
     def __init__(self, step: int) -> None:

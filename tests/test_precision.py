@@ -107,7 +107,7 @@ def test_deepspeed_and_evaluation_keep_the_configured_dtype():
     from lightning.pytorch.strategies import DeepSpeedStrategy, SingleDeviceStrategy
 
     from grasp_lightning.module import GraspModule
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     module = GraspModule(SFTTask())
     deepspeed = object.__new__(DeepSpeedStrategy)

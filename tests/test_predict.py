@@ -82,7 +82,7 @@ def test_a_killed_predict_keeps_its_lines_and_the_same_command_finishes_it(tmp_p
 def test_predict_without_a_writer_and_a_corrupt_output_are_named(tmp_path, in_repo) -> None:
     cfg = tmp_path / "no_writer.yaml"
     cfg.write_text("trainer:\n  callbacks: []\n")
-    with pytest.raises(GraspConfigError, match="callbacks.predictions.PredictionWriter"):
+    with pytest.raises(GraspConfigError, match="grasp_lightning.callbacks.predictions.PredictionWriter"):
         run_cli([*README_PREDICT, "--config", str(cfg)], tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a"}\nnot json\n')
@@ -219,7 +219,7 @@ def test_a_checkpoint_is_part_of_the_setup(tmp_path, in_repo, caplog) -> None:
     (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
     out = tmp_path / "p.jsonl"
     args = ["predict", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.predict_limit=2",
-            f"--trainer.callbacks=[{{class_path: callbacks.predictions.PredictionWriter, init_args: {{output: {out}}}}}]"]
+            f"--trainer.callbacks=[{{class_path: grasp_lightning.callbacks.predictions.PredictionWriter, init_args: {{output: {out}}}}}]"]
     run_cli(args, tmp_path)
     run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)
     assert not answered(caplog)

@@ -208,7 +208,7 @@ def _row_inputs(inputs: dict, b: int, side: str) -> dict:
 
 
 def test_sft_on_a_mixed_batch_gives_each_row_its_own_logits_and_loss(qa_dir):
-    from tasks.sft import response_cross_entropy
+    from grasp_lightning.tasks.sft import response_cross_entropy
 
     batch, _ = _batch(qa_dir, "sft")
     model = load_model("qwen3_vl", noise=0.1).eval()

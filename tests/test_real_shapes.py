@@ -314,19 +314,19 @@ def test_sgr_from_the_export_has_correct_answers_in_every_group(sft_export, data
     token that completes ``</answer>`` or at the first sampled end id, never on the ``<|endoftext|>``
     padding that is also an end id)."""
     import grasp_lightning.engines.base
-    import tasks.grpo
+    import grasp_lightning.tasks.grpo
 
     recorder = _Recorder(grasp_lightning.engines.base.sample_completions)
     monkeypatch.setattr(grasp_lightning.engines.base, "sample_completions", recorder)
     rollouts = []  # (reward names, Rollout) of every group sampled by the task
-    real_rollout = tasks.grpo.GRPOTask.rollout
+    real_rollout = grasp_lightning.tasks.grpo.GRPOTask.rollout
 
     def rollout(self, module, batch):
         ro = real_rollout(self, module, batch)
         rollouts.append((list(self.rewards), ro))
         return ro
 
-    monkeypatch.setattr(tasks.grpo.GRPOTask, "rollout", rollout)
+    monkeypatch.setattr(grasp_lightning.tasks.grpo.GRPOTask, "rollout", rollout)
     budget = 24
     cli = _timed("SGR LoRA fit from the export, 2 steps (K=8)", [
         "fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",

@@ -97,17 +97,17 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     prompt forwards are those of the shared path."""
     import torch
 
-    import tasks.grpo
+    import grasp_lightning.tasks.grpo
     from grasp_lightning.commands.config import load_run
 
     rollouts = []
-    real_rollout = tasks.grpo.GRPOTask.rollout
+    real_rollout = grasp_lightning.tasks.grpo.GRPOTask.rollout
 
     def rollout(self, ctx, batch):
         rollouts.append(real_rollout(self, ctx, batch))
         return rollouts[-1]
 
-    monkeypatch.setattr(tasks.grpo.GRPOTask, "rollout", rollout)
+    monkeypatch.setattr(grasp_lightning.tasks.grpo.GRPOTask, "rollout", rollout)
     run = load_run(["--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
                     *standin_args(standin35, data_root, dtype="bfloat16"), "--data.batch_size=1",
                     f"--model.rollout.num_generations={K35}", f"--model.rollout.max_new_tokens={BUDGET35}",

@@ -148,7 +148,7 @@ def _fit(tmp_path, recipe: str, monkeypatch, task_class, steps: int):
 
 
 def test_released_sgr_trains_on_the_demo(in_repo, tmp_path, monkeypatch) -> None:
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     cli, seen = _fit(tmp_path, "sgr", monkeypatch, GRPOTask, steps=3)
     assert cli.trainer.global_step == 3 and len(seen) == 3
@@ -158,7 +158,7 @@ def test_released_sgr_trains_on_the_demo(in_repo, tmp_path, monkeypatch) -> None
 
 
 def test_released_sft_trains_on_the_demo_in_curriculum_order(in_repo, tmp_path, monkeypatch) -> None:
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     cli, seen = _fit(tmp_path, "sft", monkeypatch, SFTTask, steps=12)  # the whole epoch: 24 rows, 2 per step
     assert cli.trainer.global_step == 12 and len(seen) == 12

@@ -387,7 +387,7 @@ def test_a_reward_that_returns_no_finite_number_is_an_error_naming_it(text, show
     ("tests.test_rewards.NOT_A_FUNCTION", "is a int, not a function"),
 ])
 def test_bad_reward_entries_fail_at_task_init_naming_the_entry(entry: str, says: str) -> None:
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     with pytest.raises(GraspConfigError) as info:
         GRPOTask(rewards=["accuracy", entry], reward_weights=[1.0, 1.0])
@@ -404,7 +404,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     from types import SimpleNamespace
 
     import grasp_lightning.engines.base as engines_base
-    import tasks.grpo as grpo_task
+    import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.data.collate import Batch
     from grasp_lightning.generation import Completions, RolloutConfig
     from grasp_lightning.task import CrossRank
@@ -497,7 +497,7 @@ def test_a_batched_reward_is_called_once_without_the_broken_rollouts() -> None:
     ("tests.test_rewards:", "is not an import path"),
 ])
 def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_path, monkeypatch) -> None:
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     (tmp_path / "broken.py").write_text("def fn(completion, item):\n    return (\n")
     monkeypatch.chdir(tmp_path)
@@ -507,7 +507,7 @@ def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_pa
 
 
 def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeypatch) -> None:
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     (tmp_path / "a.py").write_text(FILE_REWARD)
     (tmp_path / "b.py").write_text(FILE_REWARD)
@@ -551,7 +551,7 @@ def test_enumerates_and_the_training_enumeration_rate() -> None:
     of the GRPO step metrics: among completions with gt that name someone, the share naming all shown."""
     from grasp_lightning.data.formats import persons_shown
     from grasp_lightning.rewards import enumerates
-    from tasks.grpo import _grounding_metrics
+    from grasp_lightning.tasks.grpo import _grounding_metrics
 
     item = make_item(events=(("gaze", (0, 1)),))  # the question names Person 3; options 0, 1, 2
     assert persons_shown(item) == {0, 1, 2, 3}

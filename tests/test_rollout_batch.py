@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import grasp_lightning.engines.base as engines_base
-import tasks.grpo as grpo_task
+import grasp_lightning.tasks.grpo as grpo_task
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
@@ -24,7 +24,7 @@ from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import Completions
 from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
-from tasks.grpo_rollouts import even_split
+from grasp_lightning.tasks.grpo_rollouts import even_split
 
 from .conftest import SAMPLE, TINY
 
@@ -561,7 +561,7 @@ def _empty_window_rank(rank: int) -> None:
     """Rank 0's whole window was skipped (2 empty micro-batches, every item unreadable); rank 1 is short (its
     prompt 10 is degenerate). Both go through ``GraspModule.training_step`` (no trainer: the step ends at the
     window's last micro-batch), both draw once, rank 0 trains nothing and no rank hangs."""
-    import tasks.grpo as grpo_module
+    import grasp_lightning.tasks.grpo as grpo_module
     from grasp_lightning.module import GraspModule
 
     def fake_score(policy, prompt, ids, mask, k, temperature, shared, *_):

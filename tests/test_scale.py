@@ -53,7 +53,7 @@ def _zero2(devices: int = 2) -> dict:
 def _sft_trainer(run: Path, accumulate: int, devices: int, zero2: bool, checkpoints: bool) -> dict:
     callbacks = [{"class_path": "tests.deepspeed_cpu.StepRecorder", "init_args": {"out_dir": str(run / "rec")}}]
     if checkpoints:
-        callbacks.insert(0, {"class_path": "callbacks.control.checkpoint.AtomicModelCheckpoint", "init_args": {
+        callbacks.insert(0, {"class_path": "grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint", "init_args": {
             "dirpath": str(run / "ckpt"), "every_n_train_steps": RESUME_AT, "save_top_k": -1}})
     trainer = {"devices": devices, "accumulate_grad_batches": accumulate, "max_steps": STEPS, "max_epochs": 2,
                "limit_val_batches": 0, "enable_progress_bar": False, "enable_model_summary": False,
@@ -279,7 +279,7 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     model; either way the KL of the first step is exactly 0, and it is not once the adapters moved."""
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     torch.manual_seed(0)
     module = GraspModule(GRPOTask(beta=0.05), policy=PolicyConfig(name_or_path=str(TINY), dtype="float32"),
@@ -307,7 +307,7 @@ def test_export_lora_checkpoint_merged_and_as_adapter(tmp_path):
     from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     policy, lora = PolicyConfig(name_or_path=str(TINY), dtype="float32"), LoraConfig(enabled=True)
     module = GraspModule(SFTTask(), policy=policy, lora=lora)
@@ -366,7 +366,7 @@ def test_adapter_export_of_a_relative_base_loads_from_any_directory(tmp_path, mo
     from grasp_lightning.commands.export import export_checkpoint
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     monkeypatch.chdir(TINY.parents[2])
     relative = str(TINY.relative_to(TINY.parents[2]))

@@ -155,7 +155,7 @@ def test_temporal_grounding_vision_placeholder_is_zero() -> None:
 
 def test_compute_rewards_with_the_temporal_term_and_the_task_weighting() -> None:
     """The five-term list through ``compute_rewards`` and ``GRPOTask.advantages``' weighted sum."""
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     item = make_item(((1.0, 3.0),), persons=(0, 1))
     completions = [

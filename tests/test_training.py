@@ -206,7 +206,7 @@ def _sft_run(tmp_path, max_steps, ckpt=None, save=None):
     from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import PolicyConfig
-    from tasks.sft import SFTTask
+    from grasp_lightning.tasks.sft import SFTTask
 
     seen = _Seen()
     module = GraspModule(SFTTask(), policy=PolicyConfig(name_or_path="grasp_lightning/assets/tiny-qwen3vl",
@@ -302,7 +302,7 @@ def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(fami
     first step has the loss and gradients of ``share_prompt: false`` (K repeated rows, like TRL)."""
     args = [*_one_sgr_step("sgr", "demo"), f"--model.policy.name_or_path={TINY_MODELS[family]}",
             "--trainer.callbacks+=tests.test_training.GradRecorder"]
-    with caplog.at_level(logging.WARNING, logger="tasks.grpo"):
+    with caplog.at_level(logging.WARNING, logger="grasp_lightning.tasks.grpo"):
         shared = run_cli(args, tmp_path / "shared")
     assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
     naive = run_cli([*args, "--model.task.init_args.share_prompt=false"], tmp_path / "naive")

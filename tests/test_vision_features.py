@@ -17,8 +17,8 @@ import torch
 
 from grasp_lightning import vision_features
 from grasp_lightning.shared_prompt import score_completions, select_prompts
+from grasp_lightning.tasks.grpo_rollouts import rollout_from_state, rollout_state, take_groups
 from grasp_lightning.vision_features import VisionFeatures, VisionForwardCounter, fingerprint, reuse_vision
-from tasks.grpo_rollouts import rollout_from_state, rollout_state, take_groups
 
 from .conftest import TINY_MODELS
 from .test_rollout_sharing import (  # noqa: F401
@@ -116,7 +116,7 @@ def _task_step(family: str, batch, once: bool, num_iterations: int = 1, checkpoi
     """One GRPO step (sampling, reference and policy scoring); completions, loss, grads, grids encoded, task."""
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask
 
     module = GraspModule(GRPOTask(beta=0.05, num_iterations=num_iterations, encode_vision_once=once,
                                   share_prompt=share),

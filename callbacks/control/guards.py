@@ -116,6 +116,6 @@ class NonFiniteGuard(L.Callback):
             recent = self.bad_steps[-self.bad_streak:]
             raise FloatingPointError(
                 f"{self.bad_streak} optimizer steps in a row had a non-finite loss or gradient "
-                f"(callbacks.control.guards.NonFiniteGuard max_consecutive={self.max_consecutive}); steps and dataset "
+                f"(grasp_lightning.callbacks.control.guards.NonFiniteGuard max_consecutive={self.max_consecutive}); steps and dataset "
                 f"indices: {recent}. Lower the learning rate, check these items, or resume from an earlier "
                 f"checkpoint.")

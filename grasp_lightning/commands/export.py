@@ -9,7 +9,7 @@
   are used. Put the ``--config`` options first (a saved config holds ``ckpt_path: null``).
 * ``--ckpt_path``: a Lightning ``.ckpt`` file or a DeepSpeed checkpoint directory (ZeRO-2/3; its
   shards are consolidated to float32 with Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``).
-  A directory without the completion marker of ``callbacks.control.checkpoint.AtomicModelCheckpoint`` is
+  A directory without the completion marker of ``grasp_lightning.callbacks.control.checkpoint.AtomicModelCheckpoint`` is
   refused.
 * ``--out``: the directory to write: ``save_pretrained`` of the policy and of the processor, plus
   ``export_info.json`` (source checkpoint, step, LoRA handling). ``from_pretrained`` loads it and the

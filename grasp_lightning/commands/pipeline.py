@@ -17,7 +17,7 @@ Layout of ``<run_dir>``::
     results.json, table*.md             the last stage's (or final validate's) benchmark report
 
 Re-running the same command skips finished stages and resumes an interrupted one from its newest
-``last.ckpt`` (written by ``ModelCheckpoint(save_last=True)`` or ``callbacks.control.preemption.Preemption``)
+``last.ckpt`` (written by ``ModelCheckpoint(save_last=True)`` or ``grasp_lightning.callbacks.control.preemption.Preemption``)
 at the step where it stopped. ``launcher: subprocess`` (default) runs each stage in a fresh
 ``python -m grasp_lightning pipeline ... --only <stage>`` process (clean accelerator memory,
 multi-GPU launchers work as for ``fit``); ``inprocess`` runs them in this process.
@@ -39,6 +39,7 @@ from typing import Any
 from grasp_lightning.commands.config import override_args
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.evaluation.reports import write_json_atomic
+from grasp_lightning.paths import resolve_config_args
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
     try:
         trainer.fit(module, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None,
                     weights_only=cli.config.get("weights_only"))  # the recipe's setting, as `fit` would use
-    except SystemExit as e:  # Lightning's SIGTERMException after callbacks.control.preemption.Preemption saved last.ckpt
+    except SystemExit as e:  # Lightning's SIGTERMException after grasp_lightning.callbacks.control.preemption.Preemption saved last.ckpt
         raise PipelineInterrupted(f"stage {root.name} stopped at step {trainer.global_step} "
                                   f"({type(e).__name__})") from e
     if trainer.interrupted or trainer.state.status != TrainerStatus.FINISHED:
@@ -368,7 +369,7 @@ def build_parser():
 def pipeline_from_args(argv: list[str]) -> tuple[Pipeline, str | None]:
     """``(pipeline, only)`` from command-line arguments (``--demo true`` applied)."""
     parser = build_parser()
-    cfg = parser.instantiate_classes(parser.parse_args(argv))
+    cfg = parser.instantiate_classes(parser.parse_args(resolve_config_args(argv)))
     demo: DemoSettings = cfg.demo_settings
     run_dir, common_configs = cfg.run_dir, list(cfg.common_configs)
     common_overrides, final_validate = dict(cfg.common_overrides), cfg.final_validate

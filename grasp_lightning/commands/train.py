@@ -23,6 +23,7 @@ from typing_extensions import override
 from grasp_lightning.datamodule import GraspDataModule
 from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
+from grasp_lightning.paths import resolve_config_args, resolve_package_paths
 
 
 class GraspTrainer(L.Trainer):
@@ -85,10 +86,13 @@ class GraspCLI(LightningCLI):
             self._arguments(self.parser)
 
     def before_instantiate_classes(self) -> None:
-        """Move the outputs under ``run_dir`` (when given)."""
+        """Resolve the values naming shipped files (``grasp_lightning/assets/...``) from any working
+        directory (:func:`grasp_lightning.paths.resolve_package_paths`); move the outputs under
+        ``run_dir`` (when given)."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        resolve_package_paths(config)
         if self._run_dir is None:
             return
-        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         trainer = config.trainer
         trainer.default_root_dir = str(self._run_dir)
         logger = trainer.get("logger")
@@ -108,7 +112,9 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
 
     Args:
         args: command-line arguments (``["fit", "--config", ...]``; without the subcommand when
-            ``run`` is false).
+            ``run`` is false). A ``--config`` file the working directory lacks is read from the
+            installation (``configs/sft.yaml`` or ``sft.yaml`` from any directory:
+            :func:`grasp_lightning.paths.resolve_config_args`).
         run: parse a subcommand and run it; ``False``: parse and instantiate only (the caller runs
             ``cli.trainer.fit(cli.model, datamodule=cli.datamodule)`` or reads the objects).
         prog: the program name in the usage line (e.g. ``python -m grasp_lightning check-data``).
@@ -117,8 +123,9 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
     Returns:
         The CLI (``cli.model``, ``cli.datamodule``, ``cli.trainer``, ``cli.config``, ``cli.config_init``).
     """
-    args = list(args)
-    if run and args == sys.argv[1:]:
+    args, command_line = resolve_config_args(args), list(args) == sys.argv[1:]
+    if run and command_line:
+        sys.argv[1:] = args  # --config files of the installation as absolute paths, also for re-launched ranks
         args = None  # the command line itself: LightningCLI reads sys.argv (and does not warn that it sees both)
     kwargs = dict(args=args, run=run, trainer_class=GraspTrainer, save_config_kwargs={"overwrite": True},
                   auto_configure_optimizers=False,

@@ -1,0 +1,12 @@
+"""``grasp_lightning.tasks`` in a checkout: the repository's top-level ``tasks/`` folder.
+
+A built wheel holds ``tasks/`` itself at this place (setup.cfg ``package_dir``), so this file is not
+in it. In a checkout (an editable install, or the repository root on ``sys.path``) this file loads
+``tasks/__init__.py`` as ``grasp_lightning.tasks``, with ``tasks/`` as its search path, and puts it
+in its own place in ``sys.modules`` (the import system's documented way for a module to replace
+itself), so ``grasp_lightning.tasks.*`` are the same module objects from a checkout and from a wheel.
+"""
+
+from grasp_lightning._checkout import load_folder_package
+
+load_folder_package(__name__, "tasks")

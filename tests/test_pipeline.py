@@ -81,9 +81,10 @@ def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(tiny_model_pa
     first, resumed = sorted((run / "stages" / "sgr" / "logs").glob("version_*"))
     steps_before = [s for s, _ in scalars(first)["train/loss"]]
     steps_after = [s for s, _ in scalars(resumed)["train/loss"]]
-    # Preemption stops inside the 2nd batch's end hooks, before Lightning logs that batch: 1 loss logged before,
-    # then the resumed run makes exactly the 2 missing optimizer steps (3 and 4), logged at steps 2 and 3
-    assert steps_before == [0] and steps_after == [2, 3]
+    # Preemption stops inside the 2nd batch's end hooks, after that optimizer step and its metrics (the module
+    # writes a step's metrics at its last micro-batch): 2 losses logged before, then the resumed run makes
+    # exactly the 2 missing optimizer steps (3 and 4), logged at steps 2 and 3
+    assert steps_before == [0, 1] and steps_after == [2, 3]
     # each stage starts from the previous export; the GRPO reference is that starting policy (KL 0 at step 0)
     config = yaml.safe_load((first / "config.yaml").read_text())
     assert config["model"]["policy"]["name_or_path"] == str(sft_export)

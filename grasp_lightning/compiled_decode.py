@@ -24,7 +24,7 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
 from transformers.generation import CompileConfig
 
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.shared_prompt import TEXT_KEYS, VISION_KEYS, _rope_deltas, vl_core
+from grasp_lightning.shared_prompt import TEXT_KEYS, VISION_KEYS, _rope_deltas, repeat_linear_states, vl_core
 
 KEY = "model.rollout.compile_decode"
 
@@ -70,13 +70,7 @@ def expand_static_cache(cache: StaticCache, k: int) -> None:
     """
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            for idx in range(layer.number_of_states):
-                if layer.is_conv_states_initialized[idx]:
-                    layer.conv_states[idx] = layer.conv_states[idx].repeat_interleave(k, 0)
-                if layer.is_recurrent_states_initialized[idx]:
-                    layer.recurrent_states[idx] = layer.recurrent_states[idx].repeat_interleave(k, 0)
-            if hasattr(layer, "batch_size"):
-                layer.batch_size *= k
+            repeat_linear_states(layer, k)
         if isinstance(layer, StaticLayer) and layer.is_initialized:
             layer.keys = layer.keys.repeat_interleave(k, 0)
             layer.values = layer.values.repeat_interleave(k, 0)

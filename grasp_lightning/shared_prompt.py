@@ -78,9 +78,15 @@ def vl_core(model) -> torch.nn.Module | None:
 
     Looks through a peft wrapper (``get_base_model``) and the ``*ForConditionalGeneration.model`` level.
     """
+    return inner_module(model, "get_rope_index", "rope_deltas")
+
+
+def inner_module(model, *attributes: str) -> torch.nn.Module | None:
+    """The first of ``model`` (through a peft wrapper, ``get_base_model``) and its ``.model`` level that has
+    every one of ``attributes``, or ``None``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     for candidate in (base, getattr(base, "model", None)):
-        if candidate is not None and hasattr(candidate, "get_rope_index") and hasattr(candidate, "rope_deltas"):
+        if candidate is not None and all(hasattr(candidate, name) for name in attributes):
             return candidate
     return None
 
@@ -255,6 +261,19 @@ class SharedPrefixCache(Cache):
         return SharedPrefixCache(layers)
 
 
+def repeat_linear_states(layer, k: int) -> None:
+    """Repeat a linear-attention cache layer's convolution and recurrent states K times along the batch
+    (rows ``b*K .. b*K+K-1``), re-assigned rather than copied into the old buffers; its ``batch_size``
+    follows where it has one. ``layer``: a transformers ``LinearAttentionCacheLayerMixin``."""
+    for idx in range(layer.number_of_states):
+        if layer.is_conv_states_initialized[idx]:
+            layer.conv_states[idx] = layer.conv_states[idx].repeat_interleave(k, 0)
+        if layer.is_recurrent_states_initialized[idx]:
+            layer.recurrent_states[idx] = layer.recurrent_states[idx].repeat_interleave(k, 0)
+    if hasattr(layer, "batch_size"):
+        layer.batch_size *= k
+
+
 def expand_cache(cache: Cache, k: int) -> None:
     """Repeat every row of a filled ``DynamicCache`` K times in place (rows ``b*K .. b*K+K-1``).
 
@@ -264,13 +283,7 @@ def expand_cache(cache: Cache, k: int) -> None:
     """
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            for idx in range(layer.number_of_states):
-                if layer.is_conv_states_initialized[idx]:
-                    layer.conv_states[idx] = layer.conv_states[idx].repeat_interleave(k, 0)
-                if layer.is_recurrent_states_initialized[idx]:
-                    layer.recurrent_states[idx] = layer.recurrent_states[idx].repeat_interleave(k, 0)
-            if hasattr(layer, "batch_size"):
-                layer.batch_size *= k
+            repeat_linear_states(layer, k)
         if isinstance(layer, CacheLayerMixin):  # keys/values (also of a layer holding both kinds)
             layer.batch_repeat_interleave(k)
 

@@ -53,11 +53,9 @@ def vision_core(model) -> torch.nn.Module | None:
 
     Looks through a peft wrapper (``get_base_model``) and the ``*ForConditionalGeneration.model`` level.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for candidate in (base, getattr(base, "model", None)):
-        if candidate is not None and hasattr(candidate, "visual") and hasattr(candidate, "get_video_features"):
-            return candidate
-    return None
+    from grasp_lightning.shared_prompt import inner_module  # shared_prompt imports this module
+
+    return inner_module(model, "visual", "get_video_features")
 
 
 def trained_vision_parameters(model) -> list[str]:

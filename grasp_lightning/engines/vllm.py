@@ -112,11 +112,8 @@ def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: 
     from grasp_lightning.shared_prompt import vl_core
 
     core = vl_core(policy)
-    out = core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True)
-    main = out.pooler_output
-    main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, video_grid_thw)))
-    deep = [list(d) for d in (getattr(out, "deepstack_features", None) or [])]
-    return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
+    return _per_item(core, core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True),
+                     video_grid_thw)
 
 
 def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
@@ -134,11 +131,17 @@ def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.T
     from grasp_lightning.shared_prompt import vl_core
 
     core = vl_core(policy)
-    out = core.get_image_features(pixel_values, image_grid_thw, return_dict=True)
-    main = out.pooler_output
-    main = list(main) if isinstance(main, (list, tuple)) else list(torch.split(main, _sizes(core, image_grid_thw)))
-    deep = [list(d) if isinstance(d, (list, tuple)) else list(torch.split(d, _sizes(core, image_grid_thw)))
-            for d in (getattr(out, "deepstack_features", None) or [])]
+    return _per_item(core, core.get_image_features(pixel_values, image_grid_thw, return_dict=True), image_grid_thw)
+
+
+def _per_item(core, out, grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    """The tower's output ``out`` (main ``pooler_output`` and ``deepstack_features``, each a tensor over all
+    items or a per-item list) as one ``(N_i / merge², hidden * (1 + levels))`` tensor per item of ``grid_thw``."""
+    def split(x):
+        return list(x) if isinstance(x, (list, tuple)) else list(torch.split(x, _sizes(core, grid_thw)))
+
+    main = split(out.pooler_output)
+    deep = [split(d) for d in (getattr(out, "deepstack_features", None) or [])]
     return [torch.cat([m] + [d[i] for d in deep], dim=-1) for i, m in enumerate(main)]
 
 

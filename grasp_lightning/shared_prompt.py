@@ -59,7 +59,7 @@ from transformers.cache_utils import (
 from grasp_lightning import grpo
 from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.vision_features import VisionFeatures, reuse_vision
+from grasp_lightning.vision_features import VisionFeatures, inner_module, reuse_vision
 
 #: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -79,16 +79,6 @@ def vl_core(model) -> torch.nn.Module | None:
     Looks through a peft wrapper (``get_base_model``) and the ``*ForConditionalGeneration.model`` level.
     """
     return inner_module(model, "get_rope_index", "rope_deltas")
-
-
-def inner_module(model, *attributes: str) -> torch.nn.Module | None:
-    """The first of ``model`` (through a peft wrapper, ``get_base_model``) and its ``.model`` level that has
-    every one of ``attributes``, or ``None``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for candidate in (base, getattr(base, "model", None)):
-        if candidate is not None and all(hasattr(candidate, name) for name in attributes):
-            return candidate
-    return None
 
 
 def sharing_unsupported_reason(model, prompt: dict[str, torch.Tensor]) -> str | None:

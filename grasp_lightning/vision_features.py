@@ -48,13 +48,21 @@ _WARNED: set[int] = set()  # towers whose training was reported (once each)
 _SAME_TOWER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def inner_module(model, *attributes: str) -> torch.nn.Module | None:
+    """The first of ``model`` (through a peft wrapper, ``get_base_model``) and its ``.model`` level that has
+    every one of ``attributes``, or ``None``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for candidate in (base, getattr(base, "model", None)):
+        if candidate is not None and all(hasattr(candidate, name) for name in attributes):
+            return candidate
+    return None
+
+
 def vision_core(model) -> torch.nn.Module | None:
     """The module holding ``visual`` and the ``get_*_features`` methods (``Qwen3VLModel``), or ``None``.
 
     Looks through a peft wrapper (``get_base_model``) and the ``*ForConditionalGeneration.model`` level.
     """
-    from grasp_lightning.shared_prompt import inner_module  # shared_prompt imports this module
-
     return inner_module(model, "visual", "get_video_features")
 
 

@@ -7,7 +7,7 @@ sets to the same number. With ``accumulate_grad_batches = 4`` the gradient DeepS
 clips would be 1/16 of the mean micro-batch gradient instead of 1/4 (Lightning issue #6170;
 transformers PR #35808 fixed the same double scaling in its Trainer). This subclass calls
 ``engine.backward(loss, scale_wrt_gas=False)`` in automatic optimisation, so a DeepSpeed run and a
-plain run with the same global batch take the same optimizer steps (``tests/test_scale.py``
+plain run with the same global batch take the same optimizer steps (``tests/cli/test_scale.py``
 measures both gradient norms and losses).
 
 Stepping is unchanged: Lightning calls ``engine.step()`` after every micro-batch (the strategy

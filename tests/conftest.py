@@ -110,7 +110,7 @@ def pytest_terminal_summary(terminalreporter):
         return
     import sys
 
-    module = sys.modules.get("tests.test_real_shapes")
+    module = sys.modules.get("tests.real_shapes.test_qwen3_vl")
     terminalreporter.section("real-shape tier: run times and peak memory")
     for name, seconds in (getattr(module, "TIMES", None) or {}).items():
         terminalreporter.write_line(f"{seconds:7.1f} s  {name}")

@@ -9,7 +9,7 @@ code. The first run compiles DeepSpeed's CPU communication op
 (about 30 s; cached under ``~/.cache/torch_extensions`` afterwards).
 
 ``StepRecorder`` writes, per rank and micro-batch, what the resume and accumulation tests compare.
-Select both from a config by class path (``tests.deepspeed_cpu.CPUDeepSpeedStrategy``); the
+Select both from a config by class path (``grasp_lightning.strategies.CPUDeepSpeedStrategy``); the
 ``tests`` package is importable when commands run from the repository root.
 """
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def free_port() -> int:

@@ -25,19 +25,19 @@ RANKS: dict[str, int] = {
     "grasp_lightning": 0,  # the package root: version only
     "grasp_lightning.errors": 0,
     "grasp_lightning.parsing": 1,
-    "grasp_lightning.grpo": 1,
+    "grasp_lightning.grpo_math": 1,
     "grasp_lightning.loggers": 1,  # texts, tables, histograms, images to every Lightning logger (imports none of ours)
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
-    "grasp_lightning.engines.config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
+    "grasp_lightning.engines.vllm_config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.rewards": 3,
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
     "grasp_lightning.shared_prompt": 3,
     "grasp_lightning.compiled_decode": 3,  # the HF engine's static cache and compiled decode step
-    "grasp_lightning.generation": 3,
+    "grasp_lightning.decoding": 3,
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,
     "grasp_lightning.predictions": 3,  # predict's records
@@ -46,7 +46,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,
-    "grasp_lightning.generators": 6,
+    "grasp_lightning.synthetic": 6,
     "grasp_lightning.tasks": 7,  # plugins: import the core, never each other's rooms
     "grasp_lightning.callbacks": 7,
     "grasp_lightning.commands": 8,
@@ -155,7 +155,7 @@ def test_the_core_imports_no_task_callback_command_or_generator() -> None:
     assert "grasp_lightning.module" in core and "grasp_lightning.data.formats" in core
     bad = sorted((src, dst) for src in core for dst in edges[src]
                  if dst.startswith(("grasp_lightning.tasks", "grasp_lightning.callbacks"))
-                 or dst.startswith(("grasp_lightning.commands", "grasp_lightning.generators", "grasp_lightning.planning")))
+                 or dst.startswith(("grasp_lightning.commands", "grasp_lightning.synthetic", "grasp_lightning.planning")))
     assert not bad, bad
 
 

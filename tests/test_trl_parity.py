@@ -1,4 +1,4 @@
-"""Parity of grasp_lightning.grpo with TRL 1.16's own GRPO code on identical tensors.
+"""Parity of grasp_lightning.grpo_math with TRL 1.16's own GRPO code on identical tensors.
 
 The loss comes from TRL's real ``GRPOTrainer._compute_loss``, called on an instance built with
 ``object.__new__`` (no model, no datasets) whose ``_get_per_token_logps_and_entropies`` is replaced
@@ -20,7 +20,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 from trl.trainer.utils import selective_log_softmax as trl_selective_log_softmax  # noqa: E402
 
-from grasp_lightning.grpo import group_advantages, grpo_loss, selective_log_softmax  # noqa: E402
+from grasp_lightning.grpo_math import group_advantages, grpo_loss, selective_log_softmax  # noqa: E402
 
 K, G, L, MAX_LEN = 4, 3, 7, 7
 TOL = dict(rtol=1e-5, atol=1e-5)

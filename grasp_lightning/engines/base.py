@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grasp_lightning.generation import Completions, RolloutConfig, sample_completions
+from grasp_lightning.decoding import Completions, RolloutConfig, sample_completions
 
 
 class RolloutEngine:
@@ -34,7 +34,7 @@ class RolloutEngine:
                 the weights updates it first when its copy is older.
 
         Returns:
-            :class:`~grasp_lightning.generation.Completions` with ``N = B * K`` rows.
+            :class:`~grasp_lightning.decoding.Completions` with ``N = B * K`` rows.
         """
         raise NotImplementedError
 
@@ -56,7 +56,7 @@ class RolloutEngine:
                 weights updates it first when its copy is another.
 
         Returns:
-            :class:`~grasp_lightning.generation.Completions` with ``B`` rows.
+            :class:`~grasp_lightning.decoding.Completions` with ``B`` rows.
         """
         raise NotImplementedError
 
@@ -65,7 +65,7 @@ class RolloutEngine:
 
 
 class HFEngine(RolloutEngine):
-    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`),
+    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.decoding.sample_completions`),
     eager or with ``model.rollout.compile_decode``'s static cache and compiled decode step; nothing to sync,
     nothing to close."""
 

@@ -5,7 +5,7 @@ item of the suite's annotation file(s) into a :class:`~grasp_lightning.data.reco
 (question text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the task),
 so the GRASP prompt, decoding and collate path serve every suite unchanged. :meth:`EvalSuite.score`
 turns one completion into a JSON-ready record with ``task``, ``target``, ``predicted`` and
-``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`TaskAccuracy` sums them per
+``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`CategoryAccuracy` sums them per
 task with sum-reduced states (exact across ranks); :meth:`EvalSuite.log_values` names the logged
 values, :meth:`EvalSuite.markdown` renders the table and :meth:`EvalSuite.report` /
 :meth:`EvalSuite.figures` give what ``grasp_lightning.callbacks.bench.GraspBenchReport`` writes.
@@ -270,7 +270,7 @@ class EvalSuite:
 
     def metric(self) -> Metric:
         """A fresh metric over :attr:`tasks` (call after :meth:`load`)."""
-        return TaskAccuracy(self.tasks)
+        return CategoryAccuracy(self.tasks)
 
     def compute(self, metric: Metric) -> dict[str, float]:
         """The metric's values plus ``not_evaluated/<task>`` and ``not_evaluated/overall`` counts."""
@@ -315,7 +315,7 @@ class EvalSuite:
 
 
 # ---------------------------------------------------------------------- metric
-class TaskAccuracy(Metric):
+class CategoryAccuracy(Metric):
     """Accuracy per task, mean over tasks and pooled, with partial credit; exact across ranks.
 
     States (all ``dist_reduce_fx="sum"``): ``score_sum`` float64 ``(T,)``, ``total`` and
@@ -356,7 +356,7 @@ class TaskAccuracy(Metric):
         """
         keep = [True] * len(records) if valid is None else [bool(v) for v in valid.tolist()]
         if len(keep) != len(records):
-            raise ValueError(f"TaskAccuracy: {len(records)} records but valid has {len(keep)} rows")
+            raise ValueError(f"CategoryAccuracy: {len(records)} records but valid has {len(keep)} rows")
         for record, ok in zip(records, keep):
             if not ok:
                 continue

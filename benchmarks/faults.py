@@ -52,7 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
-sys.path.insert(0, str(REPO))  # tests.recorders (class paths of the runs' callbacks)
+sys.path.insert(0, str(REPO))  # benchmarks.fault_callbacks (class paths of the runs' callbacks)
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
         "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

@@ -57,9 +57,9 @@ from grasp_lightning import grpo_math
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.formats import persons_shown
 from grasp_lightning.data.records import GraspItem
+from grasp_lightning.decoding import RolloutConfig
 from grasp_lightning.engines import engine_of
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.decoding import RolloutConfig
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (

@@ -1,22 +1,79 @@
-"""Builders of tiny GRASP data for the data tests: mp4 clips (PyAV), tar shards, JSONL rows, bench items.
+"""Shared test code, the one module tests import besides the library (conftest.py keeps the fixtures).
 
-Rows follow ``docs/data-format.md`` exactly. Each synthetic frame ``i`` is a flat grey of level
-:func:`frame_level` so a test can tell which source frame was decoded.
+- Paths of the shipped assets (:data:`REPO`, :data:`TINY`, :data:`TINY35`, :data:`SAMPLE`) and the
+  in-process CLI runner :func:`run_cli`; TensorBoard readers :func:`scalars` and :func:`event_tags`.
+- Builders of tiny GRASP data: mp4 clips (PyAV), tar shards, JSONL rows, bench items, QA datasets.
+  Rows follow ``docs/data-format.md`` exactly. Each synthetic frame ``i`` is a flat grey of level
+  :func:`frame_level` so a test can tell which source frame was decoded.
+- Several CPU processes over gloo with a hard timeout (:func:`free_port`, :func:`launch_ranks`,
+  :func:`wait_ranks`, :func:`spawn_ranks`), so a hang fails instead of blocking.
+- Recorders passed to the CLI by class path (``--trainer.callbacks+=tests.helpers.<Name>``), and the
+  shared pieces of several test files (models, prompts, tolerances, stand-in runs).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
+from grasp_lightning.data.records import ClipRef, GraspItem, SocialEvent
+from grasp_lightning.evaluation.grasp_score import score_completion
 from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
+#: The offline tiny hybrid Qwen3.5 (3 Gated DeltaNet linear-attention layers + 1 full-attention layer).
+TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
+#: Both tiny model families, for tests parametrised over them (``@pytest.mark.parametrize("family", FAMILIES)``).
+TINY_MODELS = {"qwen3_vl": TINY, "qwen3_5": TINY35}
+FAMILIES = tuple(TINY_MODELS)
+SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
+
+
+def run_cli(args: list[str], tmp_path: Path):
+    """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI
+    (built by :func:`grasp_lightning.commands.train.build_cli`, exactly as the command builds it)."""
+    from grasp_lightning.commands.train import build_cli
+
+    extra = [f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.default_root_dir={tmp_path}"]
+    return build_cli([*args, *extra])
+
+
+def scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of the TensorBoard event files under ``log_dir`` (read with EventAccumulator)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
+    """Tags of every kind (scalars, images, histograms, tensors) in the event files under ``log_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return acc.Tags()
 
 
 def _real_clip() -> Path:
@@ -199,3 +256,537 @@ def make_qa_dataset(folder: Path, *, name: str = "qa.jsonl", rows: list[Any] | N
                 qa_row(id="qa_0004", video="media/clip.mp4", answer="D", category="gesture",
                        response=QA_ANSWER.replace(">B<", ">D<"))]
     return write_jsonl(folder / name, rows)
+
+
+def free_port() -> int:
+    """A TCP port free on ``127.0.0.1`` now (the OS picks it; another process may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_log(log: Path, rank: int) -> Path:
+    """Where :func:`launch_ranks` writes rank ``rank``'s output: ``<log>.rank<rank>.log``."""
+    return log.with_suffix(f".rank{rank}.log")
+
+
+def launch_ranks(args: list[str], log: Path, world: int = 2, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Start ``python -m grasp_lightning <args>`` once per rank from the repository root.
+
+    Args:
+        args: the command's arguments (``["fit", "--config", ...]``).
+        log: base path of the per-rank logs (:func:`rank_log`).
+        world: number of ranks (one node).
+        env: extra environment variables for every rank.
+
+    Returns:
+        The rank processes, index = rank; pass them to :func:`wait_ranks`.
+    """
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        rank_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world), "RANK": str(rank),
+                    "LOCAL_RANK": str(rank), "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "GRASP_LOG_LEVEL": "WARNING",
+                    **(env or {})}
+        with open(rank_log(log, rank), "w") as out:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=rank_env,
+                                          stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _tails(log: Path, world: int, chars: int) -> str:
+    parts = []
+    for rank in range(world):
+        path = rank_log(log, rank)
+        text = path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+        parts.append(f"---- rank {rank} ({path}) ----\n{text}")
+    return "\n".join(parts)
+
+
+def wait_ranks(procs: list[subprocess.Popen], log: Path, timeout: float, chars: int = 3000) -> float:
+    """Wait for every rank; kill them all and fail if any is still running after ``timeout`` seconds
+    (a rank that died leaves the others blocked in their next collective) or exited non-zero.
+
+    Returns:
+        The seconds waited.
+
+    Raises:
+        AssertionError: a timeout or a non-zero exit, with the last ``chars`` characters of every rank's log.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            for q in procs:
+                q.wait()
+            raise AssertionError(f"{log.name}: still running after {timeout:.0f} s, all ranks killed\n"
+                                 + _tails(log, len(procs), chars)) from None
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        raise AssertionError(f"{log.name}: exit codes {codes}\n" + _tails(log, len(procs), chars))
+    return time.monotonic() - t0
+
+
+def spawn_ranks(fn, args: tuple, nprocs: int, timeout: float) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` (``fn(rank, *args)`` in each process) with a
+    hard ``timeout`` in seconds: the processes still running then are killed and the call fails.
+
+    Raises:
+        AssertionError: a process still ran after ``timeout`` seconds.
+        torch.multiprocessing.ProcessRaisedException: a process raised (its traceback in the message).
+    """
+    import torch.multiprocessing as mp
+
+    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            alive = [p for p in context.processes if p.is_alive()]
+            for p in alive:
+                p.kill()
+            raise AssertionError(f"{len(alive)} of {nprocs} processes still running after {timeout:.0f} s: killed")
+
+
+def _global_grad_norm(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
+    engine = trainer.model if hasattr(trainer.model, "get_global_grad_norm") else None
+    if engine is not None:
+        norm = engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+    return getattr(pl_module, "_recorded_grad_norm", None)
+
+
+class StepRecorder(L.Callback):
+    """Record per micro-batch: rank, global step, batch index, dataset indices, the task's loss,
+    the learning rate, one draw from torch's global RNG (after the step, as sampling would) and,
+    at accumulation boundaries, the pre-clipping global gradient norm. On train end rank 0 saves
+    the policy's logits on a fixed token sequence (``final_logits.pt``).
+
+    Args:
+        out_dir: where ``steps_rank{r}.jsonl`` and ``final_logits.pt`` are written (appended to,
+            so a stopped and a resumed run land in one file).
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        # Plain (non-DeepSpeed) runs: the accumulated, unclipped gradient is on the parameters here.
+        grads = [p.grad.detach().float().norm() for p in pl_module.parameters() if p.grad is not None]
+        pl_module._recorded_grad_norm = float(torch.stack(grads).norm()) if grads else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        boundary = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        metrics = out.metrics if out is not None else {}
+        row = {"rank": trainer.global_rank, "global_step": trainer.global_step, "batch_idx": batch_idx,
+               "epoch": trainer.current_epoch, "indices": list(batch.indices),
+               "loss": float(out.loss.detach()) if out is not None and out.loss is not None else None,
+               "kl": float(metrics["kl"]) if "kl" in metrics else None,
+               "lr": float(trainer.optimizers[0].param_groups[0]["lr"]),
+               "rng": float(torch.rand(1).item()),
+               "grad_norm": _global_grad_norm(trainer, pl_module) if boundary else None}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # What the optimizer holds (DeepSpeed's ZeRO optimizer keeps the model's own tensors in
+        # ``bit16_groups``) against the policy's trainable parameters and the reference model's.
+        opt = trainer.optimizers[0]
+        groups = getattr(opt, "bit16_groups", None) or [g["params"] for g in opt.param_groups]
+        held = {id(p) for group in groups for p in group}
+        ref = getattr(pl_module, "reference_model", None)
+        meta = {"optimizer": type(opt).__name__, "world_size": trainer.world_size,
+                "optimizer_numel": sum(p.numel() for group in groups for p in group),
+                "policy_trainable_numel": sum(p.numel() for p in pl_module.policy.parameters() if p.requires_grad),
+                "reference_loaded": ref is not None,
+                "reference_params_in_optimizer": sum(id(p) in held for p in ref.parameters()) if ref is not None else 0,
+                "reference_in_state_dict": any(k.startswith("reference") for k in pl_module.state_dict())}
+        self._write_meta(trainer, "start", meta)
+
+    def _write_meta(self, trainer, name: str, meta: dict) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"meta_{name}_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(meta), encoding="utf-8")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        engine = trainer.model if hasattr(trainer.model, "global_steps") else None
+        self._write_meta(trainer, "end", {"global_step": trainer.global_step,
+                                          "engine_global_steps": getattr(engine, "global_steps", None),
+                                          "engine_micro_steps": getattr(engine, "micro_steps", None)})
+        if trainer.global_rank != 0:
+            return
+        policy = pl_module.policy
+        ids = torch.arange(3, 35, device=pl_module.device).reshape(2, 16)
+        with torch.no_grad():
+            logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().cpu()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": ids.cpu(), "logits": logits}, self.out_dir / "final_logits.pt")
+
+
+def read_steps(out_dir: str | os.PathLike, rank: int = 0) -> list[dict]:
+    """The rows :class:`StepRecorder` wrote for ``rank``, in order."""
+    path = Path(out_dir) / f"steps_rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_meta(out_dir: str | os.PathLike, name: str, rank: int = 0) -> dict:
+    """The ``meta_{name}_rank{rank}.json`` :class:`StepRecorder` wrote (``start`` or ``end``)."""
+    return json.loads((Path(out_dir) / f"meta_{name}_rank{rank}.json").read_text(encoding="utf-8"))
+
+
+K = 3
+
+
+#: Per-step generation logits (noise 0.5 models: logits of order 1-10) per family.
+LOGIT_TOLS = {"qwen3_vl": dict(rtol=1e-4, atol=1e-4), "qwen3_5": dict(rtol=1e-3, atol=5e-4)}
+
+
+#: Log-prob tolerance and gradient tolerance (relative to each tensor's largest entry) per family.
+LOGP_TOLS = {"qwen3_vl": dict(rtol=1e-5, atol=2e-5), "qwen3_5": dict(rtol=1e-5, atol=2e-5)}
+
+
+GRAD_TOLS = {"qwen3_vl": 1e-5, "qwen3_5": 5e-5}
+
+
+def _datamodule(path):
+    from grasp_lightning.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
+                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm.setup("fit")
+    return dm
+
+
+def load_model(family: str, train: bool = False, noise: float = 0.5):
+    """The family's tiny model with seeded Gaussian noise on every weight (diverse greedy tokens)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(TINY_MODELS[family]), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise)
+    return model.train(train)
+
+
+def _generate(model, tokenizer, inputs, **kwargs):
+    return model.generate(**inputs, max_new_tokens=10, pad_token_id=tokenizer.pad_token_id, output_logits=True,
+                          return_dict_in_generate=True, **kwargs)
+
+
+def _assert_grad_close(actual, expected, name: str, family: str) -> None:
+    """Float32 tolerance relative to the tensor's largest entry (sums run in a different order)."""
+    scale = GRAD_TOLS[family]
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=scale * expected.abs().max().item() + 1e-9,
+                               msg=lambda m: f"{name}: {m}")
+
+
+def _completions(tok, n: int, lc: int = 9):
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 500, (n, lc), generator=gen)
+    lengths = torch.tensor([lc, 4, 1, lc, 7, 2][:n])
+    mask = torch.arange(lc)[None] < lengths[:, None]
+    return ids.masked_fill(~mask, tok.pad_token_id), mask
+
+
+FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+
+
+class WeightRecorder(L.Callback):
+    """Records every policy weight when the fit starts (``--trainer.callbacks+=``)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+
+
+def _callback(cli, cls):
+    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
+
+
+# ------------------------------------------------------------------ GRPO-SGR and LoRA, on both families
+def _one_sgr_step(*configs: str) -> list[str]:
+    """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
+    return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
+            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
+            "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
+
+
+#: A sample RL item (``grasp_lightning/assets/sample/train/data_rl.jsonl``, line 1) rendered by the
+#: published Qwen3-VL Instruct chat template, written out by hand: ChatML turns, the system turn
+#: first, the video placeholder straight before the user text, the generation prompt last.
+PUBLISHED_INSTRUCT_PROMPT = (
+    "<|im_start|>system\n"
+    "You are watching a video of several people, named Person 0, Person 1, and so on. "
+    "Answer the multiple-choice question with only the option letter inside <answer> tags.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "<|vision_start|><|video_pad|><|vision_end|>Who is gesturing?\n"
+    "A) Person 0\n"
+    "B) Person 1\n"
+    "C) Both people\n"
+    "D) No one\n"
+    "Think step by step about the gaze and gesture interactions, describe them in <gaze> and <gesture> "
+    "tags, and give the letter in <answer> tags.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+TIMES: dict[str, float] = {}  # seconds per run, printed by the session summary (conftest)
+
+
+def write_dataset(root: Path) -> Path:
+    """A GRASP-layout dataset over the sample clips: SFT rows answering each prompt with A and with B,
+    RL rows whose answer is A, and the sample GRASP-Bench (32 items)."""
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")
+    (root / "test" / "grasp_bench.tar").symlink_to(SAMPLE / "test" / "grasp_bench.tar")
+    sft = [_row(c, p, TARGET.format(letter=letter), False) for c, p in CLIPS for letter in "AB"]
+    rl = [_row(c, p, "A", True) for c, p in CLIPS]
+    (root / "train" / "data_sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
+    (root / "train" / "data_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl))
+    return root
+
+
+def standin_args(model: Path, root: Path, dtype: str = "float32") -> list[str]:
+    """Overrides that point a recipe at a stand-in and keep its runs small (see the module docstring)."""
+    return [f"--model.policy.name_or_path={model}", f"--model.policy.dtype={dtype}", "--trainer.precision=32-true",
+            "--model.policy.gradient_checkpointing=false", f"--data.root={root}", "--data.system_prompt=",
+            "--data.max_frames=4", "--data.max_pixels=8192", "--data.num_workers=0",
+            "--trainer.enable_progress_bar=false", "--trainer.max_epochs=-1"]
+
+
+def scratch(tmp_path_factory, name: str, need_gib: float) -> Path:
+    """A fresh directory for ``name`` under pytest's base temporary directory, after checking that its
+    file system has ``need_gib`` GiB free (the size of what the caller writes there, measured).
+
+    Raises:
+        pytest.fail.Exception: too little free space, naming the directory and both sizes.
+    """
+    path = tmp_path_factory.mktemp(name)
+    free = shutil.disk_usage(path).free / 2**30
+    if free < need_gib:
+        pytest.fail(f"{path}: {free:.1f} GiB free, {name} needs {need_gib:.1f} GiB (set --basetemp to a larger disk)")
+    return path
+
+
+def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
+    """Through the saved and reloaded processor, with the real vocabulary: the sample item renders as the
+    published format (Qwen3-VL Instruct; Qwen3.5 opening ``<think>\\n``), and SFT labels begin at the first
+    token after the generation prompt and hold the response as the template writes it."""
+    from grasp_lightning.data.formats import read_rl
+    from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
+
+    opens, written = FAMILIES[family]
+    processor, batch = _batch(SAMPLE, standin)
+    item = read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
+    assert render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0] == PUBLISHED_INSTRUCT_PROMPT + opens
+    for row, sample_item in enumerate(batch.items):
+        first, prompt, target = _labelled(processor, batch, row)
+        assert first == int(batch.prompt_lengths[row])
+        assert prompt.startswith("<|im_start|>system\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n<")
+        user = sample_item.question.rstrip()
+        assert prompt.endswith("<|vision_end|>" + user + "<|im_end|>\n<|im_start|>assistant\n" + opens), prompt[-300:]
+        assert target == written(sample_item.response)
+        assert processor.tokenizer.convert_ids_to_tokens(int(batch.inputs["input_ids"][row, first - 1])) == "Ċ"
+
+
+def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path, tmp_path: Path) -> None:
+    """``check-data`` with the stand-in's processor (Qwen3 or Qwen3.5 vocabulary): a budget one token below
+    the longest RL prompt flags exactly that row, quoting its real token count."""
+    from grasp_lightning.commands.check_data import main as check_data_main
+
+    processor, batch = _batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
+    lengths = [int(n) for n in batch.prompt_lengths]
+    assert len(set(lengths)) == 2, lengths
+    report = tmp_path / "report.json"
+    start = time.perf_counter()
+    code = check_data_main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", f"--data.root={data_root}",
+                            f"--model.policy.name_or_path={standin}", "--data.system_prompt=", "--data.max_frames=4",
+                            "--data.max_pixels=8192", f"--data.max_prompt_tokens={max(lengths) - 1}",
+                            "--files=[train/data_rl.jsonl]", "--workers=0", "--progress=false", f"--report={report}"])
+    TIMES[f"check-data, 2 RL rows ({family})"] = time.perf_counter() - start
+    problems = json.loads(report.read_text())["problems"]
+    assert code == 1 and len(problems) == 1, problems
+    line = lengths.index(max(lengths)) + 1
+    assert problems[0]["where"].startswith(f"{data_root}/train/data_rl.jsonl:{line}")
+    assert problems[0]["reason"].startswith(f"prompt has {max(lengths)} tokens (video included), over the budget of "
+                                            f"{max(lengths) - 1}")
+
+
+# ----------------------------------------------------------------------------------- two ranks
+def _spawn(fn, *args) -> None:
+    """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(MP_TIMEOUT)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} rank(s) still running after {MP_TIMEOUT} s: a collective was skipped"
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def section(title: str, page: str) -> str:
+    """The text of ``page`` (relative to the repository) under the heading ``title`` up to the next heading of
+    level 2 or 3."""
+    text = (REPO / page).read_text()
+    start = text.index(title)
+    match = re.compile(r"^#{2,3} ", re.M).search(text, start + len(title))
+    return text[start: match.start() if match else len(text)]
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def command(block: str) -> list[str]:
+    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined, ``# ...``
+    comments dropped)."""
+    words = shlex.split(block.replace("\\\n", " "), comments=True)
+    return words[words.index("grasp_lightning") + 1:]
+
+
+def golden_records() -> list[dict]:
+    return [score_completion(row[3], item) for row, item in zip(GOLDEN, golden_items())]
+
+
+def vllm_cfg(python: str, **over):
+    from grasp_lightning.engines.vllm_config import VLLMConfig
+
+    kw = dict(python=python, dtype="float32", gpu_memory_utilization=0.05, max_model_len=4096,
+              env=dict(SERVER_ENV), engine_kwargs={"enforce_eager": True}, startup_timeout_s=600)
+    kw.update(over)
+    return VLLMConfig(**kw)
+
+
+def _policy(path):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _perturb(model, seed, scale=0.05):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+#: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
+SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
+               "tests.cli.test_training.checksum_reward]",
+               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+
+
+TARGET = "<think><gaze>Person 1</gaze></think><answer>{letter}</answer>"
+
+
+CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 12))
+
+
+def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
+    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``docs/data-format.md``) over the first 2 s of ``clip``."""
+    row = [{"type": "video", "path": clip, "fps": 2.0, "start_seconds": 0.0, "end_seconds": 2.0, "src_resolution": [72, 128]},
+           {"type": "text", "content": QUESTION.format(p=person), "output": False},
+           {"type": "text", "content": output, "output": True}]
+    if rl:
+        row.append({"type": "meta", "difficulty": "easy", "question_text": QUESTION.format(p=person).split("\n")[0],
+                    "gt_events": [{"source": "gaze", "persons": [1, person]}]})
+    return row
+
+
+def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
+    from grasp_lightning.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
+                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
+    dm.setup("fit")
+    return dm.processor, next(iter(dm.train_dataloader()))
+
+
+def _labelled(processor, batch, row: int) -> tuple[int, str, str]:
+    """(first labelled position, decoded prompt before it, decoded labelled tokens) of one SFT row."""
+    ids, labels = batch.inputs["input_ids"][row], batch.inputs["labels"][row]
+    where = (labels != -100).nonzero().flatten()
+    first, last = int(where[0]), int(where[-1])
+    assert where.tolist() == list(range(first, last + 1))  # one contiguous target, padding unlabelled
+    assert labels[first:last + 1].tolist() == ids[first:last + 1].tolist()
+    tok = processor.tokenizer
+    return first, tok.decode(ids[:first]), tok.decode(ids[first:last + 1])
+
+
+MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
+
+
+def _entry(fn, rank: int, port: int, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+# (category, difficulty, target, completion, gt participants). Comments: extraction route ->
+# predicted letter, correct?, named people, precision |named ∩ gt| / |named|. Every item shows
+# Person 0, 1 and 2 (its options) plus its gt; items 0, 3 and 13 have a gt event span (SPANS).
+GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
+    ("T1", "easy", "B", "<think>Person 0 looks at Person 2 from 1s to 2s.</think><answer>B</answer>", (0, 2)),  # 0 ok 1
+    ("T1", "easy", "A", "<think>Person 1 looks at P3.</think><answer>C</answer>", (1, 2)),  # 1 answer C x {1,3} 1/2
+    ("T2", "easy", "C", "<think>Mutual gaze between Person 0 and Person 1.</think>\\boxed{C}", (0, 1, 2, 3)),  # 2 boxed ok 1
+    ("T3", "medium", "D", "D because the glance lasts longest.", (0,)),  # 3 leading D ok; names nobody
+    ("T4", "medium", "A", "no idea", ()),  # 4 unparseable; no gt
+    ("T5", "hard", "B", "<think>P0 follows P1, then Person 2 and Person 3 turn.</think><answer>(B)</answer>", (1,)),  # 5 ok 1/4
+    ("T6", "hard", "A", "After watching: A) Person 0 leads the group.", (0, 4)),  # 6 marker A) ok {0} 1
+    ("G1", "easy", "C", "<answer>C</answer>", (2,)),  # 7 answer ok; names nobody
+    ("G2", "easy", "B", "%%%% garbage ####", ()),  # 8 unparseable; no gt
+    ("G3", "medium", "A", "<think>Person 1 points first.</think><answer>B</answer>", (1,)),  # 9 x {1} 1
+    ("G4", "medium", "D", "\\boxed{D}", ()),  # 10 boxed ok; no gt
+    ("G5", "hard", "C", "B. Person 2 gives the cup.", (2, 3)),  # 11 marker B. x {2} 1
+    ("G6", "hard", "A", "A", (0,)),  # 12 leading A ok; names nobody
+    ("J1", "medium", "B", "<think>Person 0 looks while Person 1 points, from 2s to 4s.</think><answer>B</answer>",
+     (0, 1)),  # 13 ok {0,1} 1
+    ("C2", "medium", "C", "", (0, 1)),  # 14 bench spelling C2 = J2; empty: unparseable; names nobody
+    ("J3", "hard", "D", "<answer>maybe</answer>", ()),  # 15 unparseable; no gt
+    ("J4", "hard", "A", "<think>P2 reacts to P0.</think><answer>A</answer>", (0, 1)),  # 16 ok {0,2} 1/2
+    ("T1", "medium", "B", "B) Person 0", (0, 1)),  # 17 marker B) ok {0} 1 (non-canonical difficulty)
+    ("G2", None, "A", "<answer>A</answer>", ()),  # 18 ok; no difficulty; no gt
+    ("J1", "hard", "C", "<think>Person 3 and Person 4 and Person 5 and Person 6.</think><answer>D</answer>", (3,)),  # 19 x 1/4
+    ("T4", "easy", "A", "<answer>A</answer>", ()),  # 20 ok; no gt
+]
+
+
+def golden_items() -> list[GraspItem]:
+    """The golden bench as GraspItems (clip paths are dummies; scoring never opens them)."""
+    return [
+        GraspItem(uid=f"clip{i:02d}", origin=f"golden:{i}", clip=ClipRef(f"video/clip{i:02d}.mp4"), question="q",
+                  options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer=target,
+                  category=cat, difficulty=diff, events=(SocialEvent("gaze", gt, span=SPANS.get(i)),) if gt else ())
+        for i, (cat, diff, target, _, gt) in enumerate(GOLDEN)
+    ]
+
+
+SHIM = REPO / "tests" / "vllm" / "vllm_cpu"
+
+
+#: the CPU server's environment: the torchvision shim, and vLLM's engine core in the server's own process
+SERVER_ENV = {"PYTHONPATH": str(SHIM), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0\nD) No one\nGive the letter in <answer> tags."
+
+
+# gt event spans (seconds): item 0 names (1, 2) exactly -> 1; item 3 names none -> 0; item 13 names
+# (2, 4) against (0, 4) -> 2/4.
+SPANS: dict[int, tuple[float, float]] = {0: (1.0, 2.0), 3: (0.5, 1.5), 13: (0.0, 4.0)}

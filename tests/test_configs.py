@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from grasp_lightning.commands.config import config_args, load_run
-
 from tests.helpers import REPO, SAMPLE, TINY
 
 CONFIGS = REPO / "configs"

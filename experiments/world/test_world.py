@@ -17,9 +17,9 @@ from grasp_lightning.data.formats import bench_store, read_annotations, read_ben
 from grasp_lightning.data.prompts import user_text
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
+from grasp_lightning.parsing import extract_participants
 from grasp_lightning.synthetic.sample.drawing import OBJECT, Action
 from grasp_lightning.synthetic.sample.questions import participants
-from grasp_lightning.parsing import extract_participants
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import torch
 
+from grasp_lightning.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.engines.vllm_config import VLLMConfig
 from grasp_lightning.engines.weight_sync import Entry, SyncFolder
 from grasp_lightning.errors import GraspConfigError, GraspError
-from grasp_lightning.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_key
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ one ``results.json`` section and one Markdown table per suite. Interface:
 :class:`~grasp_lightning.evaluation.suite.SuiteRunner`.
 """
 
-from grasp_lightning.evaluation.base import EvalSuite, SuiteReport, CategoryAccuracy, VideoStore
+from grasp_lightning.evaluation.base import CategoryAccuracy, EvalSuite, SuiteReport, VideoStore
 from grasp_lightning.evaluation.grasp_bench import GraspBench
 from grasp_lightning.evaluation.humansense import HumanSense
 from grasp_lightning.evaluation.mmsi import MMSI, OnlineMMSI

@@ -10,9 +10,6 @@ rows K times) for both model families the speed scripts compare. benchmarks/resu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,17 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def run_script(args: list[str], timeout: float = 900) -> dict:
-    """Run ``python benchmarks/<script> ...`` from the repository root; its last stdout line as JSON."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"{args} printed no JSON line:\n{proc.stdout[-3000:]}"
-    return json.loads(lines[-1])
-
-
-def test_video_decode_prints_the_speed_of_both_decode_paths() -> None:
+def test_video_decode_prints_the_speed_of_both_decode_paths(run_script) -> None:
     out = run_script(["benchmarks/video_decode.py", "--clips", "3", "--seconds", "2", "--repeats", "1"])
     assert out["clips"] == 3 and out["fps"] == 2.0
     assert out["ours_clips_per_s"] > 0 and out["baseline_clips_per_s"] > 0
@@ -56,7 +43,7 @@ def assert_prompt_shared_once(shared: float, naive: float, k: int, prompt_len: i
         assert shared == PROMPT_PASSES * prompt_len - 1 and naive == PROMPT_PASSES * k * prompt_len, (shared, naive)
 
 
-def test_grpo_step_prints_both_families_against_trl_with_the_prompt_tokens_each_forwards() -> None:
+def test_grpo_step_prints_both_families_against_trl_with_the_prompt_tokens_each_forwards(run_script) -> None:
     # 144 visual tokens and K=8 (a 304-token prompt): the prompt dominates, so sharing it must pay off
     out = run_script(["benchmarks/grpo_step.py", *TINY_MODEL, "--k", "8", "--max-new-tokens", "4", "--image-side",
                       "192", "--video-seconds", "2"])
@@ -81,7 +68,7 @@ def test_grpo_step_prints_both_families_against_trl_with_the_prompt_tokens_each_
     assert layers["qwen3_5"] == ["linear_attention"] * 3 + ["full_attention"]
 
 
-def test_grpo_step_accumulate_compares_rollout_batches_per_optimizer_step() -> None:
+def test_grpo_step_accumulate_compares_rollout_batches_per_optimizer_step(run_script) -> None:
     out = run_script(["benchmarks/grpo_step.py", *TINY_MODEL, "--k", "4", "--max-new-tokens", "4", "--image-side",
                       "64", "--accumulate", "2"])
     assert out["mode"] == "optimizer_step" and list(out["models"]) == list(FAMILIES)
@@ -89,7 +76,7 @@ def test_grpo_step_accumulate_compares_rollout_batches_per_optimizer_step() -> N
         assert result["optimizer_step_speedup"] > 0 and result["ratio_vs_trl"] > 0, family
 
 
-def test_scaling_prints_the_slopes_in_k_and_clip_length_for_both_families(tmp_path: Path) -> None:
+def test_scaling_prints_the_slopes_in_k_and_clip_length_for_both_families(tmp_path: Path, run_script) -> None:
     out = run_script(["benchmarks/scaling.py", *TINY_MODEL, "--ks", "2,4", "--seconds", "2,4", "--image-side", "64",
                       "--max-new-tokens", "4", "--k", "2", "--no-trl", "--out-dir", str(tmp_path)])
     assert (tmp_path / "scaling.json").is_file() and (tmp_path / "scaling.png").is_file()
@@ -113,20 +100,20 @@ def test_scaling_prints_the_slopes_in_k_and_clip_length_for_both_families(tmp_pa
             assert_prompt_shared_once(shared["prompt_tokens"], naive["prompt_tokens"], 2)
 
 
-def test_grpo_learning_prints_the_reward_before_and_after(tmp_path: Path) -> None:
+def test_grpo_learning_prints_the_reward_before_and_after(tmp_path: Path, run_script) -> None:
     out = run_script(["benchmarks/grpo_learning.py", "--sft-steps", "2", "--grpo-steps", "3", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "grpo_learning.json").read_text())
     assert {k: saved[k] for k in out} == out  # the file adds the per-step rewards to the printed summary
     assert len(saved["rewards"]) == 3 and all(0.0 <= r <= 1.35 for r in saved["rewards"])
 
 
-def test_faults_quick_recovers_every_training_fault() -> None:
+def test_faults_quick_recovers_every_training_fault(run_script) -> None:
     out = run_script(["benchmarks/faults.py", "--quick"], timeout=1200)
     assert out["faults_tried"] >= 8 and out["faults_recovered"] == out["faults_tried"]
     assert out["samples_lost"] == 0 and out["samples_repeated"] == 0
 
 
-def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path) -> None:
+def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path: Path, run_script) -> None:
     """Two SFT steps leave the policy unable to answer, so every group is degenerate: ``refill`` draws further
     windows of 16 prompts (48 RL clips: two more at the first step), ``drop`` never does; both processes exit
     (a refill run's data workers once kept it from exiting)."""
@@ -149,7 +136,7 @@ def test_dynamic_sampling_compares_drop_and_refill_from_one_sft_handoff(tmp_path
     assert saved["arms"] == out["arms"] and (tmp_path / "results" / "dynamic_sampling_seed0.png").is_file()
 
 
-def test_step_limit_prints_vision_forwards_step_time_and_scoring_peak() -> None:
+def test_step_limit_prints_vision_forwards_step_time_and_scoring_peak(run_script) -> None:
     """``benchmarks/step_limit.py --smoke``: the tiny Qwen3-VL's step on both paths, the real-vocabulary scoring peak."""
     out = run_script(["benchmarks/step_limit.py", "--smoke"], timeout=600)
     assert out["mode"] == "smoke" and out["prompts"] == 1
@@ -167,7 +154,7 @@ def test_step_limit_prints_vision_forwards_step_time_and_scoring_peak() -> None:
 
 
 
-def test_compiled_decode_prints_eager_and_compiled_tokens_per_second_with_the_same_tokens() -> None:
+def test_decode_speed_prints_eager_and_compiled_tokens_per_second_with_the_same_tokens(run_script) -> None:
     """``benchmarks/decode_speed.py`` at a smoke size: both tiny families, eager and aot_eager-compiled decode."""
     out = run_script(["benchmarks/decode_speed.py", "--backends", "aot_eager", "--new-tokens", "4", "--repeats", "1",
                       "--k", "2"], timeout=600)

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from grasp_lightning.commands.check_data import main
-
-from tests.helpers import REPO, SAMPLE
-from tests.helpers import make_tar, write_jsonl
+from tests.helpers import REPO, SAMPLE, make_tar, write_jsonl
 
 CONFIGS = ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml"]
 

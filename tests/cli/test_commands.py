@@ -14,7 +14,6 @@ from grasp_lightning.__main__ import main as dispatch
 from grasp_lightning.commands import COMMANDS
 from grasp_lightning.commands.config import config_args, load_run
 from grasp_lightning.task import Task
-
 from tests.helpers import REPO
 
 #: Every command users are told about: LightningCLI's four, ours, and the generators'.

@@ -18,21 +18,15 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from grasp_lightning import grpo as grpo_lib
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.windows import Window
-from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.decoding import Completions, RolloutConfig
+from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
-
-from tests.helpers import REPO, run_cli, scalars
-from tests.helpers import free_port
-
-MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
+from tests.helpers import REPO, _spawn, free_port, run_cli, scalars
 
 
 # ----------------------------------------------------------------------------------- overlong
@@ -91,32 +85,6 @@ def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
     with pytest.raises(GraspConfigError, match="overlong_buffer=256 must be in 1 … model.rollout.max_new_tokens=32"):
         load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"],
                              {"model.task.init_args.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
-
-
-# ----------------------------------------------------------------------------------- two ranks
-def _spawn(fn, *args) -> None:
-    """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(MP_TIMEOUT)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, f"{len(alive)} rank(s) still running after {MP_TIMEOUT} s: a collective was skipped"
-    assert [p.exitcode for p in procs] == [0, 0]
-
-
-def _entry(fn, rank: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        fn(rank, *args)
-    finally:
-        dist.destroy_process_group()
 
 
 def _batch(indices: list[int]) -> Batch:

@@ -21,9 +21,7 @@ import torch
 
 from grasp_lightning.checkpointing import check_trainable_state
 from grasp_lightning.errors import GraspConfigError
-
-from tests.helpers import REPO, run_cli
-from tests.helpers import read_steps
+from tests.helpers import REPO, read_steps, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -180,7 +178,6 @@ def test_lora_checkpoint_of_the_2b_width_standin_is_below_5_percent(tmp_path_fac
     the adapters grow with the layers and the embedding does not (the figures are in
     ``docs/lora-checkpoints.md``)."""
     from grasp_lightning.synthetic.standin import build_standin
-
     from tests.helpers import scratch, standin_args, write_dataset
 
     root = scratch(tmp_path_factory, "standin-1-layer", 2.5)  # stand-in 0.87 GB, a whole-model copy 0.87 GB

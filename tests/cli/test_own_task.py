@@ -5,36 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
 import pytest
 
 from grasp_lightning.data.records import ClipRef, GraspItem
 from grasp_lightning.rewards import compute_rewards
-from tests.helpers import REPO, run_cli, scalars
+from tests.helpers import REPO, blocks, command, run_cli, scalars, section
 
 OWN_TASK = "docs/own-task.md"
 DATA = "docs/data.md"
-
-
-def section(title: str, page: str) -> str:
-    """The text of ``page`` (relative to the repository) under the heading ``title`` up to the next heading of
-    level 2 or 3."""
-    text = (REPO / page).read_text()
-    start = text.index(title)
-    match = re.compile(r"^#{2,3} ", re.M).search(text, start + len(title))
-    return text[start: match.start() if match else len(text)]
-
-
-def blocks(text: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
-
-
-def command(block: str) -> list[str]:
-    """The arguments after ``python -m grasp_lightning`` of a docs bash block (continuations joined, ``# ...``
-    comments dropped)."""
-    words = shlex.split(block.replace("\\\n", " "), comments=True)
-    return words[words.index("grasp_lightning") + 1:]
 
 
 def test_readme_reward_example_scores_and_trains(tmp_path, monkeypatch) -> None:

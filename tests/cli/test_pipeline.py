@@ -22,7 +22,6 @@ from grasp_lightning.commands.pipeline import (
     latest_checkpoint,
     pipeline_from_args,
 )
-
 from tests.helpers import scalars
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

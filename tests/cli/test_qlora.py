@@ -19,9 +19,7 @@ from grasp_lightning.checkpointing import check_trainable_state
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy
 from grasp_lightning.quantization import SKIP_MODULES, bnb_config, check_strategy, is_4bit
-
-from tests.helpers import REPO, TINY, TINY35, run_cli, scalars
-from tests.helpers import FAST, WeightRecorder, _callback, _one_sgr_step
+from tests.helpers import FAST, REPO, TINY, TINY35, WeightRecorder, _callback, _one_sgr_step, run_cli, scalars
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

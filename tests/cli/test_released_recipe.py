@@ -12,7 +12,6 @@ import torch
 
 from grasp_lightning.commands.config import config_args, load_run
 from grasp_lightning.data.records import DIFFICULTIES
-
 from tests.helpers import REPO, SAMPLE, TINY, run_cli
 
 DOC = REPO / "docs" / "released-recipe.md"

@@ -268,7 +268,6 @@ def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
 # ---------------------------------------------------------------------- hostile input
 def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, tiny_path):
     from grasp_lightning.datamodule import GraspDataModule
-
     from tests.helpers import make_mp4, make_tar, sft_row, write_jsonl
 
     secret = tmp_path / "secret.txt"
@@ -301,7 +300,6 @@ def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, ti
 
 def test_huge_clips_are_decoded_within_the_frame_and_pixel_budget(tmp_path):
     from grasp_lightning.data.video import decode_clip
-
     from tests.helpers import make_mp4
 
     four_k = make_mp4(n_frames=3, fps=1, width=3840, height=2160)

@@ -28,10 +28,7 @@ import yaml
 
 from grasp_lightning.checkpointing import COMPLETE_MARKER, remove_partials, require_complete, save_checkpoint_atomic
 from grasp_lightning.errors import GraspConfigError
-
-from tests.helpers import REPO, SAMPLE, TINY, run_cli, scalars
-from tests.helpers import read_meta, read_steps
-from tests.helpers import launch_ranks, wait_ranks
+from tests.helpers import REPO, SAMPLE, TINY, launch_ranks, read_meta, read_steps, run_cli, scalars, wait_ranks
 
 SFT = ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml"]
 STEPS, RESUME_AT = 8, 2

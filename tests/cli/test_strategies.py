@@ -40,6 +40,7 @@ import torch
 import yaml
 
 from tests.helpers import launch_ranks, wait_ranks
+
 from .strategy_probe import read_losses
 
 pytestmark = [pytest.mark.strategies, pytest.mark.slow]

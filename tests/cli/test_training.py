@@ -18,12 +18,22 @@ import lightning as L
 import pytest
 import torch
 
-from tests.helpers import FAMILIES, REPO, TINY_MODELS, event_tags, run_cli, scalars
-from tests.helpers import GRAD_TOLS
+from tests.helpers import (
+    FAMILIES,
+    FAST,
+    GRAD_TOLS,
+    REPO,
+    TINY_MODELS,
+    WeightRecorder,
+    _callback,
+    _one_sgr_step,
+    event_tags,
+    run_cli,
+    scalars,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
 # configs/demo.yaml's budgets fit a whole SFT-format completion (288 tokens); tests that need none use these
 SHORT = ["--model.rollout.max_new_tokens=32", "--model.evaluation.max_new_tokens=24"]
 SFT_STEPS = 24
@@ -43,12 +53,6 @@ def checksum_reward(completion: str, item) -> float:
     return zlib.crc32(completion.encode()) / 2**32
 
 
-#: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
-SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
-               "tests.cli.test_training.checksum_reward]",
-               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
-
-
 class GradRecorder(L.Callback):
     """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
 
@@ -56,17 +60,6 @@ class GradRecorder(L.Callback):
         if not hasattr(self, "grads"):
             self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
                           if p.grad is not None}
-
-
-class WeightRecorder(L.Callback):
-    """Records every policy weight when the fit starts (``--trainer.callbacks+=``)."""
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
-
-
-def _callback(cli, cls):
-    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
 
 
 def _assert_grads_close(got: dict, expected: dict, family: str) -> None:
@@ -282,14 +275,6 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_mode
     assert series["train/kl"][0][1] == 0.0
     rows = [json.loads(line) for line in open(f"{log_dir}/rollouts.jsonl")]
     assert len(rows) == 2 * 4 and {"rewards", "answer", "participants_named", "completion"} <= set(rows[0])
-
-
-# ------------------------------------------------------------------ GRPO-SGR and LoRA, on both families
-def _one_sgr_step(*configs: str) -> list[str]:
-    """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
-    return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
-            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
-            "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
 
 
 def _completions(cli) -> list[str]:

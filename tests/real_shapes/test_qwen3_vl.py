@@ -39,51 +39,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SAMPLE, run_cli, scalars
-from tests.helpers import PUBLISHED_INSTRUCT_PROMPT
+from tests.helpers import (
+    TIMES,
+    _batch,
+    _labelled,
+    check_data_counts_prompt_tokens,
+    check_rendered_prompt_and_labels,
+    run_cli,
+    scalars,
+    scratch,
+    standin_args,
+    write_dataset,
+)
 
 pytestmark = [pytest.mark.real_shapes, pytest.mark.slow]
 
 VOCAB_LOGITS = 151_936
-QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0\nD) No one\nGive the letter in <answer> tags."
-TARGET = "<think><gaze>Person 1</gaze></think><answer>{letter}</answer>"
-CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 12))
 SFT_STEPS = 14  # LoRA steps at lr 2e-3 until the format is reproduced (batch 2: loss 0.04-0.06 from step 14 on)
 K = 8
-TIMES: dict[str, float] = {}  # seconds per run, printed by the session summary (conftest)
-
-
-def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
-    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``docs/data-format.md``) over the first 2 s of ``clip``."""
-    row = [{"type": "video", "path": clip, "fps": 2.0, "start_seconds": 0.0, "end_seconds": 2.0, "src_resolution": [72, 128]},
-           {"type": "text", "content": QUESTION.format(p=person), "output": False},
-           {"type": "text", "content": output, "output": True}]
-    if rl:
-        row.append({"type": "meta", "difficulty": "easy", "question_text": QUESTION.format(p=person).split("\n")[0],
-                    "gt_events": [{"source": "gaze", "persons": [1, person]}]})
-    return row
-
-
-def write_dataset(root: Path) -> Path:
-    """A GRASP-layout dataset over the sample clips: SFT rows answering each prompt with A and with B,
-    RL rows whose answer is A, and the sample GRASP-Bench (32 items)."""
-    (root / "train").mkdir(parents=True)
-    (root / "test").mkdir()
-    (root / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")
-    (root / "test" / "grasp_bench.tar").symlink_to(SAMPLE / "test" / "grasp_bench.tar")
-    sft = [_row(c, p, TARGET.format(letter=letter), False) for c, p in CLIPS for letter in "AB"]
-    rl = [_row(c, p, "A", True) for c, p in CLIPS]
-    (root / "train" / "data_sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
-    (root / "train" / "data_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl))
-    return root
-
-
-def standin_args(model: Path, root: Path, dtype: str = "float32") -> list[str]:
-    """Overrides that point a recipe at a stand-in and keep its runs small (see the module docstring)."""
-    return [f"--model.policy.name_or_path={model}", f"--model.policy.dtype={dtype}", "--trainer.precision=32-true",
-            "--model.policy.gradient_checkpointing=false", f"--data.root={root}", "--data.system_prompt=",
-            "--data.max_frames=4", "--data.max_pixels=8192", "--data.num_workers=0",
-            "--trainer.enable_progress_bar=false", "--trainer.max_epochs=-1"]
 
 
 def _timed(name: str, args: list[str], tmp_path: Path):
@@ -106,20 +79,6 @@ def _loss_wall_times(log_dir: str) -> list[float]:
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return [e.wall_time for e in acc.Scalars("train/loss")] if "train/loss" in acc.Tags()["scalars"] else []
-
-
-def scratch(tmp_path_factory, name: str, need_gib: float) -> Path:
-    """A fresh directory for ``name`` under pytest's base temporary directory, after checking that its
-    file system has ``need_gib`` GiB free (the size of what the caller writes there, measured).
-
-    Raises:
-        pytest.fail.Exception: too little free space, naming the directory and both sizes.
-    """
-    path = tmp_path_factory.mktemp(name)
-    free = shutil.disk_usage(path).free / 2**30
-    if free < need_gib:
-        pytest.fail(f"{path}: {free:.1f} GiB free, {name} needs {need_gib:.1f} GiB (set --basetemp to a larger disk)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -178,47 +137,6 @@ def sft_export(standin, data_root, tmp_path_factory):
     gc.collect()
     yield info
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
-    from grasp_lightning.datamodule import GraspDataModule
-
-    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
-                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
-    dm.setup("fit")
-    return dm.processor, next(iter(dm.train_dataloader()))
-
-
-def _labelled(processor, batch, row: int) -> tuple[int, str, str]:
-    """(first labelled position, decoded prompt before it, decoded labelled tokens) of one SFT row."""
-    ids, labels = batch.inputs["input_ids"][row], batch.inputs["labels"][row]
-    where = (labels != -100).nonzero().flatten()
-    first, last = int(where[0]), int(where[-1])
-    assert where.tolist() == list(range(first, last + 1))  # one contiguous target, padding unlabelled
-    assert labels[first:last + 1].tolist() == ids[first:last + 1].tolist()
-    tok = processor.tokenizer
-    return first, tok.decode(ids[:first]), tok.decode(ids[first:last + 1])
-
-
-def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
-    """Through the saved and reloaded processor, with the real vocabulary: the sample item renders as the
-    published format (Qwen3-VL Instruct; Qwen3.5 opening ``<think>\\n``), and SFT labels begin at the first
-    token after the generation prompt and hold the response as the template writes it."""
-    from grasp_lightning.data.formats import read_rl
-    from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
-
-    opens, written = FAMILIES[family]
-    processor, batch = _batch(SAMPLE, standin)
-    item = read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
-    assert render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0] == PUBLISHED_INSTRUCT_PROMPT + opens
-    for row, sample_item in enumerate(batch.items):
-        first, prompt, target = _labelled(processor, batch, row)
-        assert first == int(batch.prompt_lengths[row])
-        assert prompt.startswith("<|im_start|>system\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n<")
-        user = sample_item.question.rstrip()
-        assert prompt.endswith("<|vision_end|>" + user + "<|im_end|>\n<|im_start|>assistant\n" + opens), prompt[-300:]
-        assert target == written(sample_item.response)
-        assert processor.tokenizer.convert_ids_to_tokens(int(batch.inputs["input_ids"][row, first - 1])) == "Ċ"
 
 
 def test_rendered_prompt_is_the_published_one_and_labels_start_right_after_it(standin):
@@ -415,29 +333,6 @@ def test_validate_the_export_scores_its_greedy_answers(sft_export, data_root, tm
     assert [it["correct"] for it in items] == [p == it["target"] for p, it in zip(predicted, items)]
     assert metrics["unparseable_rate"] == pytest.approx(sum(p is None for p in predicted) / 4)
     assert metrics["acc/overall"] == pytest.approx(sum(it["correct"] for it in items) / 4)
-
-
-def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path, tmp_path: Path) -> None:
-    """``check-data`` with the stand-in's processor (Qwen3 or Qwen3.5 vocabulary): a budget one token below
-    the longest RL prompt flags exactly that row, quoting its real token count."""
-    from grasp_lightning.commands.check_data import main as check_data_main
-
-    processor, batch = _batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
-    lengths = [int(n) for n in batch.prompt_lengths]
-    assert len(set(lengths)) == 2, lengths
-    report = tmp_path / "report.json"
-    start = time.perf_counter()
-    code = check_data_main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", f"--data.root={data_root}",
-                            f"--model.policy.name_or_path={standin}", "--data.system_prompt=", "--data.max_frames=4",
-                            "--data.max_pixels=8192", f"--data.max_prompt_tokens={max(lengths) - 1}",
-                            "--files=[train/data_rl.jsonl]", "--workers=0", "--progress=false", f"--report={report}"])
-    TIMES[f"check-data, 2 RL rows ({family})"] = time.perf_counter() - start
-    problems = json.loads(report.read_text())["problems"]
-    assert code == 1 and len(problems) == 1, problems
-    line = lengths.index(max(lengths)) + 1
-    assert problems[0]["where"].startswith(f"{data_root}/train/data_rl.jsonl:{line}")
-    assert problems[0]["reason"].startswith(f"prompt has {max(lengths)} tokens (video included), over the budget of "
-                                            f"{max(lengths) - 1}")
 
 
 def test_check_data_counts_prompt_tokens_with_the_real_tokenizer(standin, data_root, tmp_path):

@@ -16,8 +16,7 @@ from grasp_lightning import grpo_math
 from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits, output_head
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.shared_prompt import logps_and_entropy, score_completions
-
-from tests.helpers import K, _assert_grad_close, _completions, family, load_model, prompts  # noqa: F401
+from tests.helpers import K, _assert_grad_close, _completions, load_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from grasp_lightning.compiled_decode import prefill_static, static_cache_for
-from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.decoding import RolloutConfig, sample_completions
+from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.shared_prompt import prefill_for_generation, repeat_prompts, vl_core
-
-from tests.helpers import LOGIT_TOLS, K, _generate, family, load_model, prompts  # noqa: F401
+from tests.helpers import LOGIT_TOLS, K, _generate, load_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -21,7 +21,6 @@ from PIL import Image
 
 from grasp_lightning import loggers
 from grasp_lightning.loggers import log_histogram, log_image, log_table, log_text, run_dir
-
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.decoding import sample_completions
+from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.shared_prompt import (
     completion_logps,
     full_sequences,
@@ -35,58 +35,23 @@ from grasp_lightning.shared_prompt import (
     sharing_unsupported_reason,
     vl_core,
 )
-
-from tests.helpers import FAMILIES, SAMPLE, TINY_MODELS, run_cli, scalars
+from tests.helpers import (
+    LOGIT_TOLS,
+    LOGP_TOLS,
+    TINY_MODELS,
+    K,
+    _assert_grad_close,
+    _completions,
+    _datamodule,
+    _generate,
+    load_model,
+    run_cli,
+    scalars,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-K = 3
-#: Per-step generation logits (noise 0.5 models: logits of order 1-10) per family.
-LOGIT_TOLS = {"qwen3_vl": dict(rtol=1e-4, atol=1e-4), "qwen3_5": dict(rtol=1e-3, atol=5e-4)}
-#: Log-prob tolerance and gradient tolerance (relative to each tensor's largest entry) per family.
-LOGP_TOLS = {"qwen3_vl": dict(rtol=1e-5, atol=2e-5), "qwen3_5": dict(rtol=1e-5, atol=2e-5)}
-GRAD_TOLS = {"qwen3_vl": 1e-5, "qwen3_5": 5e-5}
 
-def _datamodule(path):
-    from grasp_lightning.datamodule import GraspDataModule
-
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
-                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
-    dm.setup("fit")
-    return dm
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def family(request) -> str:
-    """The tiny model family under test: every test of this module runs on both."""
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def prompts(family):
-    """Two left-padded RL prompts of different lengths with their 8-frame clips (sample data)."""
-    dm = _datamodule(TINY_MODELS[family])
-    batch = next(iter(dm.train_dataloader()))
-    lengths = batch.inputs["attention_mask"].sum(1)
-    assert lengths[0] != lengths[1]  # the left padding is exercised
-    return batch.inputs, dm.processor.tokenizer
-
-
-def load_model(family: str, train: bool = False, noise: float = 0.5):
-    """The family's tiny model with seeded Gaussian noise on every weight (diverse greedy tokens)."""
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(str(TINY_MODELS[family]), dtype=torch.float32)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise)
-    return model.train(train)
-
-
-def _generate(model, tokenizer, inputs, **kwargs):
-    return model.generate(**inputs, max_new_tokens=10, pad_token_id=tokenizer.pad_token_id, output_logits=True,
-                          return_dict_in_generate=True, **kwargs)
 
 
 def _assert_logits_close(a, b, family: str):
@@ -137,21 +102,6 @@ def test_sampling_shared_matches_generate_with_num_return_sequences(prompts, fam
                                        stop_strings=(), share_prompt=share))
     assert torch.equal(outs[0].ids, outs[1].ids) and torch.equal(outs[0].mask, outs[1].mask)
     assert outs[0].texts == outs[1].texts and outs[0].ids.shape[0] == 2 * K
-
-
-def _assert_grad_close(actual, expected, name: str, family: str) -> None:
-    """Float32 tolerance relative to the tensor's largest entry (sums run in a different order)."""
-    scale = GRAD_TOLS[family]
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=scale * expected.abs().max().item() + 1e-9,
-                               msg=lambda m: f"{name}: {m}")
-
-
-def _completions(tok, n: int, lc: int = 9):
-    gen = torch.Generator().manual_seed(11)
-    ids = torch.randint(0, 500, (n, lc), generator=gen)
-    lengths = torch.tensor([lc, 4, 1, lc, 7, 2][:n])
-    mask = torch.arange(lc)[None] < lengths[:, None]
-    return ids.masked_fill(~mask, tok.pad_token_id), mask
 
 
 @pytest.mark.parametrize("checkpointing, train_vision", [(False, False), (True, False), (False, True)])

@@ -19,18 +19,7 @@ from grasp_lightning import vision_features
 from grasp_lightning.shared_prompt import score_completions, select_prompts
 from grasp_lightning.tasks.grpo_rollouts import rollout_from_state, rollout_state, take_groups
 from grasp_lightning.vision_features import VisionFeatures, VisionForwardCounter, fingerprint, reuse_vision
-
-from tests.helpers import TINY_MODELS
-from tests.helpers import (  # noqa: F401
-    LOGP_TOLS,
-    K,
-    _assert_grad_close,
-    _completions,
-    _datamodule,
-    family,
-    load_model,
-    prompts,
-)
+from tests.helpers import LOGP_TOLS, TINY_MODELS, K, _assert_grad_close, _completions, _datamodule, load_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

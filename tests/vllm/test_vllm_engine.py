@@ -28,13 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, SAMPLE, run_cli, scalars
+from tests.helpers import REPO, SAMPLE, SERVER_ENV, _perturb, _policy, run_cli, scalars, vllm_cfg
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SHIM = REPO / "tests" / "vllm_cpu"
-#: the CPU server's environment: the torchvision shim, and vLLM's engine core in the server's own process
-SERVER_ENV = {"PYTHONPATH": str(SHIM), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 K = 4
 
 
@@ -47,15 +44,6 @@ def vllm_python() -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
-
-
-def vllm_cfg(python: str, **over):
-    from grasp_lightning.engines.vllm_config import VLLMConfig
-
-    kw = dict(python=python, dtype="float32", gpu_memory_utilization=0.05, max_model_len=4096,
-              env=dict(SERVER_ENV), engine_kwargs={"enforce_eager": True}, startup_timeout_s=600)
-    kw.update(over)
-    return VLLMConfig(**kw)
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +81,6 @@ def engine(vllm_python, tiny32):
     eng.close()
 
 
-def _policy(path):
-    from transformers import Qwen3VLForConditionalGeneration
-
-    return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-
-
 def _sampling_logp(model, prompt, completions, tokenizer):
     """The trainer's log-probs of the sampled tokens under the distribution that was sampled from: our
     scoring (temperature 1) with the vision placeholders removed, as both engines suppress them."""
@@ -128,14 +110,6 @@ def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag, tol=1e-4):
     logging.getLogger(__name__).info("%s: greedy identical, sampled log-prob gap %.3g", tag, float(gap))
     assert float(gap) < tol, (tag, float(gap))
     return greedy, sampled
-
-
-def _perturb(model, seed, scale=0.05):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "visual" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 def test_vllm_matches_our_sampler_before_and_after_two_weight_updates(engine, tiny32, prompts):
@@ -183,7 +157,6 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
     scoring, every row."""
     from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.decoding import RolloutConfig
-
     from tests.helpers import make_qa_dataset
 
     folder = tmp_path_factory.mktemp("qa")
@@ -239,8 +212,8 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     from transformers import AutoModelForImageTextToText
 
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.vllm import VLLMEngine
 
     dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny_qwen35),
                          bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
@@ -271,8 +244,8 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
 
 def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32, prompts):
     """Runs last against the module's server: a request that outlives ``request_timeout_s``."""
-    from grasp_lightning.engines.vllm import EngineError
     from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.vllm import EngineError
 
     prompt, tokenizer = prompts
     model = _policy(tiny32)
@@ -286,9 +259,9 @@ def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32
 
 
 def test_vllm_engine_bad_settings_and_a_server_that_cannot_start(vllm_python, tmp_path):
+    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.engines.vllm import EngineError, VLLMEngine
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.decoding import RolloutConfig
 
     with pytest.raises(GraspConfigError, match="model.rollout.vllm.python: /nope/python does not exist"):
         VLLMEngine(vllm_cfg("/nope/python"), model_path="x")
@@ -406,8 +379,7 @@ def test_two_ranks_on_a_node_share_one_weight_file_per_sync(vllm_python, tiny32,
     assert not sync.exists() or not any(sync.iterdir())  # the last rank out removed the run's folder
 
 
-def test_rollout_engines_benchmark_smoke_prints_both_rates_and_the_sync_share(vllm_python):
-    from tests.helpers import run_script
+def test_rollout_engines_benchmark_smoke_prints_both_rates_and_the_sync_share(vllm_python, run_script):
 
     os.environ.setdefault("GRASP_VLLM_PYTHON", vllm_python)
     out = run_script(["benchmarks/rollout_engines.py", "--smoke", "--vllm-python", vllm_python], timeout=1200)

@@ -21,15 +21,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tests.helpers import SAMPLE
-from tests.helpers import K, _perturb, _policy, vllm_cfg
+from tests.helpers import SAMPLE, K, _perturb, _policy, vllm_cfg
 
 
 def main(model: str, out: str, sync_dir: str) -> None:
     """Run the check on this rank (see the module docstring)."""
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.decoding import RolloutConfig, sample_completions
+    from grasp_lightning.engines.vllm import VLLMEngine
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -8,7 +8,6 @@ from grasp_lightning.data.formats import read_sft
 from grasp_lightning.data.prompts import IGNORE_INDEX, encode_example
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, video_metadata
-
 from tests.helpers import SAMPLE
 
 REAL = "social-iq/video/kitchen.two_person_qa0000.mp4"

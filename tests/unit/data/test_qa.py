@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from grasp_lightning.data.qa import read_qa
-from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
 from grasp_lightning.decoding import sample_completions
+from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
 from grasp_lightning.shared_prompt import (
     completion_logps,
     concat_prompts,
@@ -28,10 +28,19 @@ from grasp_lightning.shared_prompt import (
     select_prompts,
     shared_completion_logps,
 )
-
-from tests.helpers import FAMILIES, TINY, TINY_MODELS, run_cli, scalars
-from tests.helpers import make_qa_dataset, qa_row, write_jsonl
-from tests.helpers import GRAD_TOLS, LOGP_TOLS, load_model
+from tests.helpers import (
+    FAMILIES,
+    GRAD_TOLS,
+    LOGP_TOLS,
+    TINY,
+    TINY_MODELS,
+    load_model,
+    make_qa_dataset,
+    qa_row,
+    run_cli,
+    scalars,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -326,8 +335,8 @@ def test_vllm_engine_requests_carry_each_rows_image_and_clip_and_refuse_a_row_wi
     grid; the video's as before. A text-only row is refused by name. (The server's answers: tests/vllm/test_vllm_engine.py.)"""
     from transformers import Qwen3VLForConditionalGeneration
 
-    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.engines.vllm import EngineError, VLLMEngine
+    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.shared_prompt import select_prompts, vl_core
 
     batch, dm = _batch(qa_dir, "rl")

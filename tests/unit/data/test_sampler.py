@@ -154,7 +154,6 @@ def test_curriculum_resumes_exactly_after_consumed_batches():
 
 def _curriculum_dm(root, **kwargs):
     from grasp_lightning.datamodule import GraspDataModule
-
     from tests.helpers import TINY
 
     dm = GraspDataModule(root=str(root), train_file="train/data_sft.jsonl", bench=None, processor=str(TINY),
@@ -165,7 +164,6 @@ def _curriculum_dm(root, **kwargs):
 
 def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
     from grasp_lightning.data.records import DIFFICULTIES
-
     from tests.helpers import SAMPLE
 
     dm = _curriculum_dm(SAMPLE)
@@ -187,9 +185,7 @@ def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
 
 def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_path):
     from grasp_lightning.errors import GraspDataError
-
-    from tests.helpers import SAMPLE
-    from tests.helpers import sft_row, write_jsonl
+    from tests.helpers import SAMPLE, sft_row, write_jsonl
 
     write_jsonl(tmp_path / "train" / "data_sft.jsonl", [sft_row(), sft_row()])  # no meta spec
     (tmp_path / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")

@@ -114,11 +114,11 @@ def test_sampler_gap_metrics_and_the_capped_weights():
 
 
 def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
+    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.engines import engine_of, make_engine
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.tasks.grpo import GRPOTask
 
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
@@ -139,8 +139,8 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
 
 
 def test_vllm_engine_refuses_a_model_it_was_not_tested_with(monkeypatch, tmp_path):
-    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
 
     python = tmp_path / "python"
@@ -290,8 +290,8 @@ def test_a_killed_runs_folder_is_removed_by_the_next_start_and_a_requeued_run_em
 def test_a_too_small_weight_sync_dir_fails_before_the_server_starts_naming_the_setting(tmp_path, monkeypatch):
     import shutil
 
-    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
 
     python = tmp_path / "python"
@@ -360,7 +360,6 @@ def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_pa
 
     from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.errors import GraspConfigError
-
     from tests.helpers import run_cli
 
     python = tmp_path / "python"
@@ -408,10 +407,10 @@ def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predic
     """``model.evaluation.engine``: ``None`` takes ``model.rollout.engine``'s; the vLLM one is synced to the
     evaluated weights outside ``fit`` (version -2, never 0, the model directory's); ``predict``'s setup key
     is unchanged for ``generate`` and differs for vLLM."""
+    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.errors import GraspConfigError
-    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.module import EVALUATED_WEIGHTS, EvalConfig, GraspModule
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.tasks.sft import SFTTask

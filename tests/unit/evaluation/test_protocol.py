@@ -26,7 +26,6 @@ from grasp_lightning.evaluation.protocol import (
     resolve_resolution,
     split_reasoning,
 )
-
 from tests.helpers import SAMPLE, run_cli
 
 # eval_social_qa.py, generate() and compose_prompt(reasoning=True), verbatim.

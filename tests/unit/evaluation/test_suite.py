@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from grasp_lightning.errors import ClipDecodeError, GraspFormatError
-from grasp_lightning.evaluation import MMSI, GraspBench, HumanSense, OnlineMMSI, CategoryAccuracy, TVQAPlus
+from grasp_lightning.evaluation import MMSI, CategoryAccuracy, GraspBench, HumanSense, OnlineMMSI, TVQAPlus
 from grasp_lightning.evaluation.audio import decode_audio, processor_accepts_audio
 from grasp_lightning.evaluation.humansense import multi_score, pattern_of
 from grasp_lightning.evaluation.suite_report import read_sections
 from grasp_lightning.evaluation.tvqa import parse_ts
 from grasp_lightning.synthetic import suite_fixtures as fixtures
-
 from tests.helpers import REPO, SAMPLE, run_cli, scalars
 
 ASSETS = REPO / "grasp_lightning" / "assets" / "eval_suites"

@@ -15,26 +15,8 @@ import sys
 import pytest
 
 from grasp_lightning.errors import GraspConfigError
+from tests.helpers import PUBLISHED_INSTRUCT_PROMPT, REPO, SAMPLE
 
-from tests.helpers import REPO, SAMPLE
-
-#: A sample RL item (``grasp_lightning/assets/sample/train/data_rl.jsonl``, line 1) rendered by the
-#: published Qwen3-VL Instruct chat template, written out by hand: ChatML turns, the system turn
-#: first, the video placeholder straight before the user text, the generation prompt last.
-PUBLISHED_INSTRUCT_PROMPT = (
-    "<|im_start|>system\n"
-    "You are watching a video of several people, named Person 0, Person 1, and so on. "
-    "Answer the multiple-choice question with only the option letter inside <answer> tags.<|im_end|>\n"
-    "<|im_start|>user\n"
-    "<|vision_start|><|video_pad|><|vision_end|>Who is gesturing?\n"
-    "A) Person 0\n"
-    "B) Person 1\n"
-    "C) Both people\n"
-    "D) No one\n"
-    "Think step by step about the gaze and gesture interactions, describe them in <gaze> and <gesture> "
-    "tags, and give the letter in <answer> tags.<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
 TARGET = "<think><gaze>Person 0 looks at Person 1.</gaze></think><answer>A</answer>"
 
 
@@ -344,8 +326,8 @@ def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
 
     import torch
 
-    from grasp_lightning.synthetic.tiny import main
     from grasp_lightning.policy import load_model, load_processor
+    from grasp_lightning.synthetic.tiny import main
 
     out = tmp_path / "standin"
     main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])

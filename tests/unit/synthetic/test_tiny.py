@@ -8,9 +8,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from grasp_lightning.synthetic.tiny import SPECIAL_TOKENS, TINY_BUILDERS
 from grasp_lightning.policy import PolicyConfig, load_policy, load_processor
-
+from grasp_lightning.synthetic.tiny import SPECIAL_TOKENS, TINY_BUILDERS
 from tests.helpers import FAMILIES, TINY_MODELS
 
 #: What each family's tiny model is, as ``from_pretrained`` builds it.

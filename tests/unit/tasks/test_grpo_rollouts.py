@@ -20,12 +20,11 @@ import grasp_lightning.tasks.grpo as grpo_task
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.decoding import Completions
+from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo_rollouts import even_split
-
 from tests.helpers import SAMPLE, TINY
 
 K = 3

@@ -1,4 +1,5 @@
-"""Test-only callbacks, passed to the CLI with ``--trainer.callbacks+=tests.recorders.<Name>``.
+"""Fault-injection callbacks of ``benchmarks/faults.py`` and the reliability tests, passed to the CLI with
+``--trainer.callbacks+=benchmarks.fault_callbacks.<Name>`` (run from the repository root, which is on the path).
 
 - :class:`BatchIndexRecorder` appends JSON lines per training micro-batch (at its start: step, epoch,
   batch index, dataset indices; after its backward: the loss) to a file, so a test can compare the

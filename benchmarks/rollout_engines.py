@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.decoding import RolloutConfig  # noqa: E402
-from grasp_lightning.engines.base import HFEngine  # noqa: E402
+from grasp_lightning.engines.hf import HFEngine  # noqa: E402
 from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
 from grasp_lightning.engines.vllm_config import VLLMConfig  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402

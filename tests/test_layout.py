@@ -30,7 +30,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
-    "grasp_lightning.engines.vllm_config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
+    "grasp_lightning.engines.vllm_config": 2,  # model.rollout.vllm's settings (read by decoding.RolloutConfig)
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.rewards": 3,
     "grasp_lightning.policy": 3,
@@ -239,9 +239,45 @@ def test_no_code_outside_tests_imports_tests_or_the_old_top_level_names() -> Non
         return proc.stdout
 
     assert grep(r"from tests|import tests", ":!tests") == ""
-    old = r"(?<![\w./-])(tasks\.(sft|grpo|grpo_rollouts)\b|callbacks\.(bench|kl_logging|predictions|rollout_samples|" \
+    old = r"(?<![\w./-])(tasks\.(sft|grpo|grpo_rollouts)\b|callbacks\.(bench|kl_logging|prediction_writer|rollout_samples|" \
           r"step_window|timing|control)\b)|^\s*(from|import) (tasks|callbacks)\b"
     assert grep(old) == ""
+
+
+def test_unit_test_files_name_a_module() -> None:
+    """``tests/unit/<path>/test_<name>.py`` tests the module ``<path>/<name>`` of the package (``tasks/`` and
+    ``callbacks/`` are the repository's folders): one test file per module, laid out like the code."""
+    unit = REPO / "tests" / "unit"
+    files = sorted(unit.rglob("test_*.py"))
+    assert len(files) > 20
+    orphans = []
+    for path in files:
+        rel = path.relative_to(unit)
+        name = rel.name[len("test_"):-len(".py")]
+        base = REPO if rel.parts[0] in ("tasks", "callbacks") else REPO / "grasp_lightning"
+        folder = base.joinpath(*rel.parts[:-1])
+        if not ((folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()):
+            orphans.append(str(rel))
+    assert orphans == [], f"tests/unit files that name no module: {orphans}"
+
+
+def test_test_modules_import_only_the_helpers() -> None:
+    """Shared test code lives in ``tests/helpers.py``: no test module imports another test module or a
+    conftest (fixtures need no import), and the entry scripts next to the tests are imported only there."""
+    bad = []
+    for path in sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "experiments").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
+    assert bad == []
 
 
 # ------------------------------------------------------------------ the README and the docs

@@ -12,7 +12,7 @@ Either way the trainer scores the completions itself for the loss; an engine's o
 log-probs (``Completions.sampled_logp``) are a health metric and, optionally, the denominator of
 TRL-style truncated importance sampling (``GRPOTask.importance_sampling_cap``).
 
-The interface and the HF engine: :mod:`grasp_lightning.engines.base`; the vLLM client:
+The interface: :mod:`grasp_lightning.engines.base`; the HF engine: :mod:`grasp_lightning.engines.hf`; the vLLM client:
 :mod:`grasp_lightning.engines.vllm`; its server: :mod:`grasp_lightning.engines.server.vllm_server`; settings:
 :mod:`grasp_lightning.engines.vllm_config`.
 

@@ -182,17 +182,17 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
     """accumulate 2 x num_iterations 2: micro-batches w0 w1 w0 w1. The first use is on-policy (ratio 1),
     the second comes after an optimizer step (ratio != 1, against the cached old log-probs), and each
     prompt is sampled once."""
-    import grasp_lightning.engines.base as engines_base
+    import grasp_lightning.engines.hf as engines_hf
     import grasp_lightning.tasks.grpo as grpo_task
 
     calls: list[int] = []
-    real = engines_base.sample_completions
+    real = engines_hf.sample_completions
 
     def counting(policy, tokenizer, prompt, **kwargs):
         calls.append(prompt["input_ids"].shape[0])
         return real(policy, tokenizer, prompt, **kwargs)
 
-    monkeypatch.setattr(engines_base, "sample_completions", counting)
+    monkeypatch.setattr(engines_hf, "sample_completions", counting)
     # the untrained tiny model earns no reward: alternate them so advantages, hence the update, are non-zero
     monkeypatch.setattr(grpo_task, "compute_rewards", lambda texts, items, names, **kw: torch.tensor(
         [[float(i % 2)] * len(names) for i in range(len(texts))]))

@@ -214,7 +214,7 @@ def test_sft_lora_reproduces_its_target_and_exports(sft_export):
 
 
 class _Recorder:
-    """Wraps ``grasp_lightning.engines.base.sample_completions`` (the HF engine's) to keep every call's :class:`Completions`, budget and stop strings."""
+    """Wraps ``grasp_lightning.engines.hf.sample_completions`` (the HF engine's) to keep every call's :class:`Completions`, budget and stop strings."""
 
     def __init__(self, real):
         self.real, self.calls = real, []
@@ -231,10 +231,10 @@ def test_sgr_from_the_export_has_correct_answers_in_every_group(sft_export, data
     advantages are non-zero; each completion's mask covers exactly the sampled tokens (it ends at the
     token that completes ``</answer>`` or at the first sampled end id, never on the ``<|endoftext|>``
     padding that is also an end id)."""
-    import grasp_lightning.engines.base
+    import grasp_lightning.engines.hf
     import grasp_lightning.tasks.grpo
 
-    recorder = _Recorder(grasp_lightning.engines.base.sample_completions)
+    recorder = _Recorder(grasp_lightning.engines.hf.sample_completions)
     monkeypatch.setattr(grasp_lightning.engines.base, "sample_completions", recorder)
     rollouts = []  # (reward names, Rollout) of every group sampled by the task
     real_rollout = grasp_lightning.tasks.grpo.GRPOTask.rollout

@@ -117,11 +117,11 @@ def test_compile_decode_setting_is_validated_and_reaches_the_hf_engine(monkeypat
         RolloutConfig(compile_decode="yes")
     with pytest.raises(GraspConfigError, match="model.rollout.compile_backend"):
         RolloutConfig(compile_backend="")
-    import grasp_lightning.engines.base as base
+    import grasp_lightning.engines.hf as hf
 
     seen = {}
-    monkeypatch.setattr(base, "sample_completions", lambda *a, **kw: seen.update(kw))
-    base.HFEngine().sample(None, None, {}, RolloutConfig(compile_decode=True, compile_backend="aot_eager"))
+    monkeypatch.setattr(hf, "sample_completions", lambda *a, **kw: seen.update(kw))
+    hf.HFEngine().sample(None, None, {}, RolloutConfig(compile_decode=True, compile_backend="aot_eager"))
     assert seen["compile_decode"] is True and seen["compile_backend"] == "aot_eager"
 
 

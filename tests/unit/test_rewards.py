@@ -403,7 +403,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     import contextlib
     from types import SimpleNamespace
 
-    import grasp_lightning.engines.base as engines_base
+    import grasp_lightning.engines.hf as engines_hf
     import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.data.collate import Batch
     from grasp_lightning.decoding import Completions, RolloutConfig
@@ -416,7 +416,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
         return Completions(ids=torch.full((n, 3), 7), mask=torch.ones(n, 3, dtype=torch.bool), texts=texts * (n // 2),
                            truncated=torch.zeros(n, dtype=torch.bool), prompt_opened_think=[False] * n)
 
-    monkeypatch.setattr(engines_base, "sample_completions", sample)
+    monkeypatch.setattr(engines_hf, "sample_completions", sample)
     ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
                           rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
                           reference=contextlib.nullcontext)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import grasp_lightning.engines.base as engines_base
+import grasp_lightning.engines.hf as engines_hf
 import grasp_lightning.tasks.grpo as grpo_task
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
@@ -129,7 +129,7 @@ def test_one_generation_call_per_rollout_batch_same_losses_and_gradients(world, 
     policy, reference, dm = world
     module = make_module(policy, reference, dm.processor)
     calls: list[int] = []
-    monkeypatch.setattr(engines_base, "sample_completions", fake_sample(calls))
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample(calls))
     monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
     it = windows(dm, window=4)
     micro = [next(it) for _ in range(4)]
@@ -188,7 +188,7 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     policy, reference, dm = world
     module = make_module(policy, reference, dm.processor)
     calls: list[int] = []
-    monkeypatch.setattr(engines_base, "sample_completions", fake_sample(calls))
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample(calls))
     it = windows(dm, window=2, draws=mode == "refill")
     micro = [next(it), next(it)]
     # the first window's two prompts are degenerate: refill must draw
@@ -294,7 +294,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
     and the prompts of every generate call."""
     rows: list[dict] = []
     calls: list[int] = []
-    real_sample, step = engines_base.sample_completions, grpo_task.GRPOTask.training_step
+    real_sample, step = engines_hf.sample_completions, grpo_task.GRPOTask.training_step
 
     def counting(policy, tokenizer, prompt, **kwargs):
         calls.append(int(prompt["input_ids"].shape[0]))
@@ -310,7 +310,7 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
                      "tries": self._window_stats["resample_tries"], "calls": len(calls)})
         return out
 
-    monkeypatch.setattr(engines_base, "sample_completions", counting)
+    monkeypatch.setattr(engines_hf, "sample_completions", counting)
     monkeypatch.setattr(grpo_task, "compute_rewards", cli_rewards)
     monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
     return rows, calls

@@ -29,7 +29,7 @@ from grasp_lightning.evaluation.base import LETTER_INSTRUCTION, EvalSuite, answe
 
 #: Appended to an open-ended question that names no ``<answer>`` tag.
 OPEN_INSTRUCTION = "Put only the final answer inside <answer> tags."
-#: The task of rows without a ``category``.
+#: The category of rows without a ``category``.
 NO_CATEGORY = "all"
 _FOLD_RE = re.compile(r"\s+")
 

@@ -102,10 +102,10 @@ def test_task_accuracy_mean_overall_and_ranks_merge(tmp_path):
     rank0.merge_state(rank1)
     assert rank0.compute() == single.compute()
     with pytest.raises(Exception, match="not one of"):
-        CategoryAccuracy(["STI"]).update([{**records[0], "task": "XX"}])
+        CategoryAccuracy(["STI"]).update([{**records[0], "category": "XX"}])
     table = bench.markdown(got)
     assert re.search(r"^\| STI \| Speaking target identification \| 33\.3 \| 3 \| 0 \|$", table, re.M)
-    assert re.search(r"\*\*Mean over tasks\*\* \| 44\.4 \|", table) and re.search(r"\*\*Overall\*\* \| 40\.0 \| 5 \|", table)
+    assert re.search(r"\*\*Mean over categories\*\* \| 44\.4 \|", table) and re.search(r"\*\*Overall\*\* \| 40\.0 \| 5 \|", table)
 
 
 # ------------------------------------------------------------------------------------ TVQA+
@@ -285,7 +285,7 @@ def test_shipped_fixtures_match_the_generator_and_read(tmp_path):
     for cls, key in ((MMSI, "mmsi"), (OnlineMMSI, "online_mmsi"), (TVQAPlus, "tvqa_plus"), (HumanSense, "humansense")):
         bench = cls(str(made[key]))
         bench.load(audio_unavailable=NO_AUDIO)
-        counts[key] = (len(bench.items), sum(bench.not_evaluated.values()), bench.tasks[:3])
+        counts[key] = (len(bench.items), sum(bench.not_evaluated.values()), bench.categories[:3])
         assert bench.store().open(bench.items[0].clip.path)[4:8] == b"ftyp"
     assert counts == {"mmsi": (6, 0, ["STI", "PCR", "MPP"]), "online_mmsi": (6, 0, ["STI", "PCR", "MPP"]),
                       "tvqa_plus": (5, 0, ["what", "who", "where"]),
@@ -326,8 +326,20 @@ def test_grasp_bench_suite_reuses_bench_and_reports(tmp_path):
     assert other.report(metrics, []).section["table"] == "table_grasp_copy.md"
 
 
+def test_read_sections_also_reads_the_old_benchmarks_key(tmp_path):
+    """results.json files written before the key was named "suites" keep their sections under "benchmarks"."""
+    mmsi = {"title": "MMSI", "metrics": {"acc/overall": None, "n/overall": 0.0}, "items": [], "table": "t.md"}
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps({"meta": {}, "metrics": {"acc/overall": 0.5}, "items": [], "benchmarks": {"mmsi": mmsi}}))
+    new.write_text(json.dumps({"meta": {}, "suites": {"mmsi": mmsi}}))
+    for path in (old, new):
+        sections = read_sections(path)
+        assert sections["mmsi"]["title"] == "MMSI" and math.isnan(sections["mmsi"]["metrics"]["acc/overall"])
+    assert list(read_sections(old)) == ["grasp_bench", "mmsi"] and list(read_sections(new)) == ["mmsi"]
+
+
 # ------------------------------------------------------------------------------------ validate, all at once
-def test_validate_reports_grasp_bench_and_four_benchmarks(in_repo, tmp_path, capsys):
+def test_validate_reports_grasp_bench_and_four_other_suites(in_repo, tmp_path, capsys):
     cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
                    "configs/eval_suites.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
                    "--data.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4"],
@@ -340,6 +352,8 @@ def test_validate_reports_grasp_bench_and_four_benchmarks(in_repo, tmp_path, cap
     latest = Path(cli.trainer.log_dir) / "bench" / "latest"
     sections = read_sections(latest / "results.json")
     assert list(sections) == ["grasp_bench", "mmsi", "online_mmsi", "tvqa_plus", "humansense"]
+    raw = json.loads((latest / "results.json").read_text())
+    assert list(raw["suites"]) == ["mmsi", "online_mmsi", "tvqa_plus", "humansense"] and "benchmarks" not in raw
     assert sections["grasp_bench"]["metrics"]["n/overall"] == 4
     sizes = {name: (s["metrics"]["n/overall"], len(s["items"])) for name, s in sections.items() if name != "grasp_bench"}
     assert sizes == {"mmsi": (6, 6), "online_mmsi": (6, 6), "tvqa_plus": (5, 5), "humansense": (7, 7)}

@@ -1,4 +1,5 @@
-"""Tests of grasp_lightning.parsing: answer extraction order, tags, reasoning, participants, format."""
+"""Tests of grasp_lightning.parsing: answer extraction order, tags, reasoning, participants, format, time spans
+and their temporal IoU (golden values)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from grasp_lightning.parsing import (
     extract_participants_released,
     has_format,
     opens_think,
+    parse_time_spans,
     reasoning_text,
     tag_contents,
+    temporal_iou,
 )
 
 GOOD = "<think>Person 0 looks at <gaze>Person 2</gaze>.</think><answer>B</answer>"
@@ -181,3 +184,79 @@ def test_released_person_pattern() -> None:
     assert extract_participants_released("Person 0, Person\n12, P3, P4a, P5_") == {0, 12, 3, 4, 5}
     assert extract_participants_released("Person12 and AP1") == frozenset()
     assert extract_participants("Person12 and AP1 and P4a") == {12}  # our pattern differs at the edges
+
+
+# --- parse_time_spans ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, spans", [
+    # the two forms, case-insensitive keywords
+    ("Person 0 looks at Person 1 from 1s to 2.5s.", [(1.0, 2.5)]),
+    ("Between 1.5s and 3.5s, whose gaze does Person 3 follow?", [(1.5, 3.5)]),
+    ("FROM 0.25s TO 2s", [(0.25, 2.0)]),
+    # unit variants; the unit may be spaced off, and is optional on the start only
+    ("from 1 to 2.5s", [(1.0, 2.5)]),
+    ("from 1 sec to 2 secs", [(1.0, 2.0)]),
+    ("between 1 second and 2 seconds", [(1.0, 2.0)]),
+    ("from 1 s to 2 s.", [(1.0, 2.0)]),
+    ("from 1secs to 2sec", [(1.0, 2.0)]),
+    ("from 1 to 2", []),  # no unit on the end: persons or counts, not times
+    ("between Person 1 and Person 2", []),
+    # inside tags
+    ("<think><gaze>Person 0 looks at Person 1 from 1.0s to 2.5s</gaze></think>", [(1.0, 2.5)]),
+    ("<gaze>between 0s and 1s</gaze><gesture>from 2s to 4s</gesture>", [(0.0, 1.0), (2.0, 4.0)]),
+    # several spans, in order of appearance
+    ("from 3s to 4s, then between 0.5s and 1s, and from 6 to 7 seconds", [(3.0, 4.0), (0.5, 1.0), (6.0, 7.0)]),
+    # numbers are read whole: 10.5s is 10.5, never 0.5
+    ("from 0s to 10.5s", [(0.0, 10.5)]),
+    ("from 10.5s to 12s", [(10.5, 12.0)]),
+    # malformed: end before start, equal, missing end, odd numbers, negative, comma decimals
+    ("from 3s to 1s", []),
+    ("from 2s to 2s", []),
+    ("from 2.0s to 2s", []),
+    ("from 3s to 1s and from 1s to 3s", [(1.0, 3.0)]),  # the malformed one is skipped, the next one read
+    ("from 1.0s to", []),
+    ("from 1.0s", []),
+    ("between 1s and", []),
+    ("from 1..0s to 2s", []),
+    ("from 0s to 1..5s", []),
+    ("from 1.s to 2s", []),
+    ("from abc s to 2s", []),
+    ("from 0s to abc s", []),
+    ("from -1s to 2s", []),
+    ("from 0s to -2s", []),
+    ("from 1,5s to 2s", []),
+    ("from 0s to 1,5s", []),
+    ("from .5s to 1s", []),
+    ("from 1e3s to 2s", []),
+    ("from 1s to 2sx", []),
+    ("from 1s to 2 sets", []),
+    ("therefrom 1s to 2s", []),
+    # odd and nested whitespace
+    ("from\n1.0s\t to  \n 2.5 s", [(1.0, 2.5)]),
+    ("between\t\t0s\nand\n\n3 seconds", [(0.0, 3.0)]),
+    ("from1s to 2s", []),
+    ("from 1s to2s", []),
+])
+def test_parse_time_spans_golden(text: str, spans: list[tuple[float, float]]) -> None:
+    assert parse_time_spans(text) == spans
+
+
+def test_parse_time_spans_returns_floats() -> None:
+    (span,) = parse_time_spans("from 1 to 2s")
+    assert all(type(t) is float for t in span)
+
+
+# --- temporal_iou ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a, b, iou", [
+    ((1.0, 3.0), (1.0, 3.0), 1.0),  # identical
+    ((0.0, 2.0), (1.0, 3.0), 1 / 3),  # half of each overlaps: 1 / (2 + 2 - 1)
+    ((0.0, 4.0), (1.0, 2.0), 1 / 4),  # contained: 1 / 4
+    ((1.0, 2.0), (0.0, 4.0), 1 / 4),  # symmetric
+    ((0.0, 1.0), (2.0, 3.0), 0.0),  # disjoint
+    ((0.0, 1.0), (1.0, 2.0), 0.0),  # touching
+    ((1.5, 3.5), (2.5, 4.5), 1 / 3),
+    ((0.0, 0.0), (0.0, 0.0), 0.0),  # no length: no union
+])
+def test_temporal_iou_golden(a, b, iou) -> None:
+    assert temporal_iou(a, b) == iou

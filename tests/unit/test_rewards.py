@@ -1,4 +1,5 @@
-"""Tests of grasp_lightning.rewards with hand-worked values of the Social Grounding Reward."""
+"""Tests of grasp_lightning.rewards with hand-worked values of the Social Grounding Reward and of the temporal
+grounding term (alone and composed with the paper's four terms)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from grasp_lightning.rewards import (
     VISION_PLACEHOLDERS,
     compute_rewards,
     grounding_precision_recall,
+    temporal_grounding,
 )
 
 PAPER_TERMS = ["accuracy", "format", "grounding_presence", "social_grounding"]
@@ -607,3 +609,98 @@ def test_grounding_by_modality_reads_the_reasoning_only_and_needs_events() -> No
     assert REWARDS["social_grounding_by_modality"]("<think>" + after, item) == 0.0  # the answer's tags do not count
     assert REWARDS["social_grounding_by_modality"](after, item, opened_think=True) == 0.0
     assert REWARDS["social_grounding_by_modality"](think("<gaze>Person 0</gaze>"), make_item(events=())) == 0.0
+
+
+TEMPORAL_TERMS = ["accuracy", "format", "grounding_presence", "social_grounding", "temporal_grounding"]
+TEMPORAL_WEIGHTS = [1.0, 0.1, 0.05, 0.2, 0.2]
+
+
+def make_timed_item(spans: tuple[tuple[float, float] | None, ...] = ((1.0, 3.0),), persons=(0, 1)) -> GraspItem:
+    """An RL item with one gaze event per entry of ``spans`` (``None``: an event without a time)."""
+    return GraspItem(
+        uid="tmp", origin="test:1", clip=ClipRef(path="x/video/c_qa0000.mp4"),
+        question="Whom does Person 0 look at?\nA) Person 0\nB) Person 1\nC) Person 2\nD) No one",
+        options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer="B",
+        events=tuple(SocialEvent("gaze", tuple(persons), "gaze", span=s) for s in spans),
+    )
+
+
+# --- the temporal_grounding reward -----------------------------------------------------------------
+
+@pytest.mark.parametrize("spans, completion, expected", [
+    # exact span -> 1.0
+    (((1.0, 3.0),), think("Person 0 looks at Person 1 from 1s to 3s."), 1.0),
+    # half overlap -> the IoU: (2, 4) against (1, 3) is 1/3
+    (((1.0, 3.0),), think("between 2s and 4s"), 1 / 3),
+    # two named spans against one gt -> IoU / 2 (the denominator is max(|gt|, |named|) = 2)
+    (((1.0, 3.0),), think("from 1s to 3s, and from 5s to 6s"), 1.0 / 2),
+    # two gt spans, one named: best IoUs 1 and 0 over max(2, 1) = 2
+    (((1.0, 3.0), (5.0, 6.0)), think("from 1s to 3s"), 1.0 / 2),
+    # two gt spans, both named (in any order) -> 1.0
+    (((1.0, 3.0), (5.0, 6.0)), think("from 5s to 6s, then from 1s to 3s"), 1.0),
+    # an event without a span does not enter gt
+    (((1.0, 3.0), None), think("from 1s to 3s"), 1.0),
+    # no span named -> 0.0
+    (((1.0, 3.0),), think("Person 0 looks at Person 1."), 0.0),
+    # item without spans -> 0.0
+    ((None,), think("from 1s to 3s"), 0.0),
+    ((), think("from 1s to 3s"), 0.0),
+    # a span only in the <answer> part is not counted
+    (((1.0, 3.0),), think("Person 0 looks.", answer="B from 1s to 3s"), 0.0),
+    (((1.0, 3.0),), "<answer>B</answer> from 1s to 3s", 0.0),
+    # malformed spans are ignored (and do not count in the denominator)
+    (((1.0, 3.0),), think("from 3s to 1s, from 2s to 2s, from 1s to 3s, from 1..5s to 3s"), 1.0),
+    (((1.0, 3.0),), think("from 3s to 1s"), 0.0),
+])
+def test_temporal_grounding_golden(spans, completion: str, expected: float) -> None:
+    assert temporal_grounding(completion, make_timed_item(spans)) == expected
+
+
+def test_temporal_grounding_after_an_opened_think_mirrors_social_grounding() -> None:
+    item = make_timed_item()
+    text = "Person 0 looks from 1s to 3s.</think><answer>B</answer>"
+    assert temporal_grounding(text, item, opened_think=True) == 1.0
+    assert temporal_grounding(text, item) == 1.0  # no <think>: everything before </think>
+    # a second, opened <think> after a Thinking prompt: the reasoning is up to the first </think>
+    both = "from 1s to 3s <think>from 5s to 6s</think><answer>B</answer>"
+    assert temporal_grounding(both, item, opened_think=True) == 1 / 2
+    assert temporal_grounding(both, item) == 0.0  # without the flag, the <think> block's content only
+    assert REWARDS["social_grounding"].takes_flag and REWARDS["temporal_grounding"].takes_flag
+
+
+def test_temporal_grounding_vision_placeholder_is_zero() -> None:
+    assert temporal_grounding(think("from 1s to 3s <|video_pad|>"), make_timed_item()) == 0.0
+
+
+# --- composition with the paper's terms ------------------------------------------------------------
+
+def test_compute_rewards_with_the_temporal_term_and_the_task_weighting() -> None:
+    """The five-term list through ``compute_rewards`` and ``GRPOTask.advantages``' weighted sum."""
+    from grasp_lightning.tasks.grpo import GRPOTask
+
+    item = make_timed_item(((1.0, 3.0),), persons=(0, 1))
+    completions = [
+        # right, formatted, gaze tag, exact persons (SGR 2), exact span (1)
+        think("<gaze>Person 0 looks at Person 1 from 1s to 3s</gaze>"),
+        # wrong, formatted, gaze tag; persons {0,1,2,3}: P = 1/2, R = 1 -> 1.0; spans (1,3),(5,6): 1/2
+        think("<gaze>Person 0, Person 1, Person 2, Person 3 from 1s to 3s, from 5s to 6s</gaze>", answer="A"),
+        # right, formatted, no tag, nobody, the span only after the reasoning -> 0
+        "<answer>B</answer> Person 0 from 1s to 3s",
+        # right, formatted, no tag; P = 1, R = 1/2 -> 1.5; half overlap (2,4) vs (1,3) -> 1/3
+        think("Person 0 acts between 2s and 4s"),
+    ]
+    task = GRPOTask(rewards=TEMPORAL_TERMS, reward_weights=TEMPORAL_WEIGHTS)
+    assert task.reward_labels == TEMPORAL_TERMS
+    terms = compute_rewards(completions, [item] * 4, task.reward_terms)
+    expected = torch.tensor([
+        [1.0, 1.0, 1.0, 2.0, 1.0],
+        [0.0, 1.0, 1.0, 1.0, 0.5],
+        [1.0, 1.0, 0.0, 0.0, 0.0],
+        [1.0, 1.0, 0.0, 1.5, 1 / 3],
+    ])
+    torch.testing.assert_close(terms, expected, rtol=0, atol=0)
+    assert compute_rewards(completions, [item] * 4, TEMPORAL_TERMS).equal(terms)  # names resolve to the same terms
+    rewards, _ = task.advantages(terms, k=2)
+    # 1 + 0.1 + 0.05 + 0.4 + 0.2; 0.1 + 0.05 + 0.2 + 0.1; 1 + 0.1; 1 + 0.1 + 0.3 + 0.2/3
+    torch.testing.assert_close(rewards, torch.tensor([1.75, 0.45, 1.1, 1.1 + 0.3 + 0.2 / 3]))
+    torch.testing.assert_close(rewards, terms @ torch.tensor(TEMPORAL_WEIGHTS), rtol=0, atol=0)

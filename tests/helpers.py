@@ -19,12 +19,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -685,7 +687,7 @@ def _perturb(model, seed, scale=0.05):
 
 #: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
 SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
-               "tests.cli.test_training.checksum_reward]",
+               "tests.helpers.checksum_reward]",
                "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
 
 
@@ -790,3 +792,137 @@ QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0
 # gt event spans (seconds): item 0 names (1, 2) exactly -> 1; item 3 names none -> 0; item 13 names
 # (2, 4) against (0, 4) -> 2/4.
 SPANS: dict[int, tuple[float, float]] = {0: (1.0, 2.0), 3: (0.5, 1.5), 13: (0.0, 4.0)}
+
+
+class WindowRecorder(L.Callback):
+    """Per training micro-batch: ``trainer.global_step`` at its start and its task output's KL and
+    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class).
+
+    Args:
+        path: if given, each rank saves its rows to ``<path>.rank<r>`` (``torch.save``) at the end of fit.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self._step = -1
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.path:
+            torch.save(self.rows, f"{self.path}.rank{trainer.global_rank}")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        record = out.rollout
+        self.rows.append({"step": self._step, "kl": record.kl_tokens.detach().clone(),
+                          "entropy": record.entropy_tokens.detach().clone(),
+                          "clip": float(out.metrics["clip_ratio"]), "uids": [item.uid for item in record.items]})
+
+
+# ----------------------------------------------------------------------------------- step metrics, 2 ranks
+def half_degenerate_reward(completion: str, item) -> float:
+    """A reward term: 0.5 for every completion of the prompts whose file line is even (degenerate groups),
+    else a value that differs between any two distinct completions (CRC-32 of the text)."""
+    if int(item.uid.rsplit(":", 1)[1]) % 2 == 0:
+        return 0.5
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+class StepMetricsRecorder(L.Callback):
+    """Writes, per micro-batch of this rank, what the step metrics are computed from: the rollouts the
+    micro-batch trained (rewards, lengths, truncation, groups), its k3 KL and entropy of the loss tokens
+    and its loss (``steps_rank{r}.jsonl`` under ``out_dir``)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        ro = pl_module.task._window_rollouts[batch.window.position]
+        k = ro.num_generations
+        row = {"step": self._step, "position": batch.window.position,
+               "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),
+               "truncated": ro.completions.truncated.tolist(), "zero_variance": ro.zero_variance.tolist(),
+               "kl": out.rollout.kl_tokens.tolist(), "entropy": out.rollout.entropy_tokens.tolist(),
+               "loss": float(out.loss.detach())}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+class SigtermAt(L.Callback):
+    """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
+    ``grasp_lightning.callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
+    step boundary and stops the run."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class UpdateRecorder(L.Callback):
+    """Record each trainable weight and its gradient just before the first optimizer step, and the
+    weight after it."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        named = [(n, p) for n, p in pl_module.policy.named_parameters() if p.requires_grad and p.grad is not None]
+        self.before = {n: p.detach().clone() for n, p in named}
+        self.grads = {n: p.grad.detach().clone() for n, p in named}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        params = dict(pl_module.policy.named_parameters())
+        self.after = {n: params[n].detach().clone() for n in self.before}
+
+
+def checksum_reward(completion: str, item) -> float:
+    """A reward term in [0, 1) that differs between any two distinct completions (CRC-32 of the text).
+
+    The tiny models never earn the recipe's terms (every group's rewards are all 0, so every advantage
+    is 0 and the first step's gradient is exactly 0); this term gives each group distinct rewards.
+    """
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+class GradRecorder(L.Callback):
+    """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not hasattr(self, "grads"):
+            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
+                          if p.grad is not None}
+
+
+class MicroBatchLosses(L.Callback):
+    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
+
+
+class PromptRecorder(L.Callback):
+    """Keep the prompt ids (padding removed) and the completions' inputs of every validation batch."""
+
+    def __init__(self) -> None:
+        self.prompts: list[torch.Tensor] = []
+        self.uids: list[str] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"].bool()
+        self.prompts += [row[keep] for row, keep in zip(ids, mask)]
+        self.uids += [item.uid for item in batch.items]

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 
-import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -21,34 +20,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import REPO, run_cli, scalars
 
 ACCUMULATE, STEPS, K = 4, 2, 2
-
-
-class WindowRecorder(L.Callback):
-    """Per training micro-batch: ``trainer.global_step`` at its start and its task output's KL and
-    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class).
-
-    Args:
-        path: if given, each rank saves its rows to ``<path>.rank<r>`` (``torch.save``) at the end of fit.
-    """
-
-    def __init__(self, path: str | None = None) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self._step = -1
-
-    def on_fit_end(self, trainer, pl_module) -> None:
-        if self.path:
-            torch.save(self.rows, f"{self.path}.rank{trainer.global_rank}")
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        record = out.rollout
-        self.rows.append({"step": self._step, "kl": record.kl_tokens.detach().clone(),
-                          "entropy": record.entropy_tokens.detach().clone(),
-                          "clip": float(out.metrics["clip_ratio"]), "uids": [item.uid for item in record.items]})
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +36,7 @@ def accumulated_fit(tmp_path_factory):
                        "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
                        "--trainer.callbacks+=grasp_lightning.callbacks.rollout_samples.RolloutSamples",
                        "--trainer.callbacks.every_n_steps=1", "--trainer.callbacks.filename=every_step.jsonl",
-                       "--trainer.callbacks+=tests.cli.test_callbacks.WindowRecorder"], tmp_path)
+                       "--trainer.callbacks+=tests.helpers.WindowRecorder"], tmp_path)
     finally:
         os.chdir(cwd)
     return cli
@@ -156,7 +127,7 @@ def test_kl_logging_reduces_the_step_over_both_ranks(tmp_path):
            "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2", "--data.batch_size=1",
            "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
            "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.logger.init_args.save_dir={tmp_path}",
-           "--trainer.callbacks+=tests.cli.test_callbacks.WindowRecorder", f"--trainer.callbacks.path={record}"]
+           "--trainer.callbacks+=tests.helpers.WindowRecorder", f"--trainer.callbacks.path={record}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,11 +11,9 @@ import subprocess
 import sys
 import time
 import types
-import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 
@@ -255,40 +253,6 @@ def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
         GraspDataModule(bench=None, repeat_batches=2)
 
 
-# ----------------------------------------------------------------------------------- step metrics, 2 ranks
-def half_degenerate_reward(completion: str, item) -> float:
-    """A reward term: 0.5 for every completion of the prompts whose file line is even (degenerate groups),
-    else a value that differs between any two distinct completions (CRC-32 of the text)."""
-    if int(item.uid.rsplit(":", 1)[1]) % 2 == 0:
-        return 0.5
-    return zlib.crc32(completion.encode()) / 2**32
-
-
-class StepMetricsRecorder(L.Callback):
-    """Writes, per micro-batch of this rank, what the step metrics are computed from: the rollouts the
-    micro-batch trained (rewards, lengths, truncation, groups), its k3 KL and entropy of the loss tokens
-    and its loss (``steps_rank{r}.jsonl`` under ``out_dir``)."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = Path(out_dir)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        ro = pl_module.task._window_rollouts[batch.window.position]
-        k = ro.num_generations
-        row = {"step": self._step, "position": batch.window.position,
-               "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),
-               "truncated": ro.completions.truncated.tolist(), "zero_variance": ro.zero_variance.tolist(),
-               "kl": out.rollout.kl_tokens.tolist(), "entropy": out.rollout.entropy_tokens.tolist(),
-               "loss": float(out.loss.detach())}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
-
-
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:
     """``python -m grasp_lightning <args>`` once per rank (2 ranks, as ``torchrun`` starts them); every
     process is killed and the test fails after ``timeout`` seconds."""
@@ -324,10 +288,10 @@ def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
             "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accumulate_grad_batches=4",
             "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={run}",
-            f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.cli.test_grpo_windows.StepMetricsRecorder",
+            f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.helpers.StepMetricsRecorder",
             f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.batch_size=1", "--data.num_workers=0",
             "--data.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
-            "--model.task.init_args.rewards=[accuracy, tests.cli.test_grpo_windows.half_degenerate_reward]",
+            "--model.task.init_args.rewards=[accuracy, tests.helpers.half_degenerate_reward]",
             "--model.task.init_args.reward_weights=[1.0, 1.0]", "--model.task.init_args.dynamic_sampling=refill",
             "--model.task.init_args.max_resample=0", "--model.optim.warmup_steps=0"]
     _launch_ranks(args, run, timeout=240)

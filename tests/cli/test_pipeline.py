@@ -4,11 +4,8 @@ previous export, an interruption mid-stage, and a resume at the stage and step w
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
-import lightning as L
 import pytest
 import yaml
 from transformers import AutoConfig
@@ -27,21 +24,8 @@ from tests.helpers import scalars
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
-class SigtermAt(L.Callback):
-    """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
-    ``grasp_lightning.callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
-    step boundary and stops the run."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _pipeline(run: Path, model: Path, interrupt_at: int | None = None) -> Pipeline:
-    sgr_args = [] if interrupt_at is None else ["--trainer.callbacks+=tests.cli.test_pipeline.SigtermAt",
+    sgr_args = [] if interrupt_at is None else ["--trainer.callbacks+=tests.helpers.SigtermAt",
                                                 f"--trainer.callbacks.init_args.step={interrupt_at}"]
     stages = [
         Stage("sft", ["configs/sft.yaml"], overrides={"trainer.max_steps": 2, "data.bench": None,

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 
-from tests.helpers import run_cli
+from tests.helpers import UpdateRecorder, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -24,22 +23,8 @@ FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
 BF16_STEP = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
              "--model.policy.dtype=bfloat16", "--trainer.precision=bf16-mixed", "--model.optim.lr=2e-6",
              "--model.optim.warmup_steps=0", "--model.optim.scheduler=constant", "--trainer.max_steps=1",
-             "--data.bench=null", "--data.train_limit=2", "--trainer.callbacks+=tests.cli.test_precision.UpdateRecorder"]
+             "--data.bench=null", "--data.train_limit=2", "--trainer.callbacks+=tests.helpers.UpdateRecorder"]
 ADAM_EPS = 1e-8  # OptimConfig.eps: a gradient above it gives an AdamW step of at least lr / 2
-
-
-class UpdateRecorder(L.Callback):
-    """Record each trainable weight and its gradient just before the first optimizer step, and the
-    weight after it."""
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        named = [(n, p) for n, p in pl_module.policy.named_parameters() if p.requires_grad and p.grad is not None]
-        self.before = {n: p.detach().clone() for n, p in named}
-        self.grads = {n: p.grad.detach().clone() for n, p in named}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        params = dict(pl_module.policy.named_parameters())
-        self.after = {n: params[n].detach().clone() for n in self.before}
 
 
 def _one_step(tmp_path, model, *extra: str) -> UpdateRecorder:

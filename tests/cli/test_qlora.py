@@ -137,7 +137,7 @@ def test_qlora_sft_step_checkpoints_adapters_resumes_and_exports(in_repo, tmp_pa
 
     from grasp_lightning.__main__ import main as dispatch
 
-    cli = run_cli([*SFT_ARGS, "--trainer.max_steps=2", "--trainer.callbacks+=tests.cli.test_training.WeightRecorder"],
+    cli = run_cli([*SFT_ARGS, "--trainer.max_steps=2", "--trainer.callbacks+=tests.helpers.WeightRecorder"],
                   tmp_path / "run")
     module, policy = cli.model, cli.model.policy
     assert module.quantized and module.uses_adapter_reference
@@ -169,7 +169,7 @@ def test_qlora_grpo_step_uses_the_adapter_disabled_reference(in_repo, tmp_path) 
     its adapters disabled (KL exactly 0 at step 0) and only the adapters move."""
     cli = run_cli([*_one_sgr_step("sgr", "qlora", "demo"), f"--model.policy.name_or_path={TINY}",
                    "--model.lora.quant_compute_dtype=float32",
-                   "--trainer.callbacks+=tests.cli.test_training.WeightRecorder"], tmp_path)
+                   "--trainer.callbacks+=tests.helpers.WeightRecorder"], tmp_path)
     module, policy = cli.model, cli.model.policy
     assert module.quantized and module.reference_model is None
     series = scalars(cli.trainer.log_dir)

@@ -11,7 +11,6 @@ thread (``conftest.one_intra_op_thread``): ten times faster on the tiny models o
 import json
 import logging
 import re
-import zlib
 from pathlib import Path
 
 import lightning as L
@@ -24,6 +23,8 @@ from tests.helpers import (
     GRAD_TOLS,
     REPO,
     TINY_MODELS,
+    GradRecorder,
+    MicroBatchLosses,
     WeightRecorder,
     _callback,
     _one_sgr_step,
@@ -42,24 +43,6 @@ FALLBACK = "GRPO share_prompt: falling back to repeated prompt rows"
 
 def _log_dir(cli):
     return cli.trainer.log_dir
-
-
-def checksum_reward(completion: str, item) -> float:
-    """A reward term in [0, 1) that differs between any two distinct completions (CRC-32 of the text).
-
-    The tiny models never earn the recipe's terms (every group's rewards are all 0, so every advantage
-    is 0 and the first step's gradient is exactly 0); this term gives each group distinct rewards.
-    """
-    return zlib.crc32(completion.encode()) / 2**32
-
-
-class GradRecorder(L.Callback):
-    """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if not hasattr(self, "grads"):
-            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
-                          if p.grad is not None}
 
 
 def _assert_grads_close(got: dict, expected: dict, family: str) -> None:
@@ -132,26 +115,12 @@ def test_sft_loss_covers_the_response_tokens_only(sft_run):
     assert float(loss) < 0.5 * scalars(_log_dir(sft_run))["train/loss"][0][1]  # the trained policy
 
 
-class MicroBatchLosses(L.Callback):
-    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, float, float]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
-
-
 def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp_path):
     """Accumulate 3: ``train/loss`` is the mean of the step's 3 micro-batch losses (what the optimizer step
     averages), ``train/tokens/loss`` the sum of their response tokens; one point per step."""
     cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
                    "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
-                   "--trainer.callbacks+=tests.cli.test_training.MicroBatchLosses"], tmp_path)
+                   "--trainer.callbacks+=tests.helpers.MicroBatchLosses"], tmp_path)
     rows = _callback(cli, MicroBatchLosses).rows
     series = scalars(_log_dir(cli))
     assert [s for s, _ in series["train/loss"]] == [0, 1] and [s for s, _ in series["train/tokens/loss"]] == [0, 1]
@@ -194,7 +163,6 @@ class _Seen:
 
 
 def _sft_run(tmp_path, max_steps, ckpt=None, save=None):
-    import lightning as L
 
     from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.module import GraspModule
@@ -286,7 +254,7 @@ def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(fami
     """``share_prompt: true`` (sgr.yaml) really shares on both families (no fall-back warning) and its
     first step has the loss and gradients of ``share_prompt: false`` (K repeated rows, like TRL)."""
     args = [*_one_sgr_step("sgr", "demo"), f"--model.policy.name_or_path={TINY_MODELS[family]}",
-            "--trainer.callbacks+=tests.cli.test_training.GradRecorder"]
+            "--trainer.callbacks+=tests.helpers.GradRecorder"]
     with caplog.at_level(logging.WARNING, logger="grasp_lightning.tasks.grpo"):
         shared = run_cli(args, tmp_path / "shared")
     assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
@@ -312,7 +280,7 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
     from grasp_lightning.shared_prompt import layer_types
 
     cli = run_cli([*_one_sgr_step("sgr", "lora", "demo"), f"--model.policy.name_or_path={sft_export}",
-                   "--trainer.callbacks+=tests.cli.test_training.WeightRecorder"], tmp_path)
+                   "--trainer.callbacks+=tests.helpers.WeightRecorder"], tmp_path)
     module, policy, log_dir = cli.model, cli.model.policy, Path(_log_dir(cli))
     assert module.lora_cfg.enabled and module.uses_adapter_reference and module.reference_model is None
     kinds = layer_types(policy)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import re
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -26,7 +25,7 @@ from grasp_lightning.evaluation.protocol import (
     resolve_resolution,
     split_reasoning,
 )
-from tests.helpers import SAMPLE, run_cli
+from tests.helpers import SAMPLE, PromptRecorder, run_cli
 
 # eval_social_qa.py, generate() and compose_prompt(reasoning=True), verbatim.
 SYSTEM = ("Answer multiple-choice questions with only the option letter (A, B, C, or D) inside <answer> tags. "
@@ -213,19 +212,6 @@ def test_encoder_gives_the_released_inputs(processor):
     assert stamps[0] == 0.1 and stamps[-1] == 3.8  # frames 2k, 2k+1 at 10 fps: 0.2 k + 0.05 s (3.85 prints 3.8)
 
 
-class PromptRecorder(L.Callback):
-    """Keep the prompt ids (padding removed) and the completions' inputs of every validation batch."""
-
-    def __init__(self) -> None:
-        self.prompts: list[torch.Tensor] = []
-        self.uids: list[str] = []
-
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"].bool()
-        self.prompts += [row[keep] for row, keep in zip(ids, mask)]
-        self.uids += [item.uid for item in batch.items]
-
-
 def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp_path, processor, caplog):
     """``validate --config configs/sgr.yaml --config configs/demo.yaml --config configs/eval_released.yaml``
     (two items and 8 new tokens to keep it fast): its prompts are the released ones, with demo.yaml's
@@ -237,7 +223,7 @@ def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp
         cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
                        "configs/eval_released.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
                        "--data.val_limit=2", "--model.evaluation.max_new_tokens=8",
-                       "--trainer.callbacks+=tests.unit.evaluation.test_protocol.PromptRecorder"], tmp_path)
+                       "--trainer.callbacks+=tests.helpers.PromptRecorder"], tmp_path)
     module = cli.model
     assert module.eval_cfg.protocol == "released" and module.eval_cfg.max_frames == 8
     recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PromptRecorder))

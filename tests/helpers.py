@@ -456,7 +456,8 @@ LOGP_TOLS = {"qwen3_vl": dict(rtol=1e-5, atol=2e-5), "qwen3_5": dict(rtol=1e-5, 
 GRAD_TOLS = {"qwen3_vl": 1e-5, "qwen3_5": 5e-5}
 
 
-def _datamodule(path):
+def sample_rl_datamodule(path):
+    """The sample data's RL DataModule (8 frames, 4096 pixels, batches of 2) for the model at ``path``, set up."""
     from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
@@ -477,19 +478,22 @@ def load_model(family: str, train: bool = False, noise: float = 0.5):
     return model.train(train)
 
 
-def _generate(model, tokenizer, inputs, **kwargs):
+def generate_with_logits(model, tokenizer, inputs, **kwargs):
+    """``model.generate`` of 10 new tokens returning the per-step logits (``output_logits``)."""
     return model.generate(**inputs, max_new_tokens=10, pad_token_id=tokenizer.pad_token_id, output_logits=True,
                           return_dict_in_generate=True, **kwargs)
 
 
-def _assert_grad_close(actual, expected, name: str, family: str) -> None:
+def assert_grad_close(actual, expected, name: str, family: str) -> None:
     """Float32 tolerance relative to the tensor's largest entry (sums run in a different order)."""
     scale = GRAD_TOLS[family]
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=scale * expected.abs().max().item() + 1e-9,
                                msg=lambda m: f"{name}: {m}")
 
 
-def _completions(tok, n: int, lc: int = 9):
+def random_completions(tok, n: int, lc: int = 9):
+    """``n`` seeded random completions of up to ``lc`` tokens: ids ``(n, lc)`` padded with ``tok``'s pad id, and
+    the bool mask ``(n, lc)`` of their lengths ``[lc, 4, 1, lc, 7, 2][:n]``."""
     gen = torch.Generator().manual_seed(11)
     ids = torch.randint(0, 500, (n, lc), generator=gen)
     lengths = torch.tensor([lc, 4, 1, lc, 7, 2][:n])
@@ -507,12 +511,13 @@ class WeightRecorder(L.Callback):
         self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
 
 
-def _callback(cli, cls):
+def find_callback(cli, cls):
+    """The trainer's callback of class ``cls``."""
     return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
 
 
 # ------------------------------------------------------------------ GRPO-SGR and LoRA, on both families
-def _one_sgr_step(*configs: str) -> list[str]:
+def one_sgr_step_args(*configs: str) -> list[str]:
     """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
     return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
             "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
@@ -585,11 +590,11 @@ def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
     from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
 
     opens, written = FAMILIES[family]
-    processor, batch = _batch(SAMPLE, standin)
+    processor, batch = first_batch(SAMPLE, standin)
     item = read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
     assert render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0] == PUBLISHED_INSTRUCT_PROMPT + opens
     for row, sample_item in enumerate(batch.items):
-        first, prompt, target = _labelled(processor, batch, row)
+        first, prompt, target = labelled_part(processor, batch, row)
         assert first == int(batch.prompt_lengths[row])
         assert prompt.startswith("<|im_start|>system\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n<")
         user = sample_item.question.rstrip()
@@ -603,7 +608,7 @@ def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path,
     the longest RL prompt flags exactly that row, quoting its real token count."""
     from grasp_lightning.commands.check_data import main as check_data_main
 
-    processor, batch = _batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
+    processor, batch = first_batch(data_root, standin, train_file="train/data_rl.jsonl", mode="rl", system_prompt="")
     lengths = [int(n) for n in batch.prompt_lengths]
     assert len(set(lengths)) == 2, lengths
     report = tmp_path / "report.json"
@@ -622,7 +627,7 @@ def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path,
 
 
 # ----------------------------------------------------------------------------------- two ranks
-def _spawn(fn, *args) -> None:
+def spawn_two_ranks(fn, *args) -> None:
     """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -648,6 +653,7 @@ def section(title: str, page: str) -> str:
 
 
 def blocks(text: str, lang: str) -> list[str]:
+    """The contents of the fenced ``lang`` code blocks of a Markdown text, in order."""
     return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
 
 
@@ -659,10 +665,12 @@ def command(block: str) -> list[str]:
 
 
 def golden_records() -> list[dict]:
+    """The scored records of the hand-scored golden GRASP-Bench (:data:`GOLDEN`)."""
     return [score_completion(row[3], item) for row, item in zip(GOLDEN, golden_items())]
 
 
 def vllm_cfg(python: str, **over):
+    """The vLLM tier's engine settings (:class:`VLLMConfig`) with vLLM's Python ``python``; ``over`` replaces fields."""
     from grasp_lightning.engines.vllm_config import VLLMConfig
 
     kw = dict(python=python, dtype="float32", gpu_memory_utilization=0.05, max_model_len=4096,
@@ -671,13 +679,15 @@ def vllm_cfg(python: str, **over):
     return VLLMConfig(**kw)
 
 
-def _policy(path):
+def load_tiny_policy(path):
+    """The tiny Qwen3-VL at ``path`` as a float32 policy in eval mode."""
     from transformers import Qwen3VLForConditionalGeneration
 
     return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _perturb(model, seed, scale=0.05):
+def perturb_weights(model, seed, scale=0.05):
+    """Add seeded Gaussian noise (std ``scale``) to every language-model weight in place (the vision tower unchanged)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -708,7 +718,8 @@ def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
     return row
 
 
-def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
+def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
+    """The first training batch of ``train_file`` under ``root`` with the processor of ``model`` (``kw``: DataModule settings)."""
     from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
@@ -717,7 +728,7 @@ def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **
     return dm.processor, next(iter(dm.train_dataloader()))
 
 
-def _labelled(processor, batch, row: int) -> tuple[int, str, str]:
+def labelled_part(processor, batch, row: int) -> tuple[int, str, str]:
     """(first labelled position, decoded prompt before it, decoded labelled tokens) of one SFT row."""
     ids, labels = batch.inputs["input_ids"][row], batch.inputs["labels"][row]
     where = (labels != -100).nonzero().flatten()

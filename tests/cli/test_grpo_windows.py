@@ -24,7 +24,7 @@ from grasp_lightning.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
-from tests.helpers import REPO, _spawn, free_port, run_cli, scalars
+from tests.helpers import REPO, free_port, run_cli, scalars, spawn_two_ranks
 
 
 # ----------------------------------------------------------------------------------- overlong
@@ -133,7 +133,7 @@ def _batch_std_rank(rank: int) -> None:
 
 
 def test_batch_advantage_std_is_over_all_ranks():
-    _spawn(_batch_std_rank)
+    spawn_two_ranks(_batch_std_rank)
 
 
 # (f) windows of 2 micro-batches. Rank 0: [A, B]; rank 1: [empty (every item skipped), C].
@@ -172,7 +172,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
 
 
 def test_dapo_normaliser_is_the_window_over_ranks_and_an_empty_rank_does_not_hang():
-    _spawn(_dapo_rank)
+    spawn_two_ranks(_dapo_rank)
 
 
 # ----------------------------------------------------------------------------------- reuse after a step

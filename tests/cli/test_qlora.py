@@ -19,7 +19,7 @@ from grasp_lightning.checkpointing import check_trainable_state
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.policy import LoraConfig, PolicyConfig, load_policy
 from grasp_lightning.quantization import SKIP_MODULES, bnb_config, check_strategy, is_4bit
-from tests.helpers import FAST, REPO, TINY, TINY35, WeightRecorder, _callback, _one_sgr_step, run_cli, scalars
+from tests.helpers import FAST, REPO, TINY, TINY35, WeightRecorder, find_callback, one_sgr_step_args, run_cli, scalars
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -144,7 +144,7 @@ def test_qlora_sft_step_checkpoints_adapters_resumes_and_exports(in_repo, tmp_pa
     assert is_4bit(policy.get_base_model().model.language_model.layers[0].mlp.up_proj.base_layer)
     loss = [v for _, v in scalars(cli.trainer.log_dir)["train/loss"]]
     assert len(loss) == 2 and all(torch.isfinite(torch.tensor(loss)))
-    before, after = _callback(cli, WeightRecorder).before, dict(policy.named_parameters())
+    before, after = find_callback(cli, WeightRecorder).before, dict(policy.named_parameters())
     changed = {n for n, w in before.items() if w.dtype.is_floating_point and not torch.equal(w, after[n])}
     assert changed and all(".lora_" in n for n in changed)
     (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
@@ -167,14 +167,14 @@ def test_qlora_sft_step_checkpoints_adapters_resumes_and_exports(in_repo, tmp_pa
 def test_qlora_grpo_step_uses_the_adapter_disabled_reference(in_repo, tmp_path) -> None:
     """configs/sgr.yaml + configs/qlora.yaml: one GRPO step on a 4-bit base; the reference is the policy with
     its adapters disabled (KL exactly 0 at step 0) and only the adapters move."""
-    cli = run_cli([*_one_sgr_step("sgr", "qlora", "demo"), f"--model.policy.name_or_path={TINY}",
+    cli = run_cli([*one_sgr_step_args("sgr", "qlora", "demo"), f"--model.policy.name_or_path={TINY}",
                    "--model.lora.quant_compute_dtype=float32",
                    "--trainer.callbacks+=tests.helpers.WeightRecorder"], tmp_path)
     module, policy = cli.model, cli.model.policy
     assert module.quantized and module.reference_model is None
     series = scalars(cli.trainer.log_dir)
     assert series["train/kl"] == [(0, 0.0)] and torch.isfinite(torch.tensor(series["train/loss"][0][1]))
-    before, after = _callback(cli, WeightRecorder).before, dict(policy.named_parameters())
+    before, after = find_callback(cli, WeightRecorder).before, dict(policy.named_parameters())
     changed = {n for n, w in before.items() if w.dtype.is_floating_point and not torch.equal(w, after[n])}
     assert changed and all(".lora_" in n for n in changed)
 

@@ -26,9 +26,9 @@ from tests.helpers import (
     GradRecorder,
     MicroBatchLosses,
     WeightRecorder,
-    _callback,
-    _one_sgr_step,
     event_tags,
+    find_callback,
+    one_sgr_step_args,
     run_cli,
     scalars,
 )
@@ -121,7 +121,7 @@ def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp
     cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
                    "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
                    "--trainer.callbacks+=tests.helpers.MicroBatchLosses"], tmp_path)
-    rows = _callback(cli, MicroBatchLosses).rows
+    rows = find_callback(cli, MicroBatchLosses).rows
     series = scalars(_log_dir(cli))
     assert [s for s, _ in series["train/loss"]] == [0, 1] and [s for s, _ in series["train/tokens/loss"]] == [0, 1]
     for step in (0, 1):
@@ -253,7 +253,7 @@ def _completions(cli) -> list[str]:
 def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(family, in_repo, tmp_path, caplog):
     """``share_prompt: true`` (sgr.yaml) really shares on both families (no fall-back warning) and its
     first step has the loss and gradients of ``share_prompt: false`` (K repeated rows, like TRL)."""
-    args = [*_one_sgr_step("sgr", "demo"), f"--model.policy.name_or_path={TINY_MODELS[family]}",
+    args = [*one_sgr_step_args("sgr", "demo"), f"--model.policy.name_or_path={TINY_MODELS[family]}",
             "--trainer.callbacks+=tests.helpers.GradRecorder"]
     with caplog.at_level(logging.WARNING, logger="grasp_lightning.tasks.grpo"):
         shared = run_cli(args, tmp_path / "shared")
@@ -265,7 +265,7 @@ def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(fami
     assert s["train/advantage/std"][0][1] > 0.5  # every group has distinct rewards (checksum_reward)
     assert s["train/tokens/prompt_forwarded"][0][1] < n["train/tokens/prompt_forwarded"][0][1] / 2
     assert s["train/loss"][0][1] == pytest.approx(n["train/loss"][0][1], rel=1e-5, abs=1e-6)
-    _assert_grads_close(_callback(shared, GradRecorder).grads, _callback(naive, GradRecorder).grads, family)
+    _assert_grads_close(find_callback(shared, GradRecorder).grads, find_callback(naive, GradRecorder).grads, family)
     assert s["train/kl"][0][1] == 0.0
 
 
@@ -279,7 +279,7 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
     from grasp_lightning.__main__ import main as dispatch
     from grasp_lightning.shared_prompt import layer_types
 
-    cli = run_cli([*_one_sgr_step("sgr", "lora", "demo"), f"--model.policy.name_or_path={sft_export}",
+    cli = run_cli([*one_sgr_step_args("sgr", "lora", "demo"), f"--model.policy.name_or_path={sft_export}",
                    "--trainer.callbacks+=tests.helpers.WeightRecorder"], tmp_path)
     module, policy, log_dir = cli.model, cli.model.policy, Path(_log_dir(cli))
     assert module.lora_cfg.enabled and module.uses_adapter_reference and module.reference_model is None
@@ -294,7 +294,7 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
     assert adapted == expected
     assert len([n for n in names if ".lora_A." in n]) == len(expected)  # nowhere else (the vision tower neither)
     assert all(".lora_" in n for n, p in policy.named_parameters() if p.requires_grad)
-    before, after = _callback(cli, WeightRecorder).before, dict(policy.named_parameters())
+    before, after = find_callback(cli, WeightRecorder).before, dict(policy.named_parameters())
     changed = {n for n, w in before.items() if not torch.equal(w, after[n])}
     assert changed and all(".lora_" in n for n in changed)
     assert {n for n in names if ".lora_B." in n} <= changed  # every adapter learnt (lora_A has no gradient yet)

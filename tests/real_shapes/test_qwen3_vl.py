@@ -41,10 +41,10 @@ import pytest
 
 from tests.helpers import (
     TIMES,
-    _batch,
-    _labelled,
     check_data_counts_prompt_tokens,
     check_rendered_prompt_and_labels,
+    first_batch,
+    labelled_part,
     run_cli,
     scalars,
     scratch,
@@ -347,8 +347,8 @@ def test_thinking_standin_sft_and_validate(data_root, tmp_path):
     start = time.perf_counter()
     model = build_standin(tmp_path / "Qwen3-VL-2B-Thinking", "Qwen3-VL-2B-Thinking")
     TIMES["build 2B-Thinking stand-in"] = time.perf_counter() - start
-    processor, batch = _batch(data_root, model, system_prompt="")
-    first, prompt, target = _labelled(processor, batch, 0)
+    processor, batch = first_batch(data_root, model, system_prompt="")
+    first, prompt, target = labelled_part(processor, batch, 0)
     assert prompt.endswith("Give the letter in <answer> tags.<|im_end|>\n<|im_start|>assistant\n<think>\n")
     assert first == int(batch.prompt_lengths[0])
     assert target == "<gaze>Person 1</gaze>\n</think>\n\n<answer>A</answer><|im_end|>\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import FAMILIES, TINY_MODELS, _datamodule
+from tests.helpers import FAMILIES, TINY_MODELS, sample_rl_datamodule
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -14,7 +14,7 @@ def family(request) -> str:
 @pytest.fixture(scope="module")
 def prompts(family):
     """Two left-padded RL prompts of different lengths with their 8-frame clips (sample data)."""
-    dm = _datamodule(TINY_MODELS[family])
+    dm = sample_rl_datamodule(TINY_MODELS[family])
     batch = next(iter(dm.train_dataloader()))
     lengths = batch.inputs["attention_mask"].sum(1)
     assert lengths[0] != lengths[1]  # the left padding is exercised

@@ -16,7 +16,7 @@ from grasp_lightning import grpo_math
 from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits, output_head
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.shared_prompt import logps_and_entropy, score_completions
-from tests.helpers import K, _assert_grad_close, _completions, load_model
+from tests.helpers import K, assert_grad_close, load_model, random_completions
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -76,7 +76,7 @@ def test_chunked_scoring_equals_full_logits_on_both_families(prompts, family, sh
     inputs, tok = prompts
     model = load_model(family, train=True, noise=0.1)
     model.model.visual.requires_grad_(False)
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
     rows = _head_rows(model)
 
@@ -96,7 +96,7 @@ def test_chunked_scoring_equals_full_logits_on_both_families(prompts, family, sh
     assert set(chunked[2]) == set(full[2])
     assert output_head(model).weight.grad is not None  # the head (tied to the embeddings here) was compared
     for name, grad in full[2].items():
-        _assert_grad_close(chunked[2][name], grad, name, family)
+        assert_grad_close(chunked[2][name], grad, name, family)
     with torch.no_grad():
         rows.clear()
         nograd, _ = score_completions(model, inputs, ids, mask, K, 0.7, share, chunk_size=5)
@@ -113,7 +113,7 @@ def test_chunked_scoring_through_lora_and_the_grpo_loss(prompts, family):  # noq
     model = get_peft_model(load_model(family, train=True, noise=0.1),
                            LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
                                       target_modules=["q_proj", "v_proj", "down_proj", "in_proj_qkv", "lm_head"]))
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     gen = torch.Generator().manual_seed(4)
     advantages = torch.randn(2 * K, generator=gen)
     old = ref = None
@@ -138,7 +138,7 @@ def test_chunked_scoring_through_lora_and_the_grpo_loss(prompts, family):  # noq
     torch.testing.assert_close(chunked[1], full[1], rtol=1e-5, atol=2e-5)
     assert any("lm_head" in n for n in full[2]) and all("lora_" in n for n in full[2])
     for name, grad in full[2].items():
-        _assert_grad_close(chunked[2][name], grad, name, family)
+        assert_grad_close(chunked[2][name], grad, name, family)
 
 
 def test_hidden_states_as_logits_restores_the_head(prompts, family):  # noqa: F811

@@ -17,7 +17,7 @@ from grasp_lightning.compiled_decode import prefill_static, static_cache_for
 from grasp_lightning.decoding import RolloutConfig, sample_completions
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.shared_prompt import prefill_for_generation, repeat_prompts, vl_core
-from tests.helpers import LOGIT_TOLS, K, _generate, load_model
+from tests.helpers import LOGIT_TOLS, K, generate_with_logits, load_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -71,7 +71,7 @@ def test_static_shared_prefill_decodes_the_eager_tokens_and_logps(prompts, famil
     model = load_model(family)
     length = inputs["input_ids"].shape[1]
     text, cache = prefill_for_generation(model, inputs, K)
-    eager = _generate(model, tok, text, cache=cache, **_greedy())
+    eager = generate_with_logits(model, tok, text, cache=cache, **_greedy())
     text, static = prefill_static(model, inputs, K, max_new_tokens=10)
     assert int(static.get_seq_length()) == length - 1
     assert static.layers[-1].max_cache_len == length + 10 + 1 and static.is_compileable
@@ -79,7 +79,7 @@ def test_static_shared_prefill_decodes_the_eager_tokens_and_logps(prompts, famil
     backend = CountingBackend()
     from grasp_lightning.compiled_decode import decode_compile_config
 
-    compiled = _generate(model, tok, text, cache=static, compile_config=decode_compile_config(backend), **_greedy())
+    compiled = generate_with_logits(model, tok, text, cache=static, compile_config=decode_compile_config(backend), **_greedy())
     assert backend.graphs >= 1  # the decode step went through torch.compile
     new = eager.sequences[:, length:]
     assert len(set(new[0].tolist())) > 3  # real text, not one repeated token
@@ -90,7 +90,7 @@ def test_static_shared_prefill_decodes_the_eager_tokens_and_logps(prompts, famil
     for layer in static.layers:
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys.copy_(layer.keys[:1].expand_as(layer.keys))
-    wrong = _generate(model, tok, text, cache=static, compile_config=decode_compile_config(backend), **_greedy())
+    wrong = generate_with_logits(model, tok, text, cache=static, compile_config=decode_compile_config(backend), **_greedy())
     assert (wrong.logits[0][K:] - eager.logits[0][K:]).abs().max() > 1e-2
 
 

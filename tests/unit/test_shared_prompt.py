@@ -40,12 +40,12 @@ from tests.helpers import (
     LOGP_TOLS,
     TINY_MODELS,
     K,
-    _assert_grad_close,
-    _completions,
-    _datamodule,
-    _generate,
+    assert_grad_close,
+    generate_with_logits,
     load_model,
+    random_completions,
     run_cli,
+    sample_rl_datamodule,
     scalars,
 )
 
@@ -64,11 +64,11 @@ def test_greedy_shared_generation_matches_plain_generate(prompts, family):
     inputs, tok = prompts
     model = load_model(family)
     greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    plain = _generate(model, tok, repeat_prompts(inputs, K), **greedy)
+    plain = generate_with_logits(model, tok, repeat_prompts(inputs, K), **greedy)
     text, cache = prefill_for_generation(model, inputs, K)
     assert cache.get_seq_length() == inputs["input_ids"].shape[1] - 1
     assert vl_core(model).rope_deltas.shape == (2 * K, 1)
-    shared = _generate(model, tok, text, cache=cache, **greedy)
+    shared = generate_with_logits(model, tok, text, cache=cache, **greedy)
     new = plain.sequences[:, inputs["input_ids"].shape[1]:]
     assert len(set(new[0].tolist())) > 3  # real text, not one repeated token
     assert (plain.logits[0][0] - plain.logits[0][K]).abs().max() > 1e-2  # the two prompts' logits differ
@@ -77,7 +77,7 @@ def test_greedy_shared_generation_matches_plain_generate(prompts, family):
     # Negative control: without the M-RoPE offsets the continuation is wrong (100x the tolerance).
     text, cache = prefill_for_generation(model, inputs, K)
     vl_core(model).rope_deltas = torch.zeros_like(vl_core(model).rope_deltas)
-    wrong = _generate(model, tok, text, cache=cache, **greedy)
+    wrong = generate_with_logits(model, tok, text, cache=cache, **greedy)
     assert (wrong.logits[0] - plain.logits[0]).abs().max() > 1e-2
 
 
@@ -86,10 +86,10 @@ def test_sampling_shared_matches_generate_with_num_return_sequences(prompts, fam
     model = load_model(family)
     sampling = dict(do_sample=True, temperature=0.9, top_p=0.95, top_k=0)
     torch.manual_seed(3)
-    plain = _generate(model, tok, inputs, num_return_sequences=K, **sampling)
+    plain = generate_with_logits(model, tok, inputs, num_return_sequences=K, **sampling)
     torch.manual_seed(3)
     text, cache = prefill_for_generation(model, inputs, K)
-    shared = _generate(model, tok, text, cache=cache, **sampling)
+    shared = generate_with_logits(model, tok, text, cache=cache, **sampling)
     assert torch.equal(shared.sequences, plain.sequences)
     _assert_logits_close(shared.logits, plain.logits, family)
     new = plain.sequences[:, inputs["input_ids"].shape[1]:]
@@ -112,7 +112,7 @@ def test_shared_scoring_matches_naive_logps_and_gradients(prompts, family, check
         model.model.visual.requires_grad_(False)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
 
     def run(share: bool):
@@ -131,7 +131,7 @@ def test_shared_scoring_matches_naive_logps_and_gradients(prompts, family, check
     assert set(shared[2]) == set(naive[2])
     assert any("visual" in n for n in naive[2]) == train_vision
     for name, grad in naive[2].items():
-        _assert_grad_close(shared[2][name], grad, name, family)
+        assert_grad_close(shared[2][name], grad, name, family)
     assert max(g.abs().max() for g in naive[2].values()) > 1e-3  # real gradients were compared
     assert not any("_can_checkpoint_with_cache" in vars(m) for m in model.modules())  # flag restored
 
@@ -139,7 +139,7 @@ def test_shared_scoring_matches_naive_logps_and_gradients(prompts, family, check
 def test_shared_scoring_without_grad_equals_naive(prompts, family):
     inputs, tok = prompts
     model = load_model(family, noise=0.1)
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     with torch.no_grad():
         shared, _ = shared_completion_logps(model, inputs, ids, mask, K, temperature=1.0)
         naive, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, temperature=1.0)
@@ -183,12 +183,12 @@ def _task_step(share: bool, prompts_batch, family: str):
 
 
 def test_grpo_task_shared_step_equals_naive_step(prompts, family):
-    batch = next(iter(_datamodule(TINY_MODELS[family]).train_dataloader()))
+    batch = next(iter(sample_rl_datamodule(TINY_MODELS[family]).train_dataloader()))
     (naive, naive_grads), (shared, shared_grads) = _task_step(False, batch, family), _task_step(True, batch, family)
     assert shared.rollout.completions == naive.rollout.completions
     torch.testing.assert_close(shared.loss, naive.loss, rtol=1e-5, atol=1e-6)
     for name, grad in naive_grads.items():
-        _assert_grad_close(shared_grads[name], grad, name, family)
+        assert_grad_close(shared_grads[name], grad, name, family)
     b, lp = batch.inputs["input_ids"].shape
     # Per step: generation, reference and policy scoring. Naive forwards K times the prompts.
     assert naive.metrics["tokens/prompt_forwarded"] == 3 * K * b * lp
@@ -228,7 +228,7 @@ def test_sharing_through_a_lora_policy_and_its_adapter_disabled_reference(prompt
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "in_proj_qkv", "out_proj"],
                                       init_lora_weights=False))
     assert sharing_unsupported_reason(model, inputs) is None
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     naive_logp, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, 1.0)
     naive_logp[mask].sum().backward()
     naive_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -238,7 +238,7 @@ def test_sharing_through_a_lora_policy_and_its_adapter_disabled_reference(prompt
     torch.testing.assert_close(shared_logp[mask], naive_logp[mask], **LOGP_TOLS[family])
     assert naive_grads and all("lora_" in n for n in naive_grads)
     for name, grad in naive_grads.items():
-        _assert_grad_close(model.get_parameter(name).grad, grad, name, family)
+        assert_grad_close(model.get_parameter(name).grad, grad, name, family)
     with torch.no_grad(), model.disable_adapter():
         ref_shared, _ = shared_completion_logps(model, inputs, ids, mask, K, 1.0)
         ref_naive, _ = completion_logps(model, full_sequences(inputs, ids, mask, K), ids, 1.0)
@@ -288,10 +288,10 @@ def test_hybrid_linear_states_are_what_the_completions_continue_from(state, monk
     from grasp_lightning import shared_prompt
 
     family = "qwen3_5"
-    dm = _datamodule(TINY_MODELS[family])
+    dm = sample_rl_datamodule(TINY_MODELS[family])
     inputs, tok = next(iter(dm.train_dataloader())).inputs, dm.processor.tokenizer
     model = load_model(family, noise=0.1)
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     with torch.no_grad():
         right, _ = shared_completion_logps(model, inputs, ids, mask, K, temperature=1.0)
         getter = {"conv": "conv_window", "recurrent": "recurrent"}[state]

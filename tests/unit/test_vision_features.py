@@ -19,7 +19,15 @@ from grasp_lightning import vision_features
 from grasp_lightning.shared_prompt import score_completions, select_prompts
 from grasp_lightning.tasks.grpo_rollouts import rollout_from_state, rollout_state, take_groups
 from grasp_lightning.vision_features import VisionFeatures, VisionForwardCounter, fingerprint, reuse_vision
-from tests.helpers import LOGP_TOLS, TINY_MODELS, K, _assert_grad_close, _completions, _datamodule, load_model
+from tests.helpers import (
+    LOGP_TOLS,
+    TINY_MODELS,
+    K,
+    assert_grad_close,
+    load_model,
+    random_completions,
+    sample_rl_datamodule,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -31,7 +39,7 @@ def test_kept_features_score_like_the_tower(prompts, family, share, checkpointin
     model.model.visual.requires_grad_(False)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
     features = VisionFeatures.for_model(model)
     with torch.no_grad(), VisionForwardCounter(model) as first:  # the rollout's first forward fills the store
@@ -52,7 +60,7 @@ def test_kept_features_score_like_the_tower(prompts, family, share, checkpointin
     torch.testing.assert_close(kept[1][mask], tower[1][mask], **LOGP_TOLS[family])
     assert set(kept[2]) == set(tower[2]) and not any("visual" in n for n in tower[2])
     for name, grad in tower[2].items():
-        _assert_grad_close(kept[2][name], grad, name, family)
+        assert_grad_close(kept[2][name], grad, name, family)
     assert features.reused > 0 and "get_video_features" not in vars(model.model)  # method restored
     # a subset of the prompts (what take_groups keeps) is found by content, in either order
     with torch.no_grad(), VisionForwardCounter(model) as counter, reuse_vision(model, features):
@@ -90,7 +98,7 @@ def test_trained_tower_and_other_reference_tower_keep_todays_path(prompts, famil
     same = load_model(family, noise=0.1).requires_grad_(False)
     other = load_model(family, noise=0.2).requires_grad_(False)
     assert features.serves(model) and features.serves(same) and not features.serves(other)
-    ids, mask = _completions(tok, 2 * K)
+    ids, mask = random_completions(tok, 2 * K)
     with torch.no_grad():
         score_completions(model, inputs, ids, mask, K, 1.0, True, vision=features)
         with VisionForwardCounter(other) as counter:
@@ -123,7 +131,7 @@ def _task_step(family: str, batch, once: bool, num_iterations: int = 1, checkpoi
 
 @pytest.mark.parametrize("num_iterations, checkpointing, share", [(1, False, True), (2, True, True), (1, False, False)])
 def test_grpo_step_encodes_each_clip_once_with_the_same_loss(family, num_iterations, checkpointing, share):  # noqa: F811
-    batch = next(iter(_datamodule(TINY_MODELS[family]).train_dataloader()))
+    batch = next(iter(sample_rl_datamodule(TINY_MODELS[family]).train_dataloader()))
     prompts_in_batch = batch.inputs["video_grid_thw"].shape[0]
     before = _task_step(family, batch, False, num_iterations, checkpointing, share)
     after = _task_step(family, batch, True, num_iterations, checkpointing, share)
@@ -135,7 +143,7 @@ def test_grpo_step_encodes_each_clip_once_with_the_same_loss(family, num_iterati
     torch.testing.assert_close(after[0].loss, before[0].loss, rtol=1e-5, atol=1e-6)
     assert set(after[1]) == set(before[1])
     for name, grad in before[1].items():
-        _assert_grad_close(after[1][name], grad, name, family)
+        assert_grad_close(after[1][name], grad, name, family)
     task = after[3]
     ro = task._window_rollouts[0]
     assert ro.vision is not None and len(ro.vision.entries) == prompts_in_batch

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, SAMPLE, SERVER_ENV, _perturb, _policy, run_cli, scalars, vllm_cfg
+from tests.helpers import REPO, SAMPLE, SERVER_ENV, load_tiny_policy, perturb_weights, run_cli, scalars, vllm_cfg
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -116,12 +116,12 @@ def test_vllm_matches_our_sampler_before_and_after_two_weight_updates(engine, ti
     from grasp_lightning.decoding import RolloutConfig
 
     prompt, tokenizer = prompts
-    model = _policy(tiny32)
+    model = load_tiny_policy(tiny32)
     cfg = RolloutConfig(num_generations=K, max_new_tokens=16, stop_at_answer=False)
     _check_against_ours(engine, model, prompt, tokenizer, cfg, "as loaded")
     assert engine.server_info["vllm"] == "0.32.0" and engine.weight_syncs == 0
     for version in (1, 2):
-        _perturb(model, version)
+        perturb_weights(model, version)
         greedy = engine.sample(model, tokenizer, prompt, cfg, greedy=True, policy_version=version)  # syncs first
         assert engine.version == version and engine.weight_sync_seconds > 0
         greedy, sampled = _check_against_ours(engine, model, prompt, tokenizer, cfg, f"after update {version}")
@@ -137,7 +137,7 @@ def test_vllm_after_a_lora_update_matches_the_peft_policy_and_leaves_it_unmerged
     from grasp_lightning.decoding import RolloutConfig
 
     prompt, tokenizer = prompts
-    model = get_peft_model(_policy(tiny32), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    model = get_peft_model(load_tiny_policy(tiny32), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -168,8 +168,8 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
     assert [i.media for i in batch.items] == [("image",), ("video",), ("image", "video"), ("image",)]
     prompt = {k: v for k, v in batch.inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer
-    model = _policy(tiny32)
-    _perturb(model, 3)
+    model = load_tiny_policy(tiny32)
+    perturb_weights(model, 3)
     engine.update_weights(model, engine.version + 1)
     cfg = RolloutConfig(num_generations=K, max_new_tokens=16, stop_at_answer=False)
     greedy, sampled = _check_against_ours(engine, model, prompt, tokenizer, cfg, "mixed batch")
@@ -226,7 +226,7 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     try:
         _check_against_ours(engine, model, prompt, tokenizer, cfg, "qwen3.5 as loaded", tol=0.05)
         assert engine.weight_syncs == 1 and engine.version == 0  # synced once before the first rollout, to step 0
-        _perturb(model, 1)
+        perturb_weights(model, 1)
         engine.update_weights(model, 1)
         _check_against_ours(engine, model, prompt, tokenizer, cfg, "qwen3.5 after an update", tol=0.05)
         lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "out_proj"]))
@@ -248,7 +248,7 @@ def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32
     from grasp_lightning.engines.vllm import EngineError
 
     prompt, tokenizer = prompts
-    model = _policy(tiny32)
+    model = load_tiny_policy(tiny32)
     engine.start(model)
     proc = engine.proc
     engine.cfg.request_timeout_s = 0.001

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tests.helpers import SAMPLE, K, _perturb, _policy, vllm_cfg
+from tests.helpers import SAMPLE, K, load_tiny_policy, perturb_weights, vllm_cfg
 
 
 def main(model: str, out: str, sync_dir: str) -> None:
@@ -37,14 +37,14 @@ def main(model: str, out: str, sync_dir: str) -> None:
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer
-    policy = _policy(model)
+    policy = load_tiny_policy(model)
     engine = VLLMEngine(vllm_cfg(os.environ["GRASP_VLLM_PYTHON"], weight_sync_dir=sync_dir,
                                  log_file=str(Path(out) / "server.log")), model_path=model, rank=rank)
     cfg = RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False)
     matches = []
     try:
         for version in (1, 2):
-            _perturb(policy, version)  # the same seed on both ranks: identical weights, as after a ZeRO-2 step
+            perturb_weights(policy, version)  # the same seed on both ranks: identical weights, as after a ZeRO-2 step
             got = engine.sample(policy, tokenizer, prompt, cfg, greedy=True, policy_version=version)
             want = sample_completions(policy, tokenizer, prompt, num_return_sequences=1, max_new_tokens=12,
                                       do_sample=False, stop_strings=())

@@ -473,9 +473,9 @@ def test_refill_keeps_two_ranks_aligned_and_sees_every_index_once():
     collective count per micro-batch), no rank hangs (timeout), each rollout batch is trimmed to its window's
     4 prompts (2 per micro-batch), and over the epoch every dataset index is yielded or drawn exactly once
     across the ranks, none trained twice, and every non-degenerate one trained or counted as unused."""
-    from tests.helpers import _spawn
+    from tests.helpers import spawn_two_ranks
 
-    _spawn(_refill_rank)
+    spawn_two_ranks(_refill_rank)
 
 
 def test_refill_logs_how_much_shorter_the_epoch_ran(caplog):
@@ -590,6 +590,6 @@ def _empty_window_rank(rank: int) -> None:
 def test_refill_with_a_whole_window_skipped_on_one_rank_neither_crashes_nor_hangs():
     """2 gloo processes (timeout): ``even_split(n, 0)`` raised ZeroDivisionError on the empty rank, which then
     died while the other waited in its next collective."""
-    from tests.helpers import _spawn
+    from tests.helpers import spawn_two_ranks
 
-    _spawn(_empty_window_rank)
+    spawn_two_ranks(_empty_window_rank)

@@ -1,5 +1,5 @@
-"""Sampling completions from the policy with transformers' ``generate``, shared by GRPO rollouts and
-bench evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
+"""Decoding: sampling completions from the policy with transformers' ``generate`` (and ``RolloutConfig``,
+the ``model.rollout`` settings), shared by GRPO rollouts and evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
 suppressed, completions cut at the first sampled end-of-turn token or stop string (never at padding,
 which Qwen3-VL's generation config writes with an end-of-turn id) and decoded once.
 """

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
-
-from tests.helpers import FAMILIES, REPO, TINY, TINY_MODELS
-
+# before anything imports huggingface_hub or tokenizers (they read these at import)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.helpers import FAMILIES, REPO, TIMES, TINY, TINY_MODELS  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
@@ -72,11 +75,8 @@ def pytest_terminal_summary(terminalreporter):
     """Print the real-shape tier's run times and the peak resident memory after each of its tests."""
     if not _PEAK_RSS:
         return
-    import sys
-
-    module = sys.modules.get("tests.real_shapes.test_qwen3_vl")
     terminalreporter.section("real-shape tier: run times and peak memory")
-    for name, seconds in (getattr(module, "TIMES", None) or {}).items():
+    for name, seconds in TIMES.items():
         terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
     for nodeid, gib in _PEAK_RSS:
         terminalreporter.write_line(f"{gib:7.2f} GiB peak RSS after {nodeid}")

@@ -41,13 +41,19 @@ from grasp_lightning.data.records import ClipRef, GraspItem, SocialEvent
 from grasp_lightning.evaluation.grasp_score import score_completion
 from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
 
+# ------------------------------------ Paths of the shipped assets, the in-process CLI and its logs
 REPO = Path(__file__).resolve().parents[1]
+
 TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
+
 #: The offline tiny hybrid Qwen3.5 (3 Gated DeltaNet linear-attention layers + 1 full-attention layer).
 TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
+
 #: Both tiny model families, for tests parametrised over them (``@pytest.mark.parametrize("family", FAMILIES)``).
 TINY_MODELS = {"qwen3_vl": TINY, "qwen3_5": TINY35}
+
 FAMILIES = tuple(TINY_MODELS)
+
 SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 
 
@@ -78,6 +84,15 @@ def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
     return acc.Tags()
 
 
+FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+
+
+def find_callback(cli, cls):
+    """The trainer's callback of class ``cls``."""
+    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
+
+
+# ---------- Tiny GRASP data: mp4 clips, tar shards, JSONL rows, bench items, the generic QA format
 def _real_clip() -> Path:
     """The real two-person clip: ``../shared`` beside the checkout when present, else the byte-identical
     copy shipped inside the sample shard (extracted once into a temporary file)."""
@@ -218,7 +233,6 @@ def bench_members(clips: dict[str, bytes], prefix: str = "", jsons: dict[str, An
     return members
 
 
-# ---------------------------------------------------------------------- the generic QA format
 def make_image(height: int = 40, width: int = 56, seed: int = 0, fmt: str = "PNG") -> bytes:
     """A random RGB image of ``height`` × ``width`` pixels, encoded as ``fmt`` (PIL)."""
     from PIL import Image
@@ -260,6 +274,7 @@ def make_qa_dataset(folder: Path, *, name: str = "qa.jsonl", rows: list[Any] | N
     return write_jsonl(folder / name, rows)
 
 
+# -------------------------------------------- Several CPU processes over gloo, with a hard timeout
 def free_port() -> int:
     """A TCP port free on ``127.0.0.1`` now (the OS picks it; another process may take it later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -354,6 +369,35 @@ def spawn_ranks(fn, args: tuple, nprocs: int, timeout: float) -> None:
             raise AssertionError(f"{len(alive)} of {nprocs} processes still running after {timeout:.0f} s: killed")
 
 
+MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
+
+
+def spawn_two_ranks(fn, *args) -> None:
+    """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(MP_TIMEOUT)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} rank(s) still running after {MP_TIMEOUT} s: a collective was skipped"
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def _entry(fn, rank: int, port: int, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------- What ZeRO-2 runs on the CPU record, per rank
 def _global_grad_norm(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
     engine = trainer.model if hasattr(trainer.model, "get_global_grad_norm") else None
     if engine is not None:
@@ -442,16 +486,168 @@ def read_meta(out_dir: str | os.PathLike, name: str, rank: int = 0) -> dict:
     return json.loads((Path(out_dir) / f"meta_{name}_rank{rank}.json").read_text(encoding="utf-8"))
 
 
-K = 3
+# -------------------- Callbacks and rewards the CLI runs name by class path (tests.helpers.<Name>)
+class WeightRecorder(L.Callback):
+    """Records every policy weight when the fit starts (``--trainer.callbacks+=``)."""
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+
+
+class GradRecorder(L.Callback):
+    """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not hasattr(self, "grads"):
+            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
+                          if p.grad is not None}
+
+
+class MicroBatchLosses(L.Callback):
+    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
+
+
+class UpdateRecorder(L.Callback):
+    """Record each trainable weight and its gradient just before the first optimizer step, and the
+    weight after it."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        named = [(n, p) for n, p in pl_module.policy.named_parameters() if p.requires_grad and p.grad is not None]
+        self.before = {n: p.detach().clone() for n, p in named}
+        self.grads = {n: p.grad.detach().clone() for n, p in named}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        params = dict(pl_module.policy.named_parameters())
+        self.after = {n: params[n].detach().clone() for n in self.before}
+
+
+class WindowRecorder(L.Callback):
+    """Per training micro-batch: ``trainer.global_step`` at its start and its task output's KL and
+    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class).
+
+    Args:
+        path: if given, each rank saves its rows to ``<path>.rank<r>`` (``torch.save``) at the end of fit.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self._step = -1
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.path:
+            torch.save(self.rows, f"{self.path}.rank{trainer.global_rank}")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        record = out.rollout
+        self.rows.append({"step": self._step, "kl": record.kl_tokens.detach().clone(),
+                          "entropy": record.entropy_tokens.detach().clone(),
+                          "clip": float(out.metrics["clip_ratio"]), "uids": [item.uid for item in record.items]})
+
+
+class StepMetricsRecorder(L.Callback):
+    """Writes, per micro-batch of this rank, what the step metrics are computed from: the rollouts the
+    micro-batch trained (rewards, lengths, truncation, groups), its k3 KL and entropy of the loss tokens
+    and its loss (``steps_rank{r}.jsonl`` under ``out_dir``)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        out = pl_module.last_task_output
+        ro = pl_module.task._window_rollouts[batch.window.position]
+        k = ro.num_generations
+        row = {"step": self._step, "position": batch.window.position,
+               "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),
+               "truncated": ro.completions.truncated.tolist(), "zero_variance": ro.zero_variance.tolist(),
+               "kl": out.rollout.kl_tokens.tolist(), "entropy": out.rollout.entropy_tokens.tolist(),
+               "loss": float(out.loss.detach())}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+class SigtermAt(L.Callback):
+    """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
+    ``grasp_lightning.callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
+    step boundary and stops the run."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class PromptRecorder(L.Callback):
+    """Keep the prompt ids (padding removed) and the completions' inputs of every validation batch."""
+
+    def __init__(self) -> None:
+        self.prompts: list[torch.Tensor] = []
+        self.uids: list[str] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"].bool()
+        self.prompts += [row[keep] for row, keep in zip(ids, mask)]
+        self.uids += [item.uid for item in batch.items]
+
+
+def checksum_reward(completion: str, item) -> float:
+    """A reward term in [0, 1) that differs between any two distinct completions (CRC-32 of the text).
+
+    The tiny models never earn the recipe's terms (every group's rewards are all 0, so every advantage
+    is 0 and the first step's gradient is exactly 0); this term gives each group distinct rewards.
+    """
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+def half_degenerate_reward(completion: str, item) -> float:
+    """A reward term: 0.5 for every completion of the prompts whose file line is even (degenerate groups),
+    else a value that differs between any two distinct completions (CRC-32 of the text)."""
+    if int(item.uid.rsplit(":", 1)[1]) % 2 == 0:
+        return 0.5
+    return zlib.crc32(completion.encode()) / 2**32
+
+
+#: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
+SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
+               "tests.helpers.checksum_reward]",
+               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+
+
+def one_sgr_step_args(*configs: str) -> list[str]:
+    """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
+    return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
+            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
+            "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
+
+
+# ------------------------------- The tiny models under test: noisy weights, RL prompts, tolerances
+K = 3
 
 #: Per-step generation logits (noise 0.5 models: logits of order 1-10) per family.
 LOGIT_TOLS = {"qwen3_vl": dict(rtol=1e-4, atol=1e-4), "qwen3_5": dict(rtol=1e-3, atol=5e-4)}
 
-
 #: Log-prob tolerance and gradient tolerance (relative to each tensor's largest entry) per family.
 LOGP_TOLS = {"qwen3_vl": dict(rtol=1e-5, atol=2e-5), "qwen3_5": dict(rtol=1e-5, atol=2e-5)}
-
 
 GRAD_TOLS = {"qwen3_vl": 1e-5, "qwen3_5": 5e-5}
 
@@ -501,29 +697,56 @@ def random_completions(tok, n: int, lc: int = 9):
     return ids.masked_fill(~mask, tok.pad_token_id), mask
 
 
-FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+# -------------------------------------------------------------- The hand-scored golden GRASP-Bench
+# (category, difficulty, target, completion, gt participants). Comments: extraction route ->
+# predicted letter, correct?, named people, precision |named ∩ gt| / |named|. Every item shows
+# Person 0, 1 and 2 (its options) plus its gt; items 0, 3 and 13 have a gt event span (SPANS).
+GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
+    ("T1", "easy", "B", "<think>Person 0 looks at Person 2 from 1s to 2s.</think><answer>B</answer>", (0, 2)),  # 0 ok 1
+    ("T1", "easy", "A", "<think>Person 1 looks at P3.</think><answer>C</answer>", (1, 2)),  # 1 answer C x {1,3} 1/2
+    ("T2", "easy", "C", "<think>Mutual gaze between Person 0 and Person 1.</think>\\boxed{C}", (0, 1, 2, 3)),  # 2 boxed ok 1
+    ("T3", "medium", "D", "D because the glance lasts longest.", (0,)),  # 3 leading D ok; names nobody
+    ("T4", "medium", "A", "no idea", ()),  # 4 unparseable; no gt
+    ("T5", "hard", "B", "<think>P0 follows P1, then Person 2 and Person 3 turn.</think><answer>(B)</answer>", (1,)),  # 5 ok 1/4
+    ("T6", "hard", "A", "After watching: A) Person 0 leads the group.", (0, 4)),  # 6 marker A) ok {0} 1
+    ("G1", "easy", "C", "<answer>C</answer>", (2,)),  # 7 answer ok; names nobody
+    ("G2", "easy", "B", "%%%% garbage ####", ()),  # 8 unparseable; no gt
+    ("G3", "medium", "A", "<think>Person 1 points first.</think><answer>B</answer>", (1,)),  # 9 x {1} 1
+    ("G4", "medium", "D", "\\boxed{D}", ()),  # 10 boxed ok; no gt
+    ("G5", "hard", "C", "B. Person 2 gives the cup.", (2, 3)),  # 11 marker B. x {2} 1
+    ("G6", "hard", "A", "A", (0,)),  # 12 leading A ok; names nobody
+    ("J1", "medium", "B", "<think>Person 0 looks while Person 1 points, from 2s to 4s.</think><answer>B</answer>",
+     (0, 1)),  # 13 ok {0,1} 1
+    ("C2", "medium", "C", "", (0, 1)),  # 14 bench spelling C2 = J2; empty: unparseable; names nobody
+    ("J3", "hard", "D", "<answer>maybe</answer>", ()),  # 15 unparseable; no gt
+    ("J4", "hard", "A", "<think>P2 reacts to P0.</think><answer>A</answer>", (0, 1)),  # 16 ok {0,2} 1/2
+    ("T1", "medium", "B", "B) Person 0", (0, 1)),  # 17 marker B) ok {0} 1 (non-canonical difficulty)
+    ("G2", None, "A", "<answer>A</answer>", ()),  # 18 ok; no difficulty; no gt
+    ("J1", "hard", "C", "<think>Person 3 and Person 4 and Person 5 and Person 6.</think><answer>D</answer>", (3,)),  # 19 x 1/4
+    ("T4", "easy", "A", "<answer>A</answer>", ()),  # 20 ok; no gt
+]
+
+# gt event spans (seconds): item 0 names (1, 2) exactly -> 1; item 3 names none -> 0; item 13 names
+# (2, 4) against (0, 4) -> 2/4.
+SPANS: dict[int, tuple[float, float]] = {0: (1.0, 2.0), 3: (0.5, 1.5), 13: (0.0, 4.0)}
 
 
-class WeightRecorder(L.Callback):
-    """Records every policy weight when the fit starts (``--trainer.callbacks+=``)."""
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
-
-
-def find_callback(cli, cls):
-    """The trainer's callback of class ``cls``."""
-    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, cls))
+def golden_items() -> list[GraspItem]:
+    """The golden bench as GraspItems (clip paths are dummies; scoring never opens them)."""
+    return [
+        GraspItem(uid=f"clip{i:02d}", origin=f"golden:{i}", clip=ClipRef(f"video/clip{i:02d}.mp4"), question="q",
+                  options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer=target,
+                  category=cat, difficulty=diff, events=(SocialEvent("gaze", gt, span=SPANS.get(i)),) if gt else ())
+        for i, (cat, diff, target, _, gt) in enumerate(GOLDEN)
+    ]
 
 
-# ------------------------------------------------------------------ GRPO-SGR and LoRA, on both families
-def one_sgr_step_args(*configs: str) -> list[str]:
-    """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
-    return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
-            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
-            "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
+def golden_records() -> list[dict]:
+    """The scored records of the hand-scored golden GRASP-Bench (:data:`GOLDEN`)."""
+    return [score_completion(row[3], item) for row, item in zip(GOLDEN, golden_items())]
 
 
+# ------------------- The real-shape tier: stand-ins, their data and the checks both families share
 #: A sample RL item (``grasp_lightning/assets/sample/train/data_rl.jsonl``, line 1) rendered by the
 #: published Qwen3-VL Instruct chat template, written out by hand: ChatML turns, the system turn
 #: first, the video placeholder straight before the user text, the generation prompt last.
@@ -542,8 +765,24 @@ PUBLISHED_INSTRUCT_PROMPT = (
     "<|im_start|>assistant\n"
 )
 
-
 TIMES: dict[str, float] = {}  # seconds per run, printed by the session summary (conftest)
+
+QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0\nD) No one\nGive the letter in <answer> tags."
+
+TARGET = "<think><gaze>Person 1</gaze></think><answer>{letter}</answer>"
+
+CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 12))
+
+
+def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
+    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``docs/data-format.md``) over the first 2 s of ``clip``."""
+    row = [{"type": "video", "path": clip, "fps": 2.0, "start_seconds": 0.0, "end_seconds": 2.0, "src_resolution": [72, 128]},
+           {"type": "text", "content": QUESTION.format(p=person), "output": False},
+           {"type": "text", "content": output, "output": True}]
+    if rl:
+        row.append({"type": "meta", "difficulty": "easy", "question_text": QUESTION.format(p=person).split("\n")[0],
+                    "gt_events": [{"source": "gaze", "persons": [1, person]}]})
+    return row
 
 
 def write_dataset(root: Path) -> Path:
@@ -580,6 +819,27 @@ def scratch(tmp_path_factory, name: str, need_gib: float) -> Path:
     if free < need_gib:
         pytest.fail(f"{path}: {free:.1f} GiB free, {name} needs {need_gib:.1f} GiB (set --basetemp to a larger disk)")
     return path
+
+
+def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
+    """The first training batch of ``train_file`` under ``root`` with the processor of ``model`` (``kw``: DataModule settings)."""
+    from grasp_lightning.datamodule import GraspDataModule
+
+    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
+                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
+    dm.setup("fit")
+    return dm.processor, next(iter(dm.train_dataloader()))
+
+
+def labelled_part(processor, batch, row: int) -> tuple[int, str, str]:
+    """(first labelled position, decoded prompt before it, decoded labelled tokens) of one SFT row."""
+    ids, labels = batch.inputs["input_ids"][row], batch.inputs["labels"][row]
+    where = (labels != -100).nonzero().flatten()
+    first, last = int(where[0]), int(where[-1])
+    assert where.tolist() == list(range(first, last + 1))  # one contiguous target, padding unlabelled
+    assert labels[first:last + 1].tolist() == ids[first:last + 1].tolist()
+    tok = processor.tokenizer
+    return first, tok.decode(ids[:first]), tok.decode(ids[first:last + 1])
 
 
 def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
@@ -626,23 +886,7 @@ def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path,
                                             f"{max(lengths) - 1}")
 
 
-# ----------------------------------------------------------------------------------- two ranks
-def spawn_two_ranks(fn, *args) -> None:
-    """Run ``fn(rank, port, *args)`` on 2 gloo processes; fail (not hang) after MP_TIMEOUT seconds."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, port, args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(MP_TIMEOUT)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, f"{len(alive)} rank(s) still running after {MP_TIMEOUT} s: a collective was skipped"
-    assert [p.exitcode for p in procs] == [0, 0]
-
-
+# ---------------------------------------------------- The docs' commands, read from their Markdown
 def section(title: str, page: str) -> str:
     """The text of ``page`` (relative to the repository) under the heading ``title`` up to the next heading of
     level 2 or 3."""
@@ -664,9 +908,11 @@ def command(block: str) -> list[str]:
     return words[words.index("grasp_lightning") + 1:]
 
 
-def golden_records() -> list[dict]:
-    """The scored records of the hand-scored golden GRASP-Bench (:data:`GOLDEN`)."""
-    return [score_completion(row[3], item) for row, item in zip(GOLDEN, golden_items())]
+# ----------------------------------------------------------------------------------- The vLLM tier
+SHIM = REPO / "tests" / "vllm" / "vllm_cpu"
+
+#: the CPU server's environment: the torchvision shim, and vLLM's engine core in the server's own process
+SERVER_ENV = {"PYTHONPATH": str(SHIM), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def vllm_cfg(python: str, **over):
@@ -693,247 +939,3 @@ def perturb_weights(model, seed, scale=0.05):
         for name, p in model.named_parameters():
             if "visual" not in name:
                 p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
-#: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
-SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
-               "tests.helpers.checksum_reward]",
-               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
-
-
-TARGET = "<think><gaze>Person 1</gaze></think><answer>{letter}</answer>"
-
-
-CLIPS = (("social_gesture/video/154_1_005_qa0000.mp4", 3), ("social_gesture/video/156_1_002_qa0000.mp4", 12))
-
-
-def _row(clip: str, person: int, output: str, rl: bool) -> list[dict]:
-    """A ``data_sft.jsonl`` / ``data_rl.jsonl`` row (``docs/data-format.md``) over the first 2 s of ``clip``."""
-    row = [{"type": "video", "path": clip, "fps": 2.0, "start_seconds": 0.0, "end_seconds": 2.0, "src_resolution": [72, 128]},
-           {"type": "text", "content": QUESTION.format(p=person), "output": False},
-           {"type": "text", "content": output, "output": True}]
-    if rl:
-        row.append({"type": "meta", "difficulty": "easy", "question_text": QUESTION.format(p=person).split("\n")[0],
-                    "gt_events": [{"source": "gaze", "persons": [1, person]}]})
-    return row
-
-
-def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
-    """The first training batch of ``train_file`` under ``root`` with the processor of ``model`` (``kw``: DataModule settings)."""
-    from grasp_lightning.datamodule import GraspDataModule
-
-    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
-                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
-    dm.setup("fit")
-    return dm.processor, next(iter(dm.train_dataloader()))
-
-
-def labelled_part(processor, batch, row: int) -> tuple[int, str, str]:
-    """(first labelled position, decoded prompt before it, decoded labelled tokens) of one SFT row."""
-    ids, labels = batch.inputs["input_ids"][row], batch.inputs["labels"][row]
-    where = (labels != -100).nonzero().flatten()
-    first, last = int(where[0]), int(where[-1])
-    assert where.tolist() == list(range(first, last + 1))  # one contiguous target, padding unlabelled
-    assert labels[first:last + 1].tolist() == ids[first:last + 1].tolist()
-    tok = processor.tokenizer
-    return first, tok.decode(ids[:first]), tok.decode(ids[first:last + 1])
-
-
-MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the other one
-
-
-def _entry(fn, rank: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        fn(rank, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-# (category, difficulty, target, completion, gt participants). Comments: extraction route ->
-# predicted letter, correct?, named people, precision |named ∩ gt| / |named|. Every item shows
-# Person 0, 1 and 2 (its options) plus its gt; items 0, 3 and 13 have a gt event span (SPANS).
-GOLDEN: list[tuple[str, str | None, str, str, tuple[int, ...]]] = [
-    ("T1", "easy", "B", "<think>Person 0 looks at Person 2 from 1s to 2s.</think><answer>B</answer>", (0, 2)),  # 0 ok 1
-    ("T1", "easy", "A", "<think>Person 1 looks at P3.</think><answer>C</answer>", (1, 2)),  # 1 answer C x {1,3} 1/2
-    ("T2", "easy", "C", "<think>Mutual gaze between Person 0 and Person 1.</think>\\boxed{C}", (0, 1, 2, 3)),  # 2 boxed ok 1
-    ("T3", "medium", "D", "D because the glance lasts longest.", (0,)),  # 3 leading D ok; names nobody
-    ("T4", "medium", "A", "no idea", ()),  # 4 unparseable; no gt
-    ("T5", "hard", "B", "<think>P0 follows P1, then Person 2 and Person 3 turn.</think><answer>(B)</answer>", (1,)),  # 5 ok 1/4
-    ("T6", "hard", "A", "After watching: A) Person 0 leads the group.", (0, 4)),  # 6 marker A) ok {0} 1
-    ("G1", "easy", "C", "<answer>C</answer>", (2,)),  # 7 answer ok; names nobody
-    ("G2", "easy", "B", "%%%% garbage ####", ()),  # 8 unparseable; no gt
-    ("G3", "medium", "A", "<think>Person 1 points first.</think><answer>B</answer>", (1,)),  # 9 x {1} 1
-    ("G4", "medium", "D", "\\boxed{D}", ()),  # 10 boxed ok; no gt
-    ("G5", "hard", "C", "B. Person 2 gives the cup.", (2, 3)),  # 11 marker B. x {2} 1
-    ("G6", "hard", "A", "A", (0,)),  # 12 leading A ok; names nobody
-    ("J1", "medium", "B", "<think>Person 0 looks while Person 1 points, from 2s to 4s.</think><answer>B</answer>",
-     (0, 1)),  # 13 ok {0,1} 1
-    ("C2", "medium", "C", "", (0, 1)),  # 14 bench spelling C2 = J2; empty: unparseable; names nobody
-    ("J3", "hard", "D", "<answer>maybe</answer>", ()),  # 15 unparseable; no gt
-    ("J4", "hard", "A", "<think>P2 reacts to P0.</think><answer>A</answer>", (0, 1)),  # 16 ok {0,2} 1/2
-    ("T1", "medium", "B", "B) Person 0", (0, 1)),  # 17 marker B) ok {0} 1 (non-canonical difficulty)
-    ("G2", None, "A", "<answer>A</answer>", ()),  # 18 ok; no difficulty; no gt
-    ("J1", "hard", "C", "<think>Person 3 and Person 4 and Person 5 and Person 6.</think><answer>D</answer>", (3,)),  # 19 x 1/4
-    ("T4", "easy", "A", "<answer>A</answer>", ()),  # 20 ok; no gt
-]
-
-
-def golden_items() -> list[GraspItem]:
-    """The golden bench as GraspItems (clip paths are dummies; scoring never opens them)."""
-    return [
-        GraspItem(uid=f"clip{i:02d}", origin=f"golden:{i}", clip=ClipRef(f"video/clip{i:02d}.mp4"), question="q",
-                  options=("A) Person 0", "B) Person 1", "C) Person 2", "D) No one"), answer=target,
-                  category=cat, difficulty=diff, events=(SocialEvent("gaze", gt, span=SPANS.get(i)),) if gt else ())
-        for i, (cat, diff, target, _, gt) in enumerate(GOLDEN)
-    ]
-
-
-SHIM = REPO / "tests" / "vllm" / "vllm_cpu"
-
-
-#: the CPU server's environment: the torchvision shim, and vLLM's engine core in the server's own process
-SERVER_ENV = {"PYTHONPATH": str(SHIM), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-QUESTION = "Who is looking at Person {p}?\nA) Person 1\nB) Person 2\nC) Person 0\nD) No one\nGive the letter in <answer> tags."
-
-
-# gt event spans (seconds): item 0 names (1, 2) exactly -> 1; item 3 names none -> 0; item 13 names
-# (2, 4) against (0, 4) -> 2/4.
-SPANS: dict[int, tuple[float, float]] = {0: (1.0, 2.0), 3: (0.5, 1.5), 13: (0.0, 4.0)}
-
-
-class WindowRecorder(L.Callback):
-    """Per training micro-batch: ``trainer.global_step`` at its start and its task output's KL and
-    entropy tokens, clip fraction and prompt ids (test-only; ``--trainer.callbacks+=`` this class).
-
-    Args:
-        path: if given, each rank saves its rows to ``<path>.rank<r>`` (``torch.save``) at the end of fit.
-    """
-
-    def __init__(self, path: str | None = None) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self._step = -1
-
-    def on_fit_end(self, trainer, pl_module) -> None:
-        if self.path:
-            torch.save(self.rows, f"{self.path}.rank{trainer.global_rank}")
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        record = out.rollout
-        self.rows.append({"step": self._step, "kl": record.kl_tokens.detach().clone(),
-                          "entropy": record.entropy_tokens.detach().clone(),
-                          "clip": float(out.metrics["clip_ratio"]), "uids": [item.uid for item in record.items]})
-
-
-# ----------------------------------------------------------------------------------- step metrics, 2 ranks
-def half_degenerate_reward(completion: str, item) -> float:
-    """A reward term: 0.5 for every completion of the prompts whose file line is even (degenerate groups),
-    else a value that differs between any two distinct completions (CRC-32 of the text)."""
-    if int(item.uid.rsplit(":", 1)[1]) % 2 == 0:
-        return 0.5
-    return zlib.crc32(completion.encode()) / 2**32
-
-
-class StepMetricsRecorder(L.Callback):
-    """Writes, per micro-batch of this rank, what the step metrics are computed from: the rollouts the
-    micro-batch trained (rewards, lengths, truncation, groups), its k3 KL and entropy of the loss tokens
-    and its loss (``steps_rank{r}.jsonl`` under ``out_dir``)."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = Path(out_dir)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        ro = pl_module.task._window_rollouts[batch.window.position]
-        k = ro.num_generations
-        row = {"step": self._step, "position": batch.window.position,
-               "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),
-               "truncated": ro.completions.truncated.tolist(), "zero_variance": ro.zero_variance.tolist(),
-               "kl": out.rollout.kl_tokens.tolist(), "entropy": out.rollout.entropy_tokens.tolist(),
-               "loss": float(out.loss.detach())}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / f"steps_rank{trainer.global_rank}.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
-
-
-class SigtermAt(L.Callback):
-    """Sends this process SIGTERM after optimizer step ``step``, as a cluster would on preemption;
-    ``grasp_lightning.callbacks.control.preemption.Preemption`` (in configs/sgr.yaml) then saves ``last.ckpt`` at the next
-    step boundary and stops the run."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-class UpdateRecorder(L.Callback):
-    """Record each trainable weight and its gradient just before the first optimizer step, and the
-    weight after it."""
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        named = [(n, p) for n, p in pl_module.policy.named_parameters() if p.requires_grad and p.grad is not None]
-        self.before = {n: p.detach().clone() for n, p in named}
-        self.grads = {n: p.grad.detach().clone() for n, p in named}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        params = dict(pl_module.policy.named_parameters())
-        self.after = {n: params[n].detach().clone() for n in self.before}
-
-
-def checksum_reward(completion: str, item) -> float:
-    """A reward term in [0, 1) that differs between any two distinct completions (CRC-32 of the text).
-
-    The tiny models never earn the recipe's terms (every group's rewards are all 0, so every advantage
-    is 0 and the first step's gradient is exactly 0); this term gives each group distinct rewards.
-    """
-    return zlib.crc32(completion.encode()) / 2**32
-
-
-class GradRecorder(L.Callback):
-    """Records the policy's gradients before the first optimizer step (``--trainer.callbacks+=``)."""
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if not hasattr(self, "grads"):
-            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
-                          if p.grad is not None}
-
-
-class MicroBatchLosses(L.Callback):
-    """Records each micro-batch's optimizer step, task loss and loss tokens (``--trainer.callbacks+=``)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, float, float]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        out = pl_module.last_task_output
-        self.rows.append((self._step, float(out.loss.detach()), float(out.metrics["tokens/loss"])))
-
-
-class PromptRecorder(L.Callback):
-    """Keep the prompt ids (padding removed) and the completions' inputs of every validation batch."""
-
-    def __init__(self) -> None:
-        self.prompts: list[torch.Tensor] = []
-        self.uids: list[str] = []
-
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"].bool()
-        self.prompts += [row[keep] for row, keep in zip(ids, mask)]
-        self.uids += [item.uid for item in batch.items]

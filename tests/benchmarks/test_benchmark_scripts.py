@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
 pytestmark = pytest.mark.slow
 
 

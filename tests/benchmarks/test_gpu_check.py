@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:

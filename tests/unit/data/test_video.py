@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from grasp_lightning.data import video
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import DecodedClip, decode_clip, reduced_size, sample_indices, video_metadata
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError
-from tests.helpers import REAL_CLIP, level_to_index, make_mp4, make_tar
+from tests.helpers import REAL_CLIP, SAMPLE, level_to_index, make_mp4, make_tar
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +133,7 @@ def test_sizes_decord_cannot_scale_to_fall_back_to_resizing_after_decoding():
 
     from grasp_lightning.data.video import decode_clip
 
-    data = open(Path(__file__).resolve().parents[1] / "grasp_lightning/assets/sample/train/videos/social-iq_part000.tar", "rb").read()
+    data = open(SAMPLE / "train/videos/social-iq_part000.tar", "rb").read()
     import io
     import tarfile
 

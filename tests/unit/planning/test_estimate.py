@@ -8,7 +8,6 @@ import copy
 import runpy
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +29,8 @@ from grasp_lightning.planning.estimate import GIB, fits, format_plan, plan_memor
 from grasp_lightning.planning.spec import RunSpec, strategy_settings
 from grasp_lightning.planning.tokens import video_tokens
 from grasp_lightning.policy import LoraConfig
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
 #: One published model per family: all full attention (Qwen3-VL) and hybrid linear attention (Qwen3.5).

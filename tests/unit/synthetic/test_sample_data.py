@@ -18,10 +18,11 @@ from grasp_lightning.data.prompts import INSTRUCTION
 from grasp_lightning.data.records import CATEGORIES, CATEGORY_DIFFICULTY, DIFFICULTIES, normalise_category
 from grasp_lightning.synthetic import sample_data
 from grasp_lightning.synthetic.sample import drawing, questions, writer
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.timeout(120)
 
-REAL_CLIP = Path(__file__).resolve().parents[2] / "shared/data/real/kitchen_two_person.mp4"  # used when present, else the shipped copy
+REAL_CLIP = REPO.parent / "shared/data/real/kitchen_two_person.mp4"  # used when present, else the shipped copy
 SOURCES = {"avsbench", "embody3d", "friendsmmc", "social_gesture", "social-iq", "tvqa", "werewolf"}
 CLIP_RE = re.compile(r"^(?P<video>.+)_qa(?P<n>\d{4})\.mp4$")
 SHARD_RE = re.compile(r"^(?P<source>.+)_part(?P<n>\d{3})\.tar$")

@@ -389,7 +389,7 @@ class _IndexTask(grpo_task.GRPOTask):
                            prompt_opened_think=[False] * n)
         return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
                                  terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
-                                 zero_variance=grpo_task.grpo.zero_variance_groups(rewards, 2),
+                                 zero_variance=grpo_task.grpo_math.zero_variance_groups(rewards, 2),
                                  indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
                                  items=list(batch.items))
 

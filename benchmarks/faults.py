@@ -4,7 +4,7 @@
     python benchmarks/faults.py --quick    # the training faults only
 
 Training faults (the real CLI in a subprocess, ``configs/sft.yaml`` + ``configs/demo.yaml``, two
-micro-batches per step, 9 steps over two epochs, ``tests.recorders.BatchIndexRecorder`` writing the
+micro-batches per step, 9 steps over two epochs, ``benchmarks.fault_callbacks.BatchIndexRecorder`` writing the
 dataset indices of every micro-batch):
 
 - ``sigterm``: SIGTERM to the process group in the middle of an accumulation window; resume.
@@ -52,7 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
-sys.path.insert(0, str(REPO))  # tests.recorders (class paths of the runs' callbacks)
+sys.path.insert(0, str(REPO))  # benchmarks.fault_callbacks (class paths of the runs' callbacks)
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
         "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -76,7 +76,7 @@ def run(tmp: Path, name: str, extra=(), pause_at: int | None = None, send: int |
             f"--trainer.callbacks.init_args.dirpath={tmp / 'periodic'}",
             "--trainer.callbacks.init_args.every_n_train_steps=2",
             "--trainer.callbacks.init_args.save_last=true",
-            "--trainer.callbacks+=tests.recorders.BatchIndexRecorder", f"--trainer.callbacks.init_args.path={seen}",
+            "--trainer.callbacks+=benchmarks.fault_callbacks.BatchIndexRecorder", f"--trainer.callbacks.init_args.path={seen}",
             *([f"--trainer.callbacks.init_args.pause_at={pause_at}"] if pause_at is not None else []), *extra]
     with open(out, "w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "grasp_lightning", *args], cwd=REPO, env=environ or env(),
@@ -169,7 +169,7 @@ def guard_faults(work: Path) -> dict[str, dict]:
     ]:
         tmp = work / name
         tmp.mkdir()
-        rc, rows, log = run(tmp, "a", ["--trainer.callbacks+=tests.recorders.FaultInjector", *extra])
+        rc, rows, log = run(tmp, "a", ["--trainer.callbacks+=benchmarks.fault_callbacks.FaultInjector", *extra])
         finite = rc != 0 or _finite_weights(tmp / "periodic" / "last.ckpt")
         results[name] = {"recovered": rc == want_rc and want_text in log and finite}
     return results
@@ -214,7 +214,7 @@ def make_mp4(n_frames: int, fps: int) -> bytes:
 
     import numpy as np
 
-    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+    from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
 
     settings = Mp4Settings(codec="libx264", fallback=None, preset="ultrafast", crf=10)
     frames = (np.full((32, 32, 3), 16 * (i + 1), np.uint8) for i in range(n_frames))
@@ -310,7 +310,7 @@ def moving_clip(path: Path, seconds: float, fps: int, width: int, height: int) -
     file size stays in the range of real footage (about 7 MB per 4K second)."""
     import numpy as np
 
-    from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+    from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
 
     base = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
     frames = (np.roll(base, 4 * i, axis=1) for i in range(int(seconds * fps)))  # one frame in memory at a time

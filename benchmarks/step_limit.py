@@ -1,13 +1,13 @@
 """A GRPO step at the limit (issue 42): the frozen vision tower once per rollout batch, log-probs without the full logits.
 
     OMP_NUM_THREADS=2 python benchmarks/step_limit.py   # 2B-width stand-in, 30 s clip at 2 fps, K = 8 (~1 h on 2 busy cores)
-    python benchmarks/step_limit.py --smoke    # the tiny Qwen3-VL, seconds (tests/test_benchmark_scripts.py)
+    python benchmarks/step_limit.py --smoke    # the tiny Qwen3-VL, seconds (tests/benchmarks/test_benchmark_scripts.py)
 
 Two parts, each comparing today's path (*before*: every forward runs the vision tower, scoring takes
 the model's ``(B*K, Lc, V)`` logits) with the new one (*after*: ``GRPOTask(encode_vision_once=True,
 logprob_chunk_size=256)``, the defaults) in the same process:
 
-1. **Step.** A stand-in of Qwen3-VL-2B (:func:`grasp_lightning.generators.standin.build_standin`:
+1. **Step.** A stand-in of Qwen3-VL-2B (:func:`grasp_lightning.synthetic.standin.build_standin`:
    published widths, the real Qwen3 vocabulary of 151,936 logits, random weights) with its depths in
    the published 24 : 28 proportion (``--vision-layers 6 --text-layers 7``), float32 on the CPU, LoRA
    r16 (``configs/lora.yaml``: the reference is the adapter-disabled policy), the vision tower frozen.
@@ -135,7 +135,7 @@ def build(tmp: Path, sizes: dict) -> tuple[Path, object]:
     if sizes["text_layers"] is None:
         model_dir = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
     else:
-        from grasp_lightning.generators.standin import build_standin
+        from grasp_lightning.synthetic.standin import build_standin
 
         model_dir = build_standin(tmp / "model", "Qwen3-VL-2B-Instruct", text_layers=sizes["text_layers"],
                                   vision_layers=sizes["vision_layers"], dtype="bfloat16")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"peak_bytes": peak}))
         return
 
-    from grasp_lightning.generation import RolloutConfig
+    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
     from grasp_lightning.tasks.grpo import GRPOTask

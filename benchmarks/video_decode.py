@@ -24,7 +24,7 @@ import numpy as np
 
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, sample_indices
-from grasp_lightning.generators.mp4 import Mp4Settings, encode_mp4
+from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
 
 
 def make_clip(seconds: float, fps: int, width: int, height: int, seed: int) -> bytes:

@@ -15,7 +15,7 @@ gradient on a GPU.
 
 The result equals the full-logits path to float rounding (the head's matmul over a chunk of rows
 may sum in a different order), for log-probs, entropies and gradients, on both model families and
-through LoRA (``tests/test_chunked_logps.py``).
+through LoRA (``tests/unit/test_chunked_logps.py``).
 """
 
 from __future__ import annotations

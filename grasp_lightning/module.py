@@ -29,16 +29,16 @@ from grasp_lightning.checkpointing import (
     trainable_state,
 )
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.engines import make_engine
-from grasp_lightning.engines.base import RolloutEngine
-from grasp_lightning.engines.config import ENGINES
-from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
-from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
-from grasp_lightning.evaluation.suite import SuiteRunner
-from grasp_lightning.generation import (  # noqa: F401 (RolloutConfig: also importable from here)
+from grasp_lightning.decoding import (  # noqa: F401 (RolloutConfig: also importable from here)
     RolloutConfig,
     sample_completions,
 )
+from grasp_lightning.engines import make_engine
+from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.vllm_config import ENGINES
+from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
+from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
+from grasp_lightning.evaluation.suite import SuiteRunner
 from grasp_lightning.policy import (
     LoraConfig,
     PolicyConfig,
@@ -604,11 +604,11 @@ class GraspModule(L.LightningModule):
 
         Raises:
             GraspConfigError: no callback of ``trainer.callbacks`` is a ``BasePredictionWriter``
-                (``grasp_lightning.callbacks.predictions.PredictionWriter`` in the recipes).
+                (``grasp_lightning.callbacks.prediction_writer.PredictionWriter`` in the recipes).
         """
         if not any(isinstance(cb, BasePredictionWriter) for cb in self.trainer.callbacks):
             raise GraspConfigError("predict writes its answers through a prediction writer, and trainer.callbacks has "
-                                   "none: add `- class_path: grasp_lightning.callbacks.predictions.PredictionWriter` (as the recipes "
+                                   "none: add `- class_path: grasp_lightning.callbacks.prediction_writer.PredictionWriter` (as the recipes "
                                    "in configs/ do)")
 
     def prediction_setup(self, prompt: dict) -> PredictionSetup:

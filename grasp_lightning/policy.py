@@ -2,7 +2,7 @@
 
 Everything goes through ``AutoModelForImageTextToText`` and ``AutoProcessor`` so a Hugging Face id
 (Qwen3-VL 2B/4B/8B, Qwen3.5-9B), a local checkpoint directory and the offline tiny model of
-:mod:`grasp_lightning.generators.tiny` all load by the same code. Remote code is never executed unless the
+:mod:`grasp_lightning.synthetic.tiny` all load by the same code. Remote code is never executed unless the
 config sets ``trust_remote_code: true``.
 """
 

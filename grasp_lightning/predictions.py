@@ -1,7 +1,7 @@
 """What ``predict`` writes for each item, and the keys its resume matches on.
 
 ``GraspModule.predict_step`` samples one completion per prompt (the ``model.evaluation`` decoding)
-and returns :func:`prediction_records`; ``grasp_lightning.callbacks.predictions.PredictionWriter`` writes them to a
+and returns :func:`prediction_records`; ``grasp_lightning.callbacks.prediction_writer.PredictionWriter`` writes them to a
 JSONL file as each batch ends, so an interrupted run keeps every line it wrote.
 
 A rerun leaves out an item only when an earlier line holds the same item *and* the same setup:

@@ -33,7 +33,7 @@ Continuing the recurrence from the prompt's state is the same recurrence as runn
 completion in one pass, regrouped into different 64-token chunks, so the results agree to float
 rounding (float32: ~1e-6), not bit for bit.
 
-Both equal the naive per-row computation within float tolerance (``tests/test_rollout_sharing.py``,
+Both equal the naive per-row computation within float tolerance (``tests/unit/test_shared_prompt.py``,
 for Qwen3-VL and Qwen3.5). Sharing needs a Qwen-VL-style model (``get_rope_index`` and
 ``rope_deltas``), decoder layers that are full or linear attention (not sliding-window), and vision
 inputs; :func:`sharing_unsupported_reason` says why not otherwise, and callers fall back to the naive
@@ -56,7 +56,7 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
 )
 
-from grasp_lightning import grpo
+from grasp_lightning import grpo_math
 from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.vision_features import VisionFeatures, inner_module, reuse_vision
@@ -434,7 +434,7 @@ def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
     The entropy is computed one row at a time, so at most one row's float32 copies of the
     ``(Lc, V)`` logits exist beside the logits themselves.
     """
-    logp = grpo.selective_log_softmax(logits, completion_ids, temperature)
+    logp = grpo_math.selective_log_softmax(logits, completion_ids, temperature)
     with torch.no_grad():
         rows = []
         for row in logits:

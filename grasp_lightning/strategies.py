@@ -7,7 +7,7 @@ sets to the same number. With ``accumulate_grad_batches = 4`` the gradient DeepS
 clips would be 1/16 of the mean micro-batch gradient instead of 1/4 (Lightning issue #6170;
 transformers PR #35808 fixed the same double scaling in its Trainer). This subclass calls
 ``engine.backward(loss, scale_wrt_gas=False)`` in automatic optimisation, so a DeepSpeed run and a
-plain run with the same global batch take the same optimizer steps (``tests/test_scale.py``
+plain run with the same global batch take the same optimizer steps (``tests/cli/test_scale.py``
 measures both gradient norms and losses).
 
 Stepping is unchanged: Lightning calls ``engine.step()`` after every micro-batch (the strategy
@@ -40,8 +40,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
@@ -174,3 +177,32 @@ class GraspDeepSpeedStrategy(DeepSpeedStrategy):
                 fit_loop._data_fetcher = None
             fit_loop._combined_loader = None
         return checkpoint
+
+
+class CPUDeepSpeedStrategy(GraspDeepSpeedStrategy):
+    """DeepSpeed ZeRO on CPU processes over gloo: the CPU smoke mode of ``benchmarks/gpu_check.py`` and the
+    ZeRO-2 tests. Real runs use :class:`GraspDeepSpeedStrategy` on CUDA.
+
+    It is :class:`GraspDeepSpeedStrategy` minus the two GPU-only checks of Lightning's
+    ``DeepSpeedStrategy`` (``setup_environment`` refuses a non-CUDA accelerator; ``setup_distributed``
+    requires device indices equal to local ranks), with a root device that has an index (DeepSpeed
+    reads ``root_device.index``). Everything else (the ZeRO-2 optimizer, gradient partitioning and
+    reduction, sharded checkpoints) is DeepSpeed's own code. The first run compiles DeepSpeed's CPU
+    communication op (cached under ``~/.cache/torch_extensions`` afterwards). Select it by class path:
+    ``--trainer.strategy grasp_lightning.strategies.CPUDeepSpeedStrategy`` with ``--trainer.accelerator cpu``.
+    """
+
+    def setup_environment(self) -> None:
+        """Set up the process group as DDP does, skipping DeepSpeed's CUDA-only accelerator check."""
+        DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's "only supported on CUDA GPUs"
+
+    def setup_distributed(self) -> None:
+        """Seed, set the ranks and start DeepSpeed's process group, without the device-index check."""
+        reset_seed()  # as DeepSpeedStrategy.setup_distributed, without _validate_device_index_selection
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    @property
+    def root_device(self) -> torch.device:
+        """``cpu:0``: a CPU device with an index, which DeepSpeed reads."""
+        return torch.device("cpu", 0)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from grasp_lightning.generation import RolloutConfig
+from grasp_lightning.decoding import RolloutConfig
 
 if TYPE_CHECKING:
     from grasp_lightning.data.collate import Batch

@@ -23,7 +23,7 @@ is not excluded, only far-fetched.
 Exactness: the tower's output for a clip does not depend on the other clips of its batch (Qwen's
 vision attention is per grid, ``cu_seqlens``), so a reused output equals a recomputed one up to the
 float rounding of differently shaped matmuls; a frozen tower has no parameter gradient, so the
-language model's gradients are the same (``tests/test_vision_features.py``).
+language model's gradients are the same (``tests/unit/test_vision_features.py``).
 """
 
 from __future__ import annotations

@@ -53,13 +53,13 @@ import time
 import torch
 from typing_extensions import override
 
-from grasp_lightning import grpo
+from grasp_lightning import grpo_math
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.formats import persons_shown
 from grasp_lightning.data.records import GraspItem
+from grasp_lightning.decoding import RolloutConfig
 from grasp_lightning.engines import engine_of
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.generation import RolloutConfig
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
 from grasp_lightning.shared_prompt import (
@@ -96,7 +96,7 @@ class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
 
     Sampling settings (K, temperature, top-p, budget) are read, when needed, from the context's
-    ``model.rollout`` (:class:`grasp_lightning.generation.RolloutConfig`, ``ctx.rollout_cfg``), never
+    ``model.rollout`` (:class:`grasp_lightning.decoding.RolloutConfig`, ``ctx.rollout_cfg``), never
     copied, so ``configs/demo.yaml`` can shrink them for any recipe.
 
     Args:
@@ -115,7 +115,7 @@ class GRPOTask(Task):
         epsilon: lower clip range of the ratio.
         epsilon_high: upper clip range (``None``: same as ``epsilon``).
         beta: KL coefficient (recipe: 0.05); 0 skips the reference model entirely.
-        loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo.grpo_loss`);
+        loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo_math.grpo_loss`);
             ``dapo`` divides by the loss tokens of the whole accumulation window over all ranks.
         num_iterations: optimizer steps per rollout; the DataModule repeats each accumulation window
             this many times (passed to it by the module, see ``GraspDataModule.connect``).
@@ -188,8 +188,8 @@ class GRPOTask(Task):
         self.reward_labels = labels
         if advantage not in ADVANTAGES:
             raise GraspConfigError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
-        if loss_type not in grpo.LOSS_TYPES:
-            raise GraspConfigError(f"loss_type must be one of {grpo.LOSS_TYPES}, got {loss_type!r}")
+        if loss_type not in grpo_math.LOSS_TYPES:
+            raise GraspConfigError(f"loss_type must be one of {grpo_math.LOSS_TYPES}, got {loss_type!r}")
         if num_iterations < 1:
             raise GraspConfigError(f"model.task.init_args.num_iterations must be >= 1, got {num_iterations}")
         _check_overlong(overlong_mode, overlong_buffer, overlong_buffer_fraction)
@@ -297,14 +297,14 @@ class GRPOTask(Task):
         if dapo_penalty:
             rewards = rewards + penalty
         if self.advantage == "released":
-            adv = grpo.released_advantages(terms, weights, k)
+            adv = grpo_math.released_advantages(terms, weights, k)
             if dapo_penalty:
-                adv = adv + grpo.released_advantages(penalty[:, None], weights.new_ones(1), k)
+                adv = adv + grpo_math.released_advantages(penalty[:, None], weights.new_ones(1), k)
         else:
-            adv = grpo.group_advantages(rewards, k, scale=self.advantage, eps=self.advantage_eps, batch_std=batch_std)
+            adv = grpo_math.group_advantages(rewards, k, scale=self.advantage, eps=self.advantage_eps, batch_std=batch_std)
         if penalty is not None and self.overlong_mode == "released":
             adv = adv + penalty
-        return rewards, grpo.clip_advantages(adv, self.advantage_clip)
+        return rewards, grpo_math.clip_advantages(adv, self.advantage_clip)
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
         """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
@@ -316,7 +316,7 @@ class GRPOTask(Task):
     def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
         budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
-        return grpo.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
+        return grpo_math.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
                                      self.overlong_penalty)
 
     @torch.no_grad()
@@ -344,7 +344,7 @@ class GRPOTask(Task):
         penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
                    if self.overlong_buffer_tokens(cfg.max_new_tokens) else None)
         rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
-        zero_var = grpo.zero_variance_groups(rewards, k)
+        zero_var = grpo_math.zero_variance_groups(rewards, k)
         t2 = time.perf_counter()
         loss_mask = completions.mask.clone()
         if self.drop_zero_variance_groups:
@@ -414,11 +414,11 @@ class GRPOTask(Task):
         rollouts = [ro for ro in self._window_rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
-        local = torch.cat([tokens.reshape(1).cpu(), grpo.reward_moments(rewards)]).to(device)
+        local = torch.cat([tokens.reshape(1).cpu(), grpo_math.reward_moments(rewards)]).to(device)
         total = ctx.cross_rank.sum(local).cpu()
         self._window_tokens = total[0]
         if self.advantage == "batch":
-            std = grpo.std_from_moments(total[1:])
+            std = grpo_math.std_from_moments(total[1:])
             for ro in rollouts:
                 ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
                                                             k=ctx.rollout_cfg.num_generations)
@@ -596,7 +596,7 @@ class GRPOTask(Task):
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
         sampler = self._sampler_correction(logp, ro, mask)
-        loss, lm = grpo.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
+        loss, lm = grpo_math.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
                                   epsilon_high=self.epsilon_high, beta=self.beta, loss_type=self.loss_type,
                                   max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
                                   token_weights=sampler.pop("weights", None))
@@ -612,7 +612,7 @@ class GRPOTask(Task):
             metrics = combine(prepared, metrics)
         kl_tokens = None
         if ro.ref_logp is not None:
-            kl_tokens = grpo.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
+            kl_tokens = grpo_math.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
         record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
                                reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
                                advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])

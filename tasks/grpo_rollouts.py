@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.generation import Completions
+from grasp_lightning.decoding import Completions
 from grasp_lightning.shared_prompt import concat_prompts, repeat_prompts, select_prompts
 from grasp_lightning.vision_features import VisionFeatures
 

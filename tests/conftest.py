@@ -1,24 +1,18 @@
-"""Shared fixtures: the shipped tiny model and sample data, and an in-process CLI runner."""
+"""Fixtures, marks and hooks only; shared test code lives in :mod:`tests.helpers`."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
-
+# before anything imports huggingface_hub or tokenizers (they read these at import)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
-#: The offline tiny hybrid Qwen3.5 (3 Gated DeltaNet linear-attention layers + 1 full-attention layer).
-TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
-#: Both tiny model families, for tests parametrised over them (``@pytest.mark.parametrize("family", FAMILIES)``).
-TINY_MODELS = {"qwen3_vl": TINY, "qwen3_5": TINY35}
-FAMILIES = tuple(TINY_MODELS)
-SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
-REAL_CLIP = SAMPLE / "train" / "videos" / "social-iq_part000.tar"
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.helpers import FAMILIES, REPO, TIMES, TINY, TINY_MODELS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -62,33 +56,6 @@ def in_repo(monkeypatch):
     return REPO
 
 
-def run_cli(args: list[str], tmp_path: Path):
-    """Run ``python -m grasp_lightning`` in this process with logs under ``tmp_path``; return the CLI
-    (built by :func:`grasp_lightning.commands.train.build_cli`, exactly as the command builds it)."""
-    from grasp_lightning.commands.train import build_cli
-
-    extra = [f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.default_root_dir={tmp_path}"]
-    return build_cli([*args, *extra])
-
-
-def scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalar series of the TensorBoard event files under ``log_dir`` (read with EventAccumulator)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
-    """Tags of every kind (scalars, images, histograms, tensors) in the event files under ``log_dir``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0, "tensors": 0})
-    acc.Reload()
-    return acc.Tags()
-
-
 _PEAK_RSS: list[tuple[str, float]] = []
 
 
@@ -108,11 +75,8 @@ def pytest_terminal_summary(terminalreporter):
     """Print the real-shape tier's run times and the peak resident memory after each of its tests."""
     if not _PEAK_RSS:
         return
-    import sys
-
-    module = sys.modules.get("tests.test_real_shapes")
     terminalreporter.section("real-shape tier: run times and peak memory")
-    for name, seconds in (getattr(module, "TIMES", None) or {}).items():
+    for name, seconds in TIMES.items():
         terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
     for nodeid, gib in _PEAK_RSS:
         terminalreporter.write_line(f"{gib:7.2f} GiB peak RSS after {nodeid}")

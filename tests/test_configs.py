@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from grasp_lightning.commands.config import config_args, load_run
-
-from .conftest import REPO, SAMPLE, TINY
+from tests.helpers import REPO, SAMPLE, TINY
 
 CONFIGS = REPO / "configs"
 
@@ -142,7 +141,7 @@ def test_every_pairing_loads_with_the_yaml_values(folder, combo, in_repo, tmp_pa
         assert all(path in callbacks for path in SAFETY), callbacks
         assert {"NonFiniteGuard", "Preemption"} <= {type(cb).__name__ for cb in run.trainer.callbacks}
     if "predict" in combo:
-        assert callbacks == ["grasp_lightning.callbacks.predictions.PredictionWriter"]
+        assert callbacks == ["grasp_lightning.callbacks.prediction_writer.PredictionWriter"]
 
 
 def _as_tree(dotted: dict) -> dict:
@@ -239,7 +238,7 @@ def test_fit_from_another_directory_reads_the_shipped_recipe_and_demo_files(tmp_
     """The quickstart from a folder that has neither configs/ nor grasp_lightning/: the recipe and the overlay
     by their repository paths and by bare name, and demo.yaml's ``grasp_lightning/assets/...`` values, resolve
     against the installation; the run trains."""
-    from .conftest import run_cli
+    from tests.helpers import run_cli
 
     monkeypatch.chdir(tmp_path)
     cli = run_cli(["fit", "--config", "sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",

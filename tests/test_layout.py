@@ -25,19 +25,19 @@ RANKS: dict[str, int] = {
     "grasp_lightning": 0,  # the package root: version only
     "grasp_lightning.errors": 0,
     "grasp_lightning.parsing": 1,
-    "grasp_lightning.grpo": 1,
+    "grasp_lightning.grpo_math": 1,
     "grasp_lightning.loggers": 1,  # texts, tables, histograms, images to every Lightning logger (imports none of ours)
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
-    "grasp_lightning.engines.config": 2,  # model.rollout.vllm's settings (read by generation.RolloutConfig)
+    "grasp_lightning.engines.vllm_config": 2,  # model.rollout.vllm's settings (read by decoding.RolloutConfig)
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.rewards": 3,
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
     "grasp_lightning.shared_prompt": 3,
     "grasp_lightning.compiled_decode": 3,  # the HF engine's static cache and compiled decode step
-    "grasp_lightning.generation": 3,
+    "grasp_lightning.decoding": 3,
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,
     "grasp_lightning.predictions": 3,  # predict's records
@@ -46,7 +46,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,
-    "grasp_lightning.generators": 6,
+    "grasp_lightning.synthetic": 6,
     "grasp_lightning.tasks": 7,  # plugins: import the core, never each other's rooms
     "grasp_lightning.callbacks": 7,
     "grasp_lightning.commands": 8,
@@ -155,7 +155,7 @@ def test_the_core_imports_no_task_callback_command_or_generator() -> None:
     assert "grasp_lightning.module" in core and "grasp_lightning.data.formats" in core
     bad = sorted((src, dst) for src in core for dst in edges[src]
                  if dst.startswith(("grasp_lightning.tasks", "grasp_lightning.callbacks"))
-                 or dst.startswith(("grasp_lightning.commands", "grasp_lightning.generators", "grasp_lightning.planning")))
+                 or dst.startswith(("grasp_lightning.commands", "grasp_lightning.synthetic", "grasp_lightning.planning")))
     assert not bad, bad
 
 
@@ -239,9 +239,45 @@ def test_no_code_outside_tests_imports_tests_or_the_old_top_level_names() -> Non
         return proc.stdout
 
     assert grep(r"from tests|import tests", ":!tests") == ""
-    old = r"(?<![\w./-])(tasks\.(sft|grpo|grpo_rollouts)\b|callbacks\.(bench|kl_logging|predictions|rollout_samples|" \
+    old = r"(?<![\w./-])(tasks\.(sft|grpo|grpo_rollouts)\b|callbacks\.(bench|kl_logging|prediction_writer|rollout_samples|" \
           r"step_window|timing|control)\b)|^\s*(from|import) (tasks|callbacks)\b"
     assert grep(old) == ""
+
+
+def test_unit_test_files_name_a_module() -> None:
+    """``tests/unit/<path>/test_<name>.py`` tests the module ``<path>/<name>`` of the package (``tasks/`` and
+    ``callbacks/`` are the repository's folders): one test file per module, laid out like the code."""
+    unit = REPO / "tests" / "unit"
+    files = sorted(unit.rglob("test_*.py"))
+    assert len(files) > 20
+    orphans = []
+    for path in files:
+        rel = path.relative_to(unit)
+        name = rel.name[len("test_"):-len(".py")]
+        base = REPO if rel.parts[0] in ("tasks", "callbacks") else REPO / "grasp_lightning"
+        folder = base.joinpath(*rel.parts[:-1])
+        if not ((folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()):
+            orphans.append(str(rel))
+    assert orphans == [], f"tests/unit files that name no module: {orphans}"
+
+
+def test_test_modules_import_only_the_helpers() -> None:
+    """Shared test code lives in ``tests/helpers.py``: no test module imports another test module or a
+    conftest (fixtures need no import), and the entry scripts next to the tests are imported only there."""
+    bad = []
+    for path in sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "experiments").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
+    assert bad == []
 
 
 # ------------------------------------------------------------------ the README and the docs

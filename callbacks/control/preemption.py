@@ -21,7 +21,7 @@ their dataset items would be lost on resume. This callback replaces those handle
 5. Lightning's ``SIGTERMException`` (a ``SystemExit`` with status 0) ends the run.
 
 Resume with ``--ckpt_path <that last.ckpt>``; the resumed run sees exactly the dataset items the
-uninterrupted run would have seen (``tests/test_reliability.py``). With SLURM use
+uninterrupted run would have seen (``tests/cli/test_reliability.py``). With SLURM use
 ``#SBATCH --signal=USR1@90`` (or ``B:USR1@90`` when the batch script forwards it) and leave the
 seconds for one optimizer step (all its micro-batches) plus the checkpoint write.
 

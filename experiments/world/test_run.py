@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,17 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run_script(args: list[str], timeout: float = 900) -> dict:
-    """Run ``python <script> ...`` from the repository root; its last stdout line as JSON."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"{args} printed no JSON line:\n{proc.stdout[-3000:]}"
-    return json.loads(lines[-1])
-
-
-def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path) -> None:
+def test_world_runs_every_stage_and_prints_the_summary_over_seeds(tmp_path: Path, run_script) -> None:
     """Base-world SFT on two seeds, the shortcut-world RL comparison (GRPO, SGR, SGR + temporal) on one; the
     summary's keys hold the per-seed values (a smoke size: the figures themselves are the experiment README's)."""
     out = run_script(["experiments/world/run.py", "--seeds", "0", "1", "--rl-seeds", "1", "--train", "14", "--rl-train", "14", "--bench", "7",

@@ -17,9 +17,9 @@ from grasp_lightning.data.formats import bench_store, read_annotations, read_ben
 from grasp_lightning.data.prompts import user_text
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip
-from grasp_lightning.generators.sample.drawing import OBJECT, Action
-from grasp_lightning.generators.sample.questions import participants
 from grasp_lightning.parsing import extract_participants
+from grasp_lightning.synthetic.sample.drawing import OBJECT, Action
+from grasp_lightning.synthetic.sample.questions import participants
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -219,8 +219,8 @@ def test_world_tokenizer_knows_the_worlds_words(tmp_path: Path) -> None:
     quarter fewer tokens than with the generic tiny tokenizer (measured: 270 vs 363 for these five)."""
     from transformers import AutoTokenizer
 
-    from grasp_lightning.generators.sample.entries import user_text as user_text_of
-    from grasp_lightning.generators.tiny import build_tokenizer
+    from grasp_lightning.synthetic.sample.entries import user_text as user_text_of
+    from grasp_lightning.synthetic.tiny import build_tokenizer
 
     world.build_world_model(tmp_path / "m", seed=0)
     ours, generic = AutoTokenizer.from_pretrained(tmp_path / "m"), build_tokenizer(seed=0)
@@ -236,7 +236,7 @@ def test_the_object_has_a_token_of_its_own() -> None:
     line between two persons crosses; a gaze or an arm aimed at it has a direction of its own from every
     corner (at least 14 degrees from the direction to any other corner), and its centre is 16 pixels from every
     segment between two corners. (At (32, 18) it straddled four tokens; at (40, 24) it lay on a diagonal.)"""
-    from grasp_lightning.generators.sample.drawing import OBJECT_COLOUR
+    from grasp_lightning.synthetic.sample.drawing import OBJECT_COLOUR
 
     ox, oy = world.OBJECT_CENTRE
     scene = world.make_world_scene(random.Random(0))  # persons sit at the four corners in every scene
@@ -476,8 +476,8 @@ def test_decoded_gaze_lines_keep_their_gazers_colour() -> None:
     that says *who* looks was smeared into the background and the neighbouring line of a mutual gaze)."""
     from dataclasses import replace
 
-    from grasp_lightning.generators.mp4 import encode_mp4
-    from grasp_lightning.generators.sample.drawing import PERSON_COLOURS
+    from grasp_lightning.synthetic.mp4 import encode_mp4
+    from grasp_lightning.synthetic.sample.drawing import PERSON_COLOURS
 
     def line_error(pix_fmt: str) -> float:
         errors = []

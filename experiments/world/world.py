@@ -6,7 +6,7 @@ is drawn: the colour identifies them), placed in the four 16x16-pixel corner cel
 a random order per clip, with a grey object as large as a person in a token of its own below them, off every
 line between two persons (:data:`OBJECT_CENTRE`); the layout follows the tiny model's visual tokens (16x16
 pixels: patch 8, merge 2). Social events are drawn with the primitives of
-:mod:`grasp_lightning.generators.sample.drawing` (:func:`render_world_frame` says how each looks).
+:mod:`grasp_lightning.synthetic.sample.drawing` (:func:`render_world_frame` says how each looks).
 
 Questions (each with four options, one answer letter, balanced letters):
 
@@ -69,8 +69,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from grasp_lightning.generators.mp4 import STABLE, encode_mp4
-from grasp_lightning.generators.sample.drawing import (
+from grasp_lightning.synthetic.mp4 import STABLE, encode_mp4
+from grasp_lightning.synthetic.sample.drawing import (
     BACKGROUND,
     GESTURES,
     OBJECT,
@@ -83,9 +83,9 @@ from grasp_lightning.generators.sample.drawing import (
     draw_person,
     draw_pointing,
 )
-from grasp_lightning.generators.sample.entries import VERBS, Clip, Entry, mcq_user_text
-from grasp_lightning.generators.sample.questions import Question, make_options, option_text, participants, person_name
-from grasp_lightning.generators.sample.writer import annotation, rl_row, sft_row, write_bench, write_jsonl, write_shards
+from grasp_lightning.synthetic.sample.entries import VERBS, Clip, Entry, mcq_user_text
+from grasp_lightning.synthetic.sample.questions import Question, make_options, option_text, participants, person_name
+from grasp_lightning.synthetic.sample.writer import annotation, rl_row, sft_row, write_bench, write_jsonl, write_shards
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,8 @@ def render_world_frame(scene: Scene, actions: Sequence[Action], t: float, ramp: 
     gaze is a ``LINE``-pixel line in the gazer's colour (not brightened: a brightened yellow is
     nearly as light as the white dot) with a ``DOT``-pixel white dot, the gazer's colour at its middle
     (``DOT_CORE``), that ends inside the target's square, ``DOT_SHORT`` pixels before its centre on the
-    gazer's side (:func:`~grasp_lightning.generators.sample.drawing.draw_gaze`); pointing and reaching are white bars
-    from inside the actor's square toward the target (:func:`~grasp_lightning.generators.sample.drawing.draw_pointing`),
+    gazer's side (:func:`~grasp_lightning.synthetic.sample.drawing.draw_gaze`); pointing and reaching are white bars
+    from inside the actor's square toward the target (:func:`~grasp_lightning.synthetic.sample.drawing.draw_pointing`),
     thin and short for pointing, three times as thick and twice as long for reaching; showing is an
     magenta object held beside the actor, toward the middle of the frame; giving a magenta object that
     leaves the actor's square and sits in the receiver's square from the second frame on (so the
@@ -229,7 +229,7 @@ def _persons(*exclude: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class WorldQuestion:
-    """A world question: a sample data :class:`~grasp_lightning.generators.sample.questions.Question` plus its short reasoning.
+    """A world question: a sample data :class:`~grasp_lightning.synthetic.sample.questions.Question` plus its short reasoning.
 
     Attributes:
         question: category, text, answer text, option pool (in display order), drawn actions,
@@ -461,9 +461,9 @@ def make_world_item(seed: int, split: str, k: int, options: WorldOptions | None 
         options: see :class:`WorldOptions` (default: the base world).
 
     Returns:
-        ``(entry, scene)``: an :class:`~grasp_lightning.generators.sample.entries.Entry` (clip with mp4
+        ``(entry, scene)``: an :class:`~grasp_lightning.synthetic.sample.entries.Entry` (clip with mp4
         bytes, question with its drawn actions, options, letter, reasoning; ``entry.response`` is the
-        SFT target) and the :class:`~grasp_lightning.generators.sample.drawing.Scene` (person centres in pixels).
+        SFT target) and the :class:`~grasp_lightning.synthetic.sample.drawing.Scene` (person centres in pixels).
     """
     options = options or WorldOptions()
     rng = random.Random(f"world:{seed}:{split}:{k}")
@@ -579,7 +579,7 @@ def world_corpus(seed: int = 0, n: int = 400, options: WorldOptions | None = Non
 def build_world_model(out_dir: str | Path, seed: int = 0, options: WorldOptions | None = None) -> Path:
     """Build the world's random-initialised tiny Qwen3-VL (:data:`MODEL_SIZES`) into ``out_dir``, with a
     tokenizer trained on :func:`world_corpus` too (user turns about a quarter shorter than with the generic one)."""
-    from grasp_lightning.generators.tiny import build_tiny_qwen3vl
+    from grasp_lightning.synthetic.tiny import build_tiny_qwen3vl
 
     return build_tiny_qwen3vl(out_dir, seed=seed, corpus=world_corpus(seed, options=options), **MODEL_SIZES)
 

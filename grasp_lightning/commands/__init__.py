@@ -45,8 +45,8 @@ COMMANDS: dict[str, Command] = {
     "plan-memory": Command("grasp_lightning.commands.plan_memory",
                            "per-GPU memory of a config (weights, gradients, optimizer, reference, activations, "
                            "KV cache); --table: the README's scaling table"),
-    "build-model": Command("grasp_lightning.generators.tiny",
+    "build-model": Command("grasp_lightning.synthetic.tiny",
                            "write the offline tiny Qwen3-VL, or a stand-in of a real checkpoint (--like)"),
-    "make-sample": Command("grasp_lightning.generators.sample_data",
+    "make-sample": Command("grasp_lightning.synthetic.sample_data",
                            "write the small GRASP-format sample dataset (the bundled one: --seed 0)"),
 }

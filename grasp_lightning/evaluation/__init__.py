@@ -7,13 +7,13 @@ one ``results.json`` section and one Markdown table per suite. Interface:
 :class:`~grasp_lightning.evaluation.suite.SuiteRunner`.
 """
 
-from grasp_lightning.evaluation.base import EvalSuite, SuiteReport, TaskAccuracy, VideoStore
+from grasp_lightning.evaluation.base import CategoryAccuracy, EvalSuite, SuiteReport, VideoStore
 from grasp_lightning.evaluation.grasp_bench import GraspBench
 from grasp_lightning.evaluation.humansense import HumanSense
 from grasp_lightning.evaluation.mmsi import MMSI, OnlineMMSI
-from grasp_lightning.evaluation.qa import QASuite
+from grasp_lightning.evaluation.qa_suite import QASuite
 from grasp_lightning.evaluation.suite import SuiteRunner
 from grasp_lightning.evaluation.tvqa import TVQAPlus
 
 __all__ = ["EvalSuite", "GraspBench", "HumanSense", "MMSI", "OnlineMMSI", "QASuite", "SuiteReport", "SuiteRunner",
-           "TVQAPlus", "TaskAccuracy", "VideoStore"]
+           "TVQAPlus", "CategoryAccuracy", "VideoStore"]

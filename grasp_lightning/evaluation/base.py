@@ -1,12 +1,12 @@
-"""The evaluation-suite interface, the clip store of a suite, and the per-task accuracy metric.
+"""The evaluation-suite interface, the clip store of a suite, and the per-category accuracy metric.
 
 An :class:`EvalSuite` is a reader, a scorer and a reporter. :meth:`EvalSuite.read` turns every
 item of the suite's annotation file(s) into a :class:`~grasp_lightning.data.records.GraspItem`
-(question text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the task),
+(question text with options and an ``<answer>`` instruction, ``answer``, ``category`` = the question type),
 so the GRASP prompt, decoding and collate path serve every suite unchanged. :meth:`EvalSuite.score`
-turns one completion into a JSON-ready record with ``task``, ``target``, ``predicted`` and
-``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`TaskAccuracy` sums them per
-task with sum-reduced states (exact across ranks); :meth:`EvalSuite.log_values` names the logged
+turns one completion into a JSON-ready record with ``category``, ``target``, ``predicted`` and
+``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`CategoryAccuracy` sums them per
+category with sum-reduced states (exact across ranks); :meth:`EvalSuite.log_values` names the logged
 values, :meth:`EvalSuite.markdown` renders the table and :meth:`EvalSuite.report` /
 :meth:`EvalSuite.figures` give what ``grasp_lightning.callbacks.bench.GraspBenchReport`` writes.
 
@@ -109,7 +109,7 @@ class SuiteReport:
         name: the suite's name.
         section: its ``results.json`` content (JSON-ready; NaN is written as ``null``).
         top_level: ``section``'s keys go to the top level of ``results.json`` (GRASP-Bench, so readers
-            of GRASP-only results see no change) instead of under ``"benchmarks": {name: ...}``.
+            of GRASP-only results see no change) instead of under ``"suites": {name: ...}``.
         files: file name -> text, written into every report folder (``bench/step_<N>/``, ``bench/latest/``).
         texts: logger tag -> Markdown text (every logger's, :func:`grasp_lightning.loggers.log_text`).
         printout: what ``validate``/``test`` print to stdout for this suite.
@@ -128,22 +128,22 @@ class EvalSuite:
 
     Args:
         path: annotation file (JSON list or JSONL), a list of such files, or a folder whose
-            ``*.json``/``*.jsonl`` files are all read (e.g. one file per task).
+            ``*.json``/``*.jsonl`` files are all read (e.g. one file per category).
         videos: root the items' video paths are relative to; default: the folder of the
             (first) annotation file.
         name: key of this suite in logs, ``results.json`` and file names (default per class).
         limit: use only the first N items (after reading, before the audio check).
         system_prompt: system turn of its prompts; default :data:`SYSTEM_PROMPT`.
 
-    Subclasses set :attr:`default_name`, :attr:`title`, :attr:`task_names` and implement
+    Subclasses set :attr:`default_name`, :attr:`title`, :attr:`category_names` and implement
     :meth:`parse_row` and :meth:`score`; the report hooks (:meth:`log_values`, :meth:`summary`,
-    :meth:`report`, :meth:`figures`) have defaults that suit a per-task accuracy table.
+    :meth:`report`, :meth:`figures`) have defaults that suit a per-category accuracy table.
     """
 
     default_name: ClassVar[str] = "suite"
     title: ClassVar[str] = "Evaluation suite"
-    #: task code -> long name, in table order; tasks found in the data but not listed come after, sorted.
-    task_names: ClassVar[dict[str, str]] = {}
+    #: category code -> long name, in table order; categories found in the data but not listed come after, sorted.
+    category_names: ClassVar[dict[str, str]] = {}
 
     def __init__(self, path: str | list[str], videos: str | None = None, name: str | None = None,
                  limit: int | None = None, system_prompt: str | None = None) -> None:
@@ -155,9 +155,9 @@ class EvalSuite:
         self.limit = limit
         self.system_prompt = system_prompt if system_prompt is not None else SYSTEM_PROMPT
         self.items: list[GraspItem] = []  # evaluated items (after load)
-        self.not_evaluated: dict[str, int] = {}  # task -> items left out (e.g. they need audio)
+        self.not_evaluated: dict[str, int] = {}  # category -> items left out (e.g. they need audio)
         self.not_evaluated_reason = ""
-        self.tasks: list[str] = []
+        self.categories: list[str] = []
         self.skipped: list = []
 
     @property
@@ -235,7 +235,7 @@ class EvalSuite:
         return False
 
     def load(self, on_error: str = "raise", audio_unavailable: str | None = "no audio input was configured") -> None:
-        """Read the items (first :attr:`limit`), keep those the model can take, count the rest per task.
+        """Read the items (first :attr:`limit`), keep those the model can take, count the rest per category.
 
         Items that need audio are evaluated only when ``audio_unavailable`` is ``None``; otherwise
         they are counted in :attr:`not_evaluated` with that reason (reported, never scored as wrong).
@@ -254,35 +254,35 @@ class EvalSuite:
             self.not_evaluated_reason = audio_unavailable
             log.warning("%s: %d items not evaluated: %s", self.name, sum(self.not_evaluated.values()),
                         self.not_evaluated_reason)
-        self.tasks = self.task_order({i.category for i in items})
+        self.categories = self.category_order({i.category for i in items})
         log.info("%s: %d items to evaluate from %s", self.name, len(self.items), ", ".join(map(str, self.files())))
 
-    def task_order(self, found: set[str | None]) -> list[str]:
-        """Tasks in table order: :attr:`task_names` first, then the others found, sorted."""
+    def category_order(self, found: set[str | None]) -> list[str]:
+        """Categories in table order: :attr:`category_names` first, then the others found, sorted."""
         found = {t for t in found if t is not None}
-        return [t for t in self.task_names if t in found] + sorted(found - set(self.task_names))
+        return [t for t in self.category_names if t in found] + sorted(found - set(self.category_names))
 
     # ------------------------------------------------------------------ scoring
     def score(self, completion: str, item: GraspItem) -> dict[str, Any]:
-        """Score one completion; the record (``uid``, ``task``, ``target``, ``predicted``, ``score``,
+        """Score one completion; the record (``uid``, ``category``, ``target``, ``predicted``, ``score``,
         ``correct``, ``completion``) is written to ``results.json`` and fed to :meth:`metric`."""
         raise NotImplementedError
 
     def metric(self) -> Metric:
-        """A fresh metric over :attr:`tasks` (call after :meth:`load`)."""
-        return TaskAccuracy(self.tasks)
+        """A fresh metric over :attr:`categories` (call after :meth:`load`)."""
+        return CategoryAccuracy(self.categories)
 
     def compute(self, metric: Metric) -> dict[str, float]:
-        """The metric's values plus ``not_evaluated/<task>`` and ``not_evaluated/overall`` counts."""
+        """The metric's values plus ``not_evaluated/<category>`` and ``not_evaluated/overall`` counts."""
         out = dict(metric.compute())  # a copy: torchmetrics caches the computed dict
-        for task in self.tasks:
-            out[f"not_evaluated/{task}"] = float(self.not_evaluated.get(task, 0))
+        for category in self.categories:
+            out[f"not_evaluated/{category}"] = float(self.not_evaluated.get(category, 0))
         out["not_evaluated/overall"] = float(sum(self.not_evaluated.values()))
         return out
 
     # ------------------------------------------------------------------ reporting
     def log_values(self, metrics: dict[str, float]) -> dict[str, float]:
-        """What the module logs after an epoch: ``val/<name>/acc/<task>``, ``val/<name>/acc/mean`` and
+        """What the module logs after an epoch: ``val/<name>/acc/<category>``, ``val/<name>/acc/mean`` and
         ``val/<name>/acc/overall`` (NaN values left out)."""
         return {f"val/{self.name}/{key}": float(value) for key, value in metrics.items()
                 if key.startswith("acc/") and value == value}
@@ -292,8 +292,8 @@ class EvalSuite:
         return None
 
     def markdown(self, metrics: dict[str, float]) -> str:
-        """A Markdown table: one row per task (accuracy %, n, not evaluated), then mean and overall."""
-        return task_table(self.title, self.tasks, self.task_names, metrics, self.not_evaluated_reason)
+        """A Markdown table: one row per category (accuracy %, n, not evaluated), then mean and overall."""
+        return category_table(self.title, self.categories, self.category_names, metrics, self.not_evaluated_reason)
 
     def report(self, metrics: dict[str, float], records: list[dict], label: str = "ours") -> SuiteReport:  # noqa: ARG002
         """The ``results.json`` section ``{"title", "metrics", "items", "table"}``, ``table_<name>.md``,
@@ -310,20 +310,20 @@ class EvalSuite:
     @staticmethod
     def record(item: GraspItem, target: Any, predicted: Any, score: float, completion: str, **extra: Any) -> dict:
         """The record of one scored item."""
-        return {"uid": item.uid, "task": item.category, "target": target, "predicted": predicted,
+        return {"uid": item.uid, "category": item.category, "target": target, "predicted": predicted,
                 "score": float(score), "correct": score == 1.0, **extra, "completion": completion}
 
 
 # ---------------------------------------------------------------------- metric
-class TaskAccuracy(Metric):
-    """Accuracy per task, mean over tasks and pooled, with partial credit; exact across ranks.
+class CategoryAccuracy(Metric):
+    """Accuracy per category (question type), mean over categories and pooled, with partial credit; exact across ranks.
 
     States (all ``dist_reduce_fx="sum"``): ``score_sum`` float64 ``(T,)``, ``total`` and
-    ``unparseable`` int64 ``(T,)`` for the ``T`` tasks given at construction (every rank reads the
+    ``unparseable`` int64 ``(T,)`` for the ``T`` categories given at construction (every rank reads the
     same files, so ``T`` and the order agree). Rows with ``valid=False`` (rank padding) are skipped.
 
-    :meth:`compute` keys: ``acc/<task>`` (score sum / items), ``n/<task>``; ``acc/mean`` (unweighted
-    mean over tasks with items), ``acc/overall`` (pooled), ``n/overall``, ``unparseable_rate``.
+    :meth:`compute` keys: ``acc/<category>`` (score sum / items), ``n/<category>``; ``acc/mean`` (unweighted
+    mean over categories with items), ``acc/overall`` (pooled), ``n/overall``, ``unparseable_rate``.
     Undefined values are ``NaN``.
     """
 
@@ -335,11 +335,11 @@ class TaskAccuracy(Metric):
     total: Tensor
     unparseable: Tensor
 
-    def __init__(self, tasks: Sequence[str], **kwargs: Any) -> None:
+    def __init__(self, categories: Sequence[str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.task_list = list(tasks)
-        self._index = {t: i for i, t in enumerate(self.task_list)}
-        n = max(1, len(self.task_list))
+        self.category_list = list(categories)
+        self._index = {t: i for i, t in enumerate(self.category_list)}
+        n = max(1, len(self.category_list))
         self.add_state("score_sum", torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("total", torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("unparseable", torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
@@ -352,17 +352,17 @@ class TaskAccuracy(Metric):
         """Count records of :meth:`EvalSuite.score` (``valid``: bool ``(B,)`` or ``None`` for all).
 
         Raises:
-            GraspDataError: a record's task is not one of the metric's tasks (names the uid).
+            GraspDataError: a record's category is not one of the metric's categories (names the uid).
         """
         keep = [True] * len(records) if valid is None else [bool(v) for v in valid.tolist()]
         if len(keep) != len(records):
-            raise ValueError(f"TaskAccuracy: {len(records)} records but valid has {len(keep)} rows")
+            raise ValueError(f"CategoryAccuracy: {len(records)} records but valid has {len(keep)} rows")
         for record, ok in zip(records, keep):
             if not ok:
                 continue
-            idx = self._index.get(record["task"])
+            idx = self._index.get(record["category"])
             if idx is None:
-                raise GraspDataError(str(record.get("uid")), f"task {record['task']!r} is not one of {self.task_list}")
+                raise GraspDataError(str(record.get("uid")), f"category {record['category']!r} is not one of {self.category_list}")
             self.score_sum[idx] += float(record["score"])
             self.total[idx] += 1
             self.unparseable[idx] += int(record["predicted"] is None)
@@ -371,10 +371,10 @@ class TaskAccuracy(Metric):
         """The metric dict (accuracies in [0, 1], counts as floats)."""
         out: dict[str, float] = {}
         accs = []
-        for task, i in self._index.items():
+        for category, i in self._index.items():
             n = int(self.total[i])
             acc = float(self.score_sum[i]) / n if n else math.nan
-            out[f"acc/{task}"], out[f"n/{task}"] = acc, float(n)
+            out[f"acc/{category}"], out[f"n/{category}"] = acc, float(n)
             if n:
                 accs.append(acc)
         total = int(self.total.sum())
@@ -394,15 +394,15 @@ def _n(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
 
 
-def task_table(title: str, tasks: Sequence[str], names: dict[str, str], metrics: dict[str, float],
+def category_table(title: str, categories: Sequence[str], names: dict[str, str], metrics: dict[str, float],
                reason: str = "") -> str:
-    """Markdown: a ``### title`` heading, one row per task (code, name, accuracy %, n, not evaluated),
-    the mean over tasks and the pooled overall, then the unparseable rate. NaN prints "–"."""
-    lines = [f"### {title}", "", "| task | name | accuracy (%) | n | not evaluated |", "|---|---|---:|---:|---:|"]
-    for task in tasks:
-        lines.append(f"| {task} | {names.get(task, task.replace('_', ' '))} | {_pct(metrics.get(f'acc/{task}'))} | "
-                     f"{_n(metrics.get(f'n/{task}'))} | {_n(metrics.get(f'not_evaluated/{task}', 0.0))} |")
-    lines.append(f"|  | **Mean over tasks** | {_pct(metrics.get('acc/mean'))} |  |  |")
+    """Markdown: a ``### title`` heading, one row per category (code, name, accuracy %, n, not evaluated),
+    the mean over categories and the pooled overall, then the unparseable rate. NaN prints "–"."""
+    lines = [f"### {title}", "", "| category | name | accuracy (%) | n | not evaluated |", "|---|---|---:|---:|---:|"]
+    for cat in categories:
+        lines.append(f"| {cat} | {names.get(cat, cat.replace('_', ' '))} | {_pct(metrics.get(f'acc/{cat}'))} | "
+                     f"{_n(metrics.get(f'n/{cat}'))} | {_n(metrics.get(f'not_evaluated/{cat}', 0.0))} |")
+    lines.append(f"|  | **Mean over categories** | {_pct(metrics.get('acc/mean'))} |  |  |")
     lines.append(f"|  | **Overall** | {_pct(metrics.get('acc/overall'))} | {_n(metrics.get('n/overall'))} | "
                  f"{_n(metrics.get('not_evaluated/overall', 0.0))} |")
     lines += ["", f"Unparseable answers: {_pct(metrics.get('unparseable_rate'))}% of "

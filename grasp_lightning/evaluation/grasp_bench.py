@@ -45,7 +45,7 @@ class GraspBench(EvalSuite):
 
     default_name = "grasp_bench"
     title = "GRASP-Bench"
-    task_names = dict(CATEGORY_NAMES)
+    category_names = dict(CATEGORY_NAMES)
 
     def __init__(self, path: str, name: str | None = None, limit: int | None = None,
                  system_prompt: str | None = None) -> None:
@@ -58,7 +58,7 @@ class GraspBench(EvalSuite):
         """A suite around items the DataModule already read from ``path``."""
         bench = cls(path, **kwargs)
         bench.items = list(items)
-        bench.tasks = list(CATEGORIES)
+        bench.categories = list(CATEGORIES)
         return bench
 
     @property
@@ -71,9 +71,9 @@ class GraspBench(EvalSuite):
         return read_bench(self.paths[0], on_error=on_error)
 
     def load(self, on_error: str = "raise", audio_unavailable: str | None = None) -> None:
-        """Read the bench; every category is a task (the table always lists all 16)."""
+        """Read the bench; the table always lists all 16 categories."""
         super().load(on_error, audio_unavailable)
-        self.tasks = list(CATEGORIES)
+        self.categories = list(CATEGORIES)
 
     def store(self):
         """:func:`~grasp_lightning.data.formats.bench_store` of the path."""

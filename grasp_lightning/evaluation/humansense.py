@@ -20,7 +20,7 @@ Question and answer (Arabic numerals)                           ``number``      
 Judgment question (Yes or No)                                   ``yes_no``          yes/no equality
 ==============================================================  ==================  =======================
 
-Accuracy per ``task_type`` and overall. Items that need audio — the audio-visual task types the
+Accuracy per category (HumanSense's ``task_type`` field, read as such) and overall. Items that need audio — the audio-visual task types the
 release feeds audio for (:data:`AUDIO_TASK_TYPES`) and audio-only files — are evaluated only when
 the model's processor accepts audio, else reported as not evaluated (never as wrong). With
 ``asr=True`` the ``asr_en`` transcript is put in the prompt (the release's ASR setting) and an
@@ -149,7 +149,7 @@ class HumanSense(EvalSuite):
     """
 
     default_name = "humansense"
-    title = "HumanSense (accuracy per task type)"
+    title = "HumanSense (accuracy per category: its task_type)"
 
     def __init__(self, path: str | list[str], videos: str | None = None, name: str | None = None,
                  limit: int | None = None, audio_task_types: list[str] = list(AUDIO_TASK_TYPES),  # noqa: B006

@@ -1,17 +1,17 @@
 """MMSI and Online-MMSI: who-speaks-to-whom in Werewolf game videos, in the video-LLM form GRASP uses.
 
-Items (one JSON list per task file, e.g. ``mmsi_test_sti.json``; JSONL works too):
+Items (one JSON list per question type, which MMSI calls a task, e.g. ``mmsi_test_sti.json``; JSONL works too):
 ``{"id", "task" ("STI" | "PCR" | "MPP"), "clip_name", "video_path" ("MMSI/videos/<clip>.mp4"),
 "dataset" ("youtube" | "ego4d"), "speaker" ("P2"), "player_num", "utterance", "context" (list of
 utterances; Online-MMSI: past ones only), "choices" (["P0", ...]), "question", "answer" ("P3"),
-"answer_idx" (3)}``, plus ``"utterance_masked"`` for MPP. Tasks: STI speaking-target
+"answer_idx" (3)}``, plus ``"utterance_masked"`` for MPP. Categories (MMSI's ``"task"`` field): STI speaking-target
 identification, PCR pronoun coreference resolution, MPP mentioned-player prediction (Lee et al.,
 "Modeling Multimodal Social Interactions", CVPR 2024; Online-MMSI: past context only).
 
 Prompt: the utterance (MPP: the masked one; the unmasked utterance is masked in the context too,
 so the answer is not in the prompt), the context, the question and the choices as lettered
 options; the model answers a letter (or a player label ``P3``) in ``<answer>`` tags. Metric:
-top-1 accuracy per task and the mean over tasks (also pooled).
+top-1 accuracy per category and the mean over categories (also pooled).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from grasp_lightning.errors import GraspFormatError
 
 from .base import LETTER_INSTRUCTION, EvalSuite, answer_space
 
-TASKS = {"STI": "Speaking target identification", "PCR": "Pronoun coreference resolution",
+#: MMSI's question types (its ``"task"`` field), the suite's categories.
+MMSI_CATEGORIES = {"STI": "Speaking target identification", "PCR": "Pronoun coreference resolution",
          "MPP": "Mentioned player prediction"}
 _LABEL_RE = re.compile(r"\(?\s*(?:P|Player\s*)(\d+)\s*\)?\s*\.?", re.I)
 
@@ -63,7 +64,7 @@ class MMSI(EvalSuite):
     """MMSI (offline: context on both sides of the utterance). See the module docstring.
 
     Args:
-        path: annotation file(s) or folder (the per-task ``mmsi_test_{sti,pcr,mpp}.json``).
+        path: annotation file(s) or folder (one file per category: ``mmsi_test_{sti,pcr,mpp}.json``).
         videos: root of ``video_path`` (default: the annotation file's folder).
         name: results key (default ``mmsi``).
         limit: use only the first N items.
@@ -72,7 +73,7 @@ class MMSI(EvalSuite):
 
     default_name = "mmsi"
     title = "MMSI (Werewolf social interactions, full context)"
-    task_names = TASKS
+    category_names = MMSI_CATEGORIES
     context_heading = "Conversation around the utterance"
 
     def parse_row(self, row: Any, where: str) -> list[GraspItem]:
@@ -82,8 +83,8 @@ class MMSI(EvalSuite):
         for key in ("id", "task", "question", "choices"):
             if row.get(key) is None:
                 raise GraspFormatError(where, f"missing key {key!r}")
-        task = str(row["task"]).strip().upper()
-        if task not in TASKS:
+        task = str(row["task"]).strip().upper()  # MMSI's own field name: read as "task", kept as the category
+        if task not in MMSI_CATEGORIES:
             raise GraspFormatError(where, f"unknown task {row['task']!r} (expected STI, PCR or MPP)")
         choices = row["choices"]
         if not isinstance(choices, list) or len(choices) < 2:

@@ -5,9 +5,10 @@ writes, so readers of GRASP-only results see no change)::
 
     {"meta": {...},
      "metrics": {GRASP-Bench metrics}, "items": [GRASP-Bench records],      # when GRASP-Bench ran
-     "benchmarks": {"mmsi": {"title", "metrics", "items", "table"}, ...}}   # the other suites
+     "suites": {"mmsi": {"title", "metrics", "items", "table"}, ...}}       # the other suites
 
-The section key ``"benchmarks"`` is kept from earlier releases so that old readers keep working.
+Files written before the key was named ``"suites"`` hold the same sections under ``"benchmarks"``;
+:func:`read_sections` reads either.
 Without other suites the file is exactly :func:`~grasp_lightning.evaluation.reports.write_results_json`'s.
 Each suite's :meth:`~grasp_lightning.evaluation.base.EvalSuite.report` says where its section goes
 (:attr:`~grasp_lightning.evaluation.base.SuiteReport.top_level`) and which files it writes
@@ -29,8 +30,10 @@ from grasp_lightning.evaluation.reports import _json_safe, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-#: Key of the sections of the suites other than the top-level one (kept for old readers).
-SECTIONS_KEY = "benchmarks"
+#: Key of the sections of the suites other than the top-level one.
+SECTIONS_KEY = "suites"
+#: The same key in results.json files written before it was renamed (read only).
+OLD_SECTIONS_KEY = "benchmarks"
 
 
 def write_results(path: str | os.PathLike, meta: dict[str, Any], reports: list[SuiteReport]) -> Path:
@@ -60,14 +63,14 @@ def write_results(path: str | os.PathLike, meta: dict[str, Any], reports: list[S
 
 
 def read_sections(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """name -> section of a ``results.json`` (GRASP-Bench, if present, as ``"grasp_bench"``); ``null``
-    metric values come back as NaN."""
+    """name -> section of a ``results.json`` (GRASP-Bench, if present, as ``"grasp_bench"``; the other suites
+    from ``"suites"``, or ``"benchmarks"`` in older files); ``null`` metric values come back as NaN."""
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     out = {}
     if "metrics" in data:
         out["grasp_bench"] = {"metrics": data["metrics"], "items": data.get("items", [])}
-    out.update(data.get(SECTIONS_KEY, {}))
+    out.update(data.get(SECTIONS_KEY, data.get(OLD_SECTIONS_KEY, {})))  # old files: "benchmarks"
     for section in out.values():
         section["metrics"] = {k: math.nan if v is None else v for k, v in section["metrics"].items()}
     return out

@@ -79,7 +79,7 @@ class TVQAPlus(EvalSuite):
 
     default_name = "tvqa_plus"
     title = "TVQA+ (5-way accuracy on the ts window)"
-    task_names = QUESTION_WORDS
+    category_names = QUESTION_WORDS
 
     def __init__(self, path: str | list[str], videos: str | None = None, video_pattern: str = "videos/{vid_name}.mp4",
                  name: str | None = None, limit: int | None = None, system_prompt: str | None = None) -> None:

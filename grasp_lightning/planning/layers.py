@@ -5,7 +5,7 @@ layer; every ``full_attention_interval``-th = 4th Qwen3.5 layer) or ``linear_att
 Gated DeltaNet, ``transformers/models/qwen3_5/modeling_qwen3_5.py: Qwen3_5GatedDeltaNet``). The
 counts are of the tensors the ``transformers`` 5 modeling code leaves for the backward pass, read from
 that code and checked against ``torch.autograd.graph.saved_tensors_hooks`` on small layers of both
-families in bf16 (``tests/test_memory.py``; equal up to a few per-call constants such as the 64 x 64
+families in bf16 (``tests/unit/planning/test_estimate.py``; equal up to a few per-call constants such as the 64 x 64
 chunk mask). Widths: ``h`` hidden, ``i`` MLP, ``a`` heads, ``g`` KV heads, ``d`` head dim; Gated
 DeltaNet: ``H_k``/``H_v`` key/value heads of ``d_k``/``d_v``, ``key_dim = H_k d_k``, ``value_dim =
 H_v d_v``, ``conv_dim = 2 key_dim + value_dim``, chunk ``C = 64``.

@@ -3,7 +3,7 @@
 The rows (:data:`TABLE_ROWS`) name a model and its setups; each setup's
 :class:`~grasp_lightning.planning.spec.RunSpec` comes from the recipes, instantiated by the
 ``plan-memory`` command (``python -m grasp_lightning plan-memory --table``,
-:mod:`grasp_lightning.commands.plan_memory`). ``tests/test_memory.py`` checks that docs/scaling.md holds
+:mod:`grasp_lightning.commands.plan_memory`). ``tests/unit/planning/test_estimate.py`` checks that docs/scaling.md holds
 exactly the table this prints.
 """
 

@@ -8,7 +8,7 @@ isolates every digit; not checked against its ``tokenizer.json``, which is not o
 ``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
 32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
 processor's settings read from the model directory (:func:`processor_video_settings`); it matches
-the processor's prompt length exactly (``tests/test_memory.py``).
+the processor's prompt length exactly (``tests/unit/planning/test_estimate.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def timestamp_tokens(seconds: float) -> int:
     Qwen's byte-level BPE pre-tokenizer splits numbers into single digits and the text sits between
     two special tokens, so it is ``<``, one token per digit, ``.``, `` seconds`` and ``>``:
     ``<0.2 seconds>`` is 6 tokens, ``<12.5 seconds>`` 7, ``<123.5 seconds>`` 8 (checked against
-    Qwen3's ``tokenizer.json`` in ``tests/test_memory.py``).
+    Qwen3's ``tokenizer.json`` in ``tests/unit/planning/test_estimate.py``).
 
     Args:
         seconds: the group's timestamp in seconds (>= 0).

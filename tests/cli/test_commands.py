@@ -1,0 +1,204 @@
+"""The command table and its dispatcher, the one config loader, and the planner asking the task."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from grasp_lightning.__main__ import main as dispatch
+from grasp_lightning.commands import COMMANDS
+from grasp_lightning.commands.config import config_args, load_run
+from grasp_lightning.task import Task
+from tests.helpers import REPO
+
+#: Every command users are told about: LightningCLI's four, ours, and the synthetic models' and data's.
+EXPECTED = ["fit", "validate", "test", "predict", "export", "pipeline", "check-data", "plan-memory", "build-model",
+            "make-sample"]
+
+
+def test_the_table_holds_every_command_and_help_lists_them() -> None:
+    """``python -m grasp_lightning --help`` (a real process) lists each command with its one-line help."""
+    assert list(COMMANDS) == EXPECTED
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning", "--help"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name, command in COMMANDS.items():
+        assert re.search(rf"^ +{re.escape(name)}\s", proc.stdout, re.M), name
+        assert command.help.split(",")[0] in " ".join(proc.stdout.split()), name
+
+
+def test_a_configuration_error_on_the_command_line_is_its_message_alone() -> None:
+    """A bad value from the command line: exit status 1 and one line naming the key and what is wrong,
+    no traceback through LightningCLI; ``GRASP_TRACEBACK=1`` brings the traceback back."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
+           "--model.task.init_args.max_resample=-1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: GraspConfigError: model.task.init_args.max_resample must be >= 0, got -1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(cmd, cwd=REPO, env={**env, "GRASP_TRACEBACK": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "max_resample must be >= 0" in proc.stderr
+
+
+def test_no_command_lists_them_too_and_an_unknown_one_is_refused(capsys) -> None:
+    assert dispatch([]) == 2
+    out = capsys.readouterr().out
+    assert all(re.search(rf"^ +{re.escape(name)}\s", out, re.M) for name in COMMANDS)
+    with pytest.raises(SystemExit) as done:
+        dispatch(["fitt"])
+    assert done.value.code == 2 and "unknown command 'fitt'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_command_has_its_own_help(name, in_repo, capsys) -> None:
+    """``python -m grasp_lightning NAME --help`` exits 0 with the command's own usage; fit's is LightningCLI's."""
+    with pytest.raises(SystemExit) as done:
+        dispatch([name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out
+    if COMMANDS[name].lightning:  # LightningCLI's subcommand parser: the trainer, model and data arguments
+        assert "--trainer.max_steps" in out and "--model.task" in out and "--data.fps" in out
+    if name in ("export", "check-data"):  # the run's configuration plus the command's own arguments
+        assert "--model.policy.name_or_path" in out and ("--out" in out if name == "export" else "--files" in out)
+
+
+def _yaml(*paths: str) -> list[dict]:
+    return [yaml.safe_load((REPO / p).read_text()) for p in paths]
+
+
+def test_the_loader_instantiates_the_run_with_the_yaml_values(in_repo) -> None:
+    """configs/sgr.yaml then configs/demo.yaml: the later file wins, every key as the YAML says."""
+    sgr, demo = _yaml("configs/sgr.yaml", "configs/demo.yaml")
+    run = load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"]))
+    from grasp_lightning.tasks.grpo import GRPOTask
+
+    task_args = sgr["model"]["task"]["init_args"]
+    assert isinstance(run.task, GRPOTask) and run.task is run.module.task
+    assert (run.task.rewards, run.task.reward_weights) == (task_args["rewards"], task_args["reward_weights"])
+    assert (run.task.beta, run.task.share_prompt) == (task_args["beta"], task_args["share_prompt"])
+    assert run.task.needs_reference and run.task.samples_rollouts and run.task.shares_prompt
+    policy = {**sgr["model"]["policy"], **demo["model"]["policy"]}
+    assert run.module.policy_cfg.name_or_path == policy["name_or_path"] == "grasp_lightning/assets/tiny-qwen3vl"
+    assert (run.module.policy_cfg.dtype, run.module.policy_cfg.gradient_checkpointing,
+            run.module.policy_cfg.freeze_vision) == (policy["dtype"], policy["gradient_checkpointing"],
+                                                      policy["freeze_vision"])
+    assert run.module.policy is None  # the loader loads no weights
+    assert run.module.rollout_cfg.num_generations == sgr["model"]["rollout"]["num_generations"]
+    assert run.module.rollout_cfg.max_new_tokens == demo["model"]["rollout"]["max_new_tokens"]
+    assert run.module.optim_cfg.lr == demo["model"]["optim"]["lr"]
+    assert run.module.optim_cfg.scheduler == sgr["model"]["optim"]["scheduler"]
+    assert not run.module.lora_cfg.enabled
+    data = {**sgr["data"], **demo["data"]}
+    h = run.datamodule.hparams
+    for key in ("root", "train_file", "fps", "max_frames", "max_pixels", "max_prompt_tokens", "batch_size",
+                "on_bad_item"):
+        assert h[key] == data[key], key
+    assert h.processor == policy["name_or_path"]  # linked to the policy, as for fit
+    trainer = {**sgr["trainer"], **demo["trainer"]}
+    for key in ("precision", "devices", "num_nodes", "accumulate_grad_batches", "max_steps", "strategy"):
+        assert run.trainer[key] == trainer[key], key
+
+
+class SamplingObjective(Task):
+    """A task of some other name that samples rollouts against a reference model (for the planner)."""
+
+    needs_reference = True
+    samples_rollouts = True
+    shares_prompt = False
+    data_mode = "rl"
+
+
+class TargetObjective(Task):
+    """The same without rollouts: trained on targets, no reference model."""
+
+
+@pytest.mark.parametrize("name", ["SamplingObjective", "TargetObjective"])
+def test_the_planner_asks_the_task_not_its_name(name, in_repo, tmp_path) -> None:
+    """plan-memory on a custom task: rollout memory, K sequences and a reference model because the task
+    says it samples rollouts and needs a reference, whatever its class is called."""
+    from grasp_lightning.commands.plan_memory import plan_from_config
+
+    task = tmp_path / "task.yaml"
+    task.write_text(yaml.safe_dump({"model": {"task": {"class_path": f"tests.cli.test_commands.{name}"}}}))
+    plan = plan_from_config(["configs/demo.yaml", task], video_seconds=4)
+    k, batch = plan.spec.num_generations, _yaml("configs/demo.yaml")[0]["data"]["batch_size"]
+    if name == "SamplingObjective":
+        assert plan.spec.task == "SamplingObjective" and plan.spec.samples_rollouts and not plan.spec.shares_prompt
+        assert plan.rollout > 0 and plan.kv_cache > 0 and plan.how["rollout"].startswith("KV cache")
+        assert plan.sequences == batch * k and plan.reference_model > 0
+    else:
+        assert plan.rollout == 0 and plan.kv_cache == 0 and plan.sequences == batch and plan.reference_model == 0
+        assert plan.how["rollout"] == "TargetObjective: no rollout"
+
+
+def test_usage_lines_name_the_command_users_type(in_repo, capsys) -> None:
+    """The usage line of every command starts with ``python -m grasp_lightning`` (not ``__main__.py``)."""
+    for name in EXPECTED:
+        with pytest.raises(SystemExit):
+            dispatch([name, "--help"])
+        out = capsys.readouterr().out
+        assert "__main__.py" not in out, name
+        assert re.search(r"usage: python -m grasp_lightning( \[options\] " + re.escape(name) + r"| " + re.escape(name)
+                         + r")\b", out), (name, out[:200])
+
+
+def test_settings_the_task_refuses_stop_the_loader_as_they_stop_fit(in_repo) -> None:
+    """K = 1 has no group advantage: GRPOTask refuses it when the module is built, so check-data and
+    plan-memory (through load_run) refuse it too, before any weight is loaded."""
+    from grasp_lightning.errors import GraspConfigError
+
+    with pytest.raises(GraspConfigError, match="model.rollout.num_generations must be >= 2"):
+        load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"], {"model.rollout.num_generations": 1}))
+    with pytest.raises(SystemExit) as done:
+        dispatch(["plan-memory", "--config", "configs/sgr.yaml", "--gpu-memory-gib", "0"])
+    assert done.value.code == 2
+
+
+def test_a_demo_fit_logs_each_line_once_and_no_bitsandbytes_warning(tmp_path) -> None:
+    """A one-step demo fit (a real process): Lightning's INFO lines are printed once, by the root handler
+    (``lightning``'s own console handler would print each again as ``INFO: ...``), and bitsandbytes'
+    import warning (peft imports it in every run) does not appear in a run without 4-bit weights."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sft.yaml", "--config",
+           "configs/demo.yaml", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+           "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("Seed set to 0") == 1, out
+    assert out.count("`Trainer.fit` stopped: `max_steps=1` reached.") == 1, out
+    assert re.search(r"^\S+ \S+ INFO lightning.fabric.utilities.seed: Seed set to 0$", out, re.M), out
+    assert not re.search(r"^INFO: ", out, re.M), out
+    assert "bitsandbytes" not in out, [line for line in out.splitlines() if "bitsandbytes" in line]
+
+
+def test_bitsandbytes_warnings_pass_once_four_bit_weights_are_asked_for(monkeypatch, caplog) -> None:
+    """The filter on bitsandbytes' loggers drops their warnings until :func:`bnb_config` runs (QLoRA);
+    errors always pass."""
+    import logging
+
+    from grasp_lightning import quantization
+
+    monkeypatch.setattr(quantization, "_four_bit_requested", False)
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING):
+        bnb.warning("Failed to load CPU gemm_4bit_forward")
+        bnb.error("a real failure")
+        hub = logging.getLogger("kernels._internals.hf_hub")
+        hub.warning("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'")
+        hub.warning("another kernel")
+        assert [r.getMessage() for r in caplog.records] == ["a real failure", "another kernel"]
+        monkeypatch.setattr(quantization, "_four_bit_requested", True)
+        bnb.warning("Failed to load CPU gemm_4bit_forward")
+    assert [r.getMessage() for r in caplog.records] == ["a real failure", "another kernel",
+                                                        "Failed to load CPU gemm_4bit_forward"]

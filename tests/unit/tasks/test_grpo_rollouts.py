@@ -1,0 +1,595 @@
+"""Rollout batches (tasks/grpo.py): one generation call for a whole accumulation window, the same
+losses and gradients as per-micro-batch rollouts, an exact resume from the checkpointed cache, and
+``dynamic_sampling: refill`` drawing prompts from the stream without losing or repeating one.
+
+Sampling RNG differs between one call over ``A·B`` prompts and ``A`` calls over ``B``, so the
+comparisons inject completions that depend only on each prompt's own tokens (``fake_sample``)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import grasp_lightning.engines.hf as engines_hf
+import grasp_lightning.tasks.grpo as grpo_task
+from grasp_lightning.data.collate import Batch
+from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
+from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
+from grasp_lightning.decoding import Completions
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.module import RolloutConfig
+from grasp_lightning.task import CrossRank
+from grasp_lightning.tasks.grpo_rollouts import even_split
+from tests.helpers import SAMPLE, TINY
+
+K = 3
+TOL = dict(rtol=1e-5, atol=1e-6)
+#: Completion lengths of a group (rotated per prompt). With rewards (0, 1, 0) the first step's DAPO loss is
+#: -sum(A_j n_j) / sum(n_j), A = (-a, 2a, -a): no rotation of (2, 5, 6) makes it 0, as equal steps (2, 4, 6) would.
+LENGTHS = (2, 5, 6)
+
+
+# ----------------------------------------------------------------------------------- fixtures
+def fake_sample(calls: list[int]):
+    """``sample_completions`` stand-in: K completions per prompt seeded by the prompt's real tokens
+    (independent of batching and padding), lengths :data:`LENGTHS` in a turn the seed picks; records the
+    prompts of every call."""
+
+    def sample(policy, tokenizer, prompt, *, num_return_sequences, **kwargs):
+        calls.append(prompt["input_ids"].shape[0])
+        rows, lengths = [], []
+        for ids, mask in zip(prompt["input_ids"], prompt["attention_mask"]):
+            real = ids[mask.bool()]
+            seed = int((real * torch.arange(1, real.numel() + 1)).sum()) % (2 ** 31)
+            g = torch.Generator().manual_seed(seed)
+            turn = int(torch.randint(0, len(LENGTHS), (1,), generator=g))
+            for j in range(num_return_sequences):
+                n = LENGTHS[(j + turn) % len(LENGTHS)]
+                rows.append(torch.randint(10, 200, (6,), generator=g))
+                lengths.append(n)
+        ids = torch.stack(rows)
+        mask = torch.arange(6)[None] < torch.tensor(lengths)[:, None]
+        ids = ids.masked_fill(~mask, tokenizer.pad_token_id)
+        return Completions(ids=ids, mask=mask, texts=tokenizer.batch_decode(ids, skip_special_tokens=True),
+                           truncated=torch.zeros(len(rows), dtype=torch.bool), prompt_opened_think=[False] * len(rows))
+
+    return sample
+
+
+def fake_rewards(degenerate: set[int] = frozenset()):
+    """Rewards by row: row j of each group gets j % 2 (the same in any batching), except groups whose prompt's
+    dataset index is in ``degenerate`` (all 1: zero variance)."""
+
+    def rewards(texts, items, names, **kwargs):
+        values = [[1.0 if items[i].uid in degenerate else float(i % K % 2)] * len(names) for i in range(len(texts))]
+        return torch.tensor(values)
+
+    return rewards
+
+
+@pytest.fixture(scope="module")
+def world():
+    """The tiny policy (weights perturbed), a frozen reference copy, and the sample RL data module."""
+    from transformers import AutoModelForImageTextToText
+
+    from grasp_lightning.datamodule import GraspDataModule
+
+    torch.manual_seed(0)
+    policy = AutoModelForImageTextToText.from_pretrained(str(TINY), dtype=torch.float32)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    reference = copy.deepcopy(policy).eval()
+    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
+                         max_frames=4, max_pixels=4096, batch_size=1, num_workers=0, bench=None, train_limit=12)
+    dm.setup("fit")
+    return policy, reference, dm
+
+
+def make_module(policy, reference, processor):
+    @contextlib.contextmanager
+    def ref():
+        yield reference
+
+    return SimpleNamespace(policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
+                           rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
+                           reference=ref)
+
+
+def make_task(**kwargs) -> grpo_task.GRPOTask:
+    task = grpo_task.GRPOTask(rewards=["accuracy"], beta=0.05, loss_type="dapo", num_iterations=2, **kwargs)
+    return task  # K and the budget come from the context (make_module)
+
+
+def windows(dm, window: int, repeat: int = 1, draws: bool = False):
+    dm.connect(window=window, repeat=repeat, draws=draws)
+    return iter(dm.train_dataloader())
+
+
+def run_window(task, module, micro_batches) -> tuple[list[float], list[torch.Tensor]]:
+    """prepare + training_step + backward of each micro-batch (loss / A, as Lightning); losses and grads."""
+    module.policy.zero_grad(set_to_none=True)
+    losses = []
+    for b in micro_batches:
+        task.prepare(module, b)
+        out = task.training_step(module, b)
+        (out.loss / len(micro_batches)).backward()
+        losses.append(float(out.loss.detach()))
+    grads = [p.grad.clone() for p in module.policy.parameters() if p.grad is not None]
+    return losses, grads
+
+
+# ----------------------------------------------------------------------------------- equality
+def test_one_generation_call_per_rollout_batch_same_losses_and_gradients(world, monkeypatch):
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    calls: list[int] = []
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample(calls))
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
+    it = windows(dm, window=4)
+    micro = [next(it) for _ in range(4)]
+    lengths = {int(b.inputs["input_ids"].shape[1]) for b in micro}
+    assert len(lengths) > 1  # prompts of different lengths: the merged batch is left-padded
+    batched = run_window(make_task(), module, micro)
+    assert calls == [4]  # the 4 micro-batches' prompts in one call
+    calls.clear()
+    per_micro = run_window(make_task(rollout_batch_prompts=1), module, micro)
+    assert calls == [1, 1, 1, 1]
+    assert all(abs(x) > 1e-4 for x in batched[0])  # non-trivial losses
+    torch.testing.assert_close(torch.tensor(batched[0]), torch.tensor(per_micro[0]), **TOL)
+    assert len(batched[1]) == len(per_micro[1]) > 0
+    for a, b in zip(batched[1], per_micro[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # rollout_batch_prompts=2: two calls of two prompts
+    calls.clear()
+    two = run_window(make_task(rollout_batch_prompts=2), module, micro)
+    assert calls == [2, 2]
+    torch.testing.assert_close(torch.tensor(two[0]), torch.tensor(batched[0]), **TOL)
+
+
+def test_config_errors_name_the_keys():
+    with pytest.raises(GraspConfigError, match="dynamic_sampling"):
+        grpo_task.GRPOTask(dynamic_sampling="resample")
+    with pytest.raises(GraspConfigError, match="drop_zero_variance_groups=True contradicts"):
+        grpo_task.GRPOTask(drop_zero_variance_groups=True, dynamic_sampling="off")
+    with pytest.raises(GraspConfigError, match="rollout_batch_prompts"):
+        grpo_task.GRPOTask(rollout_batch_prompts=0)
+    assert grpo_task.GRPOTask(drop_zero_variance_groups=True).dynamic_sampling == "drop"
+    assert grpo_task.GRPOTask().dynamic_sampling == "off"
+
+
+def test_an_epoch_shorter_than_one_window_is_refused(world):
+    """12 micro-batches cannot fill a window of 16: an error naming both keys, not a run that trains nothing."""
+    _, _, dm = world
+    with pytest.raises(GraspConfigError, match=r"12 micro-batches .* fill no window of 16 "
+                                               r"\(trainer.accumulate_grad_batches\)"):
+        windows(dm, window=16)
+    assert len(list(windows(dm, window=12))) == 12  # exactly one window is fine
+
+
+# ----------------------------------------------------------------------------------- resume
+def _roundtrip(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("mode", ["drop", "refill"])
+def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, monkeypatch, mode):
+    """Uninterrupted: micro-batches 0 and 1 of a window. Interrupted after micro-batch 0: the task state
+    goes through torch.save / torch.load(weights_only=True) into a fresh task, which continues with the
+    same completions and loss without sampling (with refill, the drawn prompts are decoded again)."""
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    calls: list[int] = []
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample(calls))
+    it = windows(dm, window=2, draws=mode == "refill")
+    micro = [next(it), next(it)]
+    # the first window's two prompts are degenerate: refill must draw
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards({micro[0].items[0].uid, micro[1].items[0].uid}))
+    task = make_task(dynamic_sampling=mode)
+    sampled = task.prepare(module, micro[0])  # the rollout batch's figures, once
+    first = task.training_step(module, micro[0])
+    state = _roundtrip(task.state_dict())
+    ref_out = task.training_step(module, micro[1])
+    n_calls = len(calls)
+    assert sampled["dynamic_sampling/groups_tried"] == (4.0 if mode == "refill" else 2.0)
+    if mode == "refill":
+        assert micro[0].window.draws == 1 and sampled["dynamic_sampling/groups_kept"] == 2.0
+        assert sampled["dynamic_sampling/groups_dropped"] == 2.0 and sampled["dynamic_sampling/groups_unused"] == 0.0
+        # tried: the two degenerate groups (every row 1) and two drawn ones (rows 0, 1, 0, ...); trained: the drawn
+        drawn = sum(j % 2 for j in range(K)) / K
+        assert sampled["dynamic_sampling/reward_mean_tried"] == pytest.approx((2 * 1.0 + 2 * drawn) / 4)
+        assert float(first.metrics["reward/mean"]) == pytest.approx(drawn)
+    else:  # drop: both groups tried are degenerate and masked; tried = trained, so no second reward series
+        assert sampled["dynamic_sampling/groups_kept"] == 0.0 and "dynamic_sampling/groups_dropped" not in sampled
+        assert "dynamic_sampling/reward_mean_tried" not in sampled
+        assert first.metrics["zero_variance_groups/count"] == 1.0 and float(first.metrics["reward/mean"]) == 1.0
+    resumed = make_task(dynamic_sampling=mode)
+    resumed.load_state_dict(state)
+    fresh_micro = micro[1]  # the resumed loader yields the same window again (its batches decoded anew)
+    resumed.prepare(module, fresh_micro)
+    out = resumed.training_step(module, fresh_micro)
+    assert len(calls) == n_calls  # nothing sampled again
+    assert out.rollout.completions == ref_out.rollout.completions
+    assert float(out.loss) == pytest.approx(float(ref_out.loss), rel=1e-6)
+    assert [it.uid for it in out.rollout.items] == [it.uid for it in ref_out.rollout.items]
+
+
+# ----------------------------------------------------------------------------------- refill stream
+def _int_loader(n: int, batch_size: int, window: int, start: tuple[int, int, int] | None = None):
+    def collate(samples):
+        return Batch(inputs={}, items=list(samples), indices=list(samples), valid=torch.ones(len(samples), dtype=bool),
+                     prompt_lengths=torch.zeros(len(samples)))
+
+    sampler = ResumableSampler(n, shuffle=True, seed=3)
+    batches = ResumableBatchSampler(sampler, batch_size, window)
+    first = skip = exclude = 0
+    if start is not None:
+        first, skip, exclude = start
+        batches.set_start(0, first, exclude)
+    loader = torch.utils.data.DataLoader(list(range(n)), batch_sampler=batches,
+                                         collate_fn=WindowCollate(collate, batch_size))
+    return WindowLoader(loader, window, 2, skip=skip, first_window=first, exclude=exclude)
+
+
+def _consume(loader, draw_at: set[int], stop_after: int | None = None):
+    """Iterate like a refill task: at the first micro-batch of window ``w`` in ``draw_at``, draw twice.
+    Returns (indices trained or drawn at first use, micro-batches consumed, last window)."""
+    seen, consumed, last = [], 0, None
+    for batch in loader:
+        w = batch.window
+        if w.position == 0 and w.iteration == 0:
+            seen += [i for b in w.batches for i in b.indices]
+            if w.index in draw_at:
+                for _ in range(2):
+                    extra = w.draw()
+                    if extra is not None:
+                        seen += [i for b in extra for i in b.indices]
+        consumed, last = consumed + 1, w
+        if stop_after is not None and consumed == stop_after:
+            break
+    return seen, consumed, last
+
+
+@pytest.mark.parametrize("stop_after", [None, 5, 8])
+def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
+    """24 samples, micro-batches of 2, windows of 2, 2 iterations; windows 0 and 5 draw two more each.
+    Every index is seen exactly once over the epoch, also when the run stops after micro-batch 5 (inside
+    a window that drew) or 8 (at a window boundary) and resumes from (consumed, window, draws)."""
+    draw_at = {0, 5}
+    seen, consumed, last = _consume(_int_loader(24, 2, 2), draw_at, stop_after)
+    if stop_after is not None:
+        start = resume_position(consumed, 2 * 2, last.index, last.draws)
+        more, _, _ = _consume(_int_loader(24, 2, 2, start), draw_at)  # a re-yielded window starts past position 0
+        seen += more
+    assert sorted(seen) == list(range(24))
+
+
+# ----------------------------------------------------------------------------------- CLI stop / resume
+# sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
+# num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
+CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
+       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
+       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.train_limit=12",
+       "--model.task.init_args.loss_type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
+
+
+def cli_rewards(texts, items, names, **kwargs):
+    """Deterministic rewards: groups of rows 1, 4, 7, 10 of the file are degenerate (all 1), the others
+    alternate by completion (so advantages, hence the updates, are non-zero)."""
+    bad = {f"data_rl:{n}" for n in (1, 4, 7, 10)}
+    return torch.tensor([[1.0 if items[i].uid in bad else float(i % K % 2)] * len(names) for i in range(len(texts))])
+
+
+def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
+    """Record every GRPO micro-batch (step, the loader's and the trained dataset indices, completions, loss)
+    and the prompts of every generate call."""
+    rows: list[dict] = []
+    calls: list[int] = []
+    real_sample, step = engines_hf.sample_completions, grpo_task.GRPOTask.training_step
+
+    def counting(policy, tokenizer, prompt, **kwargs):
+        calls.append(int(prompt["input_ids"].shape[0]))
+        return real_sample(policy, tokenizer, prompt, **kwargs)
+
+    def recording(self, module, batch):
+        out = step(self, module, batch)
+        w = batch.window
+        rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
+                     "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
+                     "iteration": w.iteration, "texts": list(out.rollout.completions),
+                     "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
+                     "tries": self._window_stats["resample_tries"], "calls": len(calls)})
+        return out
+
+    monkeypatch.setattr(engines_hf, "sample_completions", counting)
+    monkeypatch.setattr(grpo_task, "compute_rewards", cli_rewards)
+    monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
+    return rows, calls
+
+
+@pytest.mark.parametrize("mode", ["drop", "refill"])
+def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_repo, tmp_path, monkeypatch, mode):
+    """An uninterrupted run saves a checkpoint after every optimizer step; a second CLI run resumes from the
+    one after step 1 — inside window 0's reuse, between its two uses — and must train the same samples
+    (loader and trained dataset indices per micro-batch), with the same completions and losses (float32),
+    sampling nothing for the reused window."""
+    from tests.helpers import run_cli
+
+    rows, calls = _record_cli(monkeypatch)
+    ckpts = tmp_path / "ckpts"
+    every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
+                  "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
+    args = [*CLI, f"--model.task.init_args.dynamic_sampling={mode}"]
+    run_cli([*args, *every_step], tmp_path / "full")
+    full, full_calls = list(rows), list(calls)
+    assert [r["step"] for r in full[:4]] == [0, 0, 1, 1] and [r["iteration"] for r in full[:4]] == [0, 0, 1, 1]
+    assert full[0]["batch"] == full[2]["batch"] and full[0]["texts"] == full[2]["texts"]  # reused after step 0
+    assert abs(full[2]["ratio"] - 1.0) > 1e-4  # the second use is off-policy
+    trained = [i for r in full if r["iteration"] == 0 for i in r["trained"]]
+    assert len(trained) == len(set(trained))  # no prompt trained twice in the epoch
+    if mode == "refill":
+        assert full[0]["tries"] >= 1  # window 0 drew further prompts: the resume must exclude and re-decode them
+        assert [r["trained"] for r in full[:2]] != [r["batch"] for r in full[:2]]
+    for stop in (1, 2, 3):  # 1 and 3: between the two uses of window 0 / of the next window; 2: a window boundary
+        ckpt = ckpts / f"step={stop}.ckpt"
+        assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
+        rows.clear(), calls.clear()
+        run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / f"resumed{stop}")
+        resumed, done = list(rows), 2 * stop
+        assert len(resumed) == len(full) - done
+        for got, want in zip(resumed, full[done:]):
+            assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
+                   {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (stop, got["step"], got["loss"])
+        # a window already sampled before the checkpoint is not sampled again
+        sampled_before = len(full_calls) - len(calls)
+        assert sampled_before == full[done - 1]["calls"] >= 1 and calls == full_calls[sampled_before:]
+
+
+def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_path):
+    """Refill ends epochs early, so ``val_check_interval: null`` (configs/demo.yaml: once per epoch, at the
+    announced length) would never validate: refused at setup, naming the key and the fix."""
+    from tests.helpers import run_cli
+
+    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=1.0 .*would never run.*in micro-batches"):
+        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill"], tmp_path / "epoch")
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=0.5"):
+        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
+                tmp_path / "half")
+
+
+# ----------------------------------------------------------------------------------- refill on two ranks
+class _IndexTask(grpo_task.GRPOTask):
+    """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a
+    degenerate group) for indices in ``degenerate``, else [1, 0]."""
+
+    def __init__(self, degenerate: set[int], num_iterations: int = 2, **kwargs):
+        super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=num_iterations, dynamic_sampling="refill",
+                         **kwargs)
+        self.degenerate = degenerate  # K = 2: the context's model.rollout.num_generations
+
+    def rollout(self, module, batch):
+        n = 2 * len(batch)
+        terms = torch.tensor([[1.0 if (i in self.degenerate or j == 0) else 0.0]
+                              for i in batch.indices for j in range(2)])
+        rewards, adv = self.advantages(terms, k=module.rollout_cfg.num_generations)
+        mask = torch.ones(n, 1, dtype=torch.bool)
+        comp = Completions(ids=torch.full((n, 1), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool),
+                           prompt_opened_think=[False] * n)
+        return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
+                                 terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
+                                 zero_variance=grpo_task.grpo_math.zero_variance_groups(rewards, 2),
+                                 indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
+                                 items=list(batch.items))
+
+
+class _CountingCrossRank(CrossRank):
+    def __init__(self):
+        self.calls = 0
+
+    def sum(self, values):
+        self.calls += 1
+        return super().sum(values)
+
+
+N_TWO_RANKS = 24  # 12 per rank: micro-batches of 2, windows of 2 -> 3 windows per rank and epoch
+
+
+def _two_rank_loader(rank: int, on_draw):
+    def collate(indices):
+        n = len(indices)
+        return Batch(inputs={"input_ids": torch.tensor([[7, 8 + i] for i in indices]),
+                             "attention_mask": torch.ones(n, 2, dtype=torch.long)},
+                     items=list(indices), indices=list(indices), valid=torch.ones(n, dtype=torch.bool),
+                     prompt_lengths=torch.full((n,), 2))
+
+    sampler = ResumableSampler(N_TWO_RANKS, shuffle=True, seed=5, rank=rank, world_size=2)
+    loader = torch.utils.data.DataLoader(list(range(N_TWO_RANKS)), batch_sampler=ResumableBatchSampler(sampler, 2, 2),
+                                         collate_fn=WindowCollate(collate, 2))
+    return WindowLoader(loader, 2, 2, on_draw=on_draw), sampler
+
+
+def _refill_rank(rank: int) -> None:
+    import torch.distributed as dist
+
+    drawn: list[int] = []
+    loader, sampler = _two_rank_loader(rank, lambda batches: drawn.extend(i for b in batches for i in b.indices))
+    own = sampler.order()
+    # rank 0's first window: 2 of its 4 prompts degenerate (short); rank 1's first window is full, but must
+    # draw with rank 0. Rank 1's third window (if yielded) has one degenerate prompt.
+    degenerate = {own[0], own[2], own[1 + 2 * 8]}
+    task = _IndexTask(degenerate)
+    cross = _CountingCrossRank()
+    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
+                             rollout_cfg=RolloutConfig(num_generations=2))
+    steps, yielded, trained, unused = [], [], [], 0
+    for batch in loader:
+        w = batch.window
+        calls = cross.calls
+        sampled = task.prepare(module, batch)
+        ro = task._window_rollouts[w.position]
+        steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
+        if sampled:
+            unused += int(sampled["dynamic_sampling/groups_unused"])
+        if w.iteration == 0:
+            yielded += list(batch.indices)
+            trained.append(list(ro.indices))
+            assert len(ro.indices) == len(batch)  # trimmed to the window's size, split evenly: 2 per micro-batch
+        else:
+            assert list(ro.indices) == trained[len(trained) - 2 + w.position]  # reuse: the same rollouts
+    report = {"steps": steps, "yielded": yielded, "drawn": drawn, "trained": trained, "calls": cross.calls,
+              "degenerate": sorted(degenerate), "unused": unused}
+    reports: list = [None, None]
+    dist.all_gather_object(reports, report)
+    r0, r1 = reports
+    assert r0["steps"] == r1["steps"]  # same windows, positions, iterations, draws and collectives, in order
+    assert r0["calls"] == r1["calls"]
+    assert r0["steps"][0][3] == 1  # window 0 drew once on both ranks (only rank 0 was short)
+    seen = [i for r in reports for i in r["yielded"] + r["drawn"]]
+    assert sorted(seen) == list(range(N_TWO_RANKS))  # every dataset index exactly once over the epoch and ranks
+    flat = [i for r in reports for t in r["trained"] for i in t]
+    assert len(flat) == len(set(flat))  # no prompt trained twice
+    bad = set(r0["degenerate"]) | set(r1["degenerate"])
+    # no non-degenerate prompt lost: each is trained or counted as drawn and unused. Window 0 drew one window
+    # on both ranks: rank 0 had 2 + 4 useful groups for 4 places (2 unused), rank 1 4 + 4 (4 unused).
+    assert (r0["unused"], r1["unused"]) == (2, 4)
+    assert len(set(range(N_TWO_RANKS)) - bad - set(flat)) == r0["unused"] + r1["unused"]
+
+
+def test_refill_keeps_two_ranks_aligned_and_sees_every_index_once():
+    """2 gloo processes: rank 0 is short of non-degenerate groups in window 0, rank 1 is not; both draw
+    (one ``cross_rank.sum`` per try on both), the streams stay aligned (same window indices, draws and
+    collective count per micro-batch), no rank hangs (timeout), each rollout batch is trimmed to its window's
+    4 prompts (2 per micro-batch), and over the epoch every dataset index is yielded or drawn exactly once
+    across the ranks, none trained twice, and every non-degenerate one trained or counted as unused."""
+    from tests.helpers import spawn_two_ranks
+
+    spawn_two_ranks(_refill_rank)
+
+
+def test_refill_logs_how_much_shorter_the_epoch_ran(caplog):
+    """24 samples, windows of 2 micro-batches x 2 iterations: 6 windows, 24 micro-batches announced by len();
+    window 0 draws two: 4 windows yielded, 16 micro-batches run — the count is logged and kept."""
+    loader = _int_loader(24, 2, 2)
+    assert len(loader) == 24
+    with caplog.at_level("WARNING", logger="grasp_lightning.data.windows"):
+        seen, consumed, _ = _consume(loader, {0})
+    assert consumed == 16 and loader.drawn_windows == 2 and sorted(seen) == list(range(24))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("drew 2 windows" in m and "16 of the 24 micro-batches" in m and "(8 of 12 optimizer steps)" in m
+               for m in messages), messages
+
+
+# ----------------------------------------------------------------------------------- refill: trim, split, empty rank
+def _index_batch(indices: list[int], skipped: int = 0) -> Batch:
+    """A micro-batch of prompts ``[7, 8 + i]`` for dataset indices ``indices`` (``skipped``: unreadable items
+    left out of it, as ``on_bad_item: skip`` leaves them)."""
+    from grasp_lightning.data.formats import SkipRecord
+
+    n = len(indices)
+    inputs = ({"input_ids": torch.tensor([[7, 8 + i] for i in indices]), "attention_mask": torch.ones(n, 2, dtype=torch.long)}
+              if n else {})
+    items = [SimpleNamespace(uid=f"row:{i}", participants=()) for i in indices]
+    return Batch(inputs=inputs, items=items, indices=list(indices), valid=torch.ones(n, dtype=torch.bool),
+                 prompt_lengths=torch.full((n,), 2), skipped=[SkipRecord(f"clip{j}.mp4", "unreadable") for j in range(skipped)])
+
+
+def _refill_window(batches: list[Batch], draws: list[list[Batch]]) -> list[Batch]:
+    from grasp_lightning.data.windows import Window, WindowSource
+
+    source = WindowSource(iterator=iter(draws))
+    for pos, b in enumerate(batches):
+        b.window = Window(batches, pos, 0, 0, source)
+    return batches
+
+
+def _index_context(cross_rank=None) -> SimpleNamespace:
+    return SimpleNamespace(device=torch.device("cpu"), cross_rank=cross_rank or CrossRank(), tokenizer=None,
+                           rollout_cfg=RolloutConfig(num_generations=2))
+
+
+def test_refill_trims_to_the_window_and_splits_evenly():
+    """A window of 2 micro-batches x 1 prompt (target 2 groups), prompt 0 degenerate: the draw brings prompts
+    2 and 3, both useful. Trained: the first 2 useful groups in sampling order, one per micro-batch; prompt 3
+    is drawn and unused (counted). Before the trim this trained 3 groups split [[1, 2], [3]]."""
+    task = _IndexTask({0})
+    window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
+    sampled = task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[1], [2]]
+    assert {k.split("/")[1]: v for k, v in sampled.items() if k.startswith("dynamic_sampling/")} == {
+        "groups_tried": 4.0, "groups_kept": 2.0, "groups_dropped": 1.0, "groups_unused": 1.0, "resample_tries": 1.0,
+        "reward_mean_tried": pytest.approx((2 + 1 + 1 + 1) / 8)}
+    # 2 x 2 prompts, 3 degenerate: one draw of 4 useful -> 5 useful for 4 places, 2 per micro-batch
+    task = _IndexTask({0, 2, 3})
+    window = _refill_window([_index_batch([0, 1]), _index_batch([2, 3])],
+                            [[_index_batch([4, 5]), _index_batch([6, 7])]])
+    sampled = task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[1, 4], [5, 6]]
+    assert sampled["dynamic_sampling/groups_unused"] == 1.0 and sampled["dynamic_sampling/groups_kept"] == 4.0
+    # a budget of no draws: the degenerate group is trained (masked by the task's rollout) after the useful one
+    task = _IndexTask({0}, max_resample=0)
+    window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
+    task.prepare(_index_context(), window[0])
+    useful, filler = task._window_rollouts
+    assert (useful.indices, filler.indices) == ([1], [0]) and bool(filler.zero_variance.all())
+    # a micro-batch with an item skipped: 3 prompts into 2 micro-batches, [2, 1]
+    task = _IndexTask(set())
+    window = _refill_window([_index_batch([0, 1]), _index_batch([2], skipped=1)], [])
+    task.prepare(_index_context(), window[0])
+    assert [ro.indices for ro in task._window_rollouts] == [[0, 1], [2]]
+
+
+def test_even_split_of_nothing_and_its_errors():
+    assert even_split(5, 2) == [3, 2] and even_split(4, 4) == [1, 1, 1, 1] and even_split(0, 0) == []
+    with pytest.raises(ValueError, match="cannot split 2 items into 0 parts"):
+        even_split(2, 0)
+
+
+def _empty_window_rank(rank: int) -> None:
+    """Rank 0's whole window was skipped (2 empty micro-batches, every item unreadable); rank 1 is short (its
+    prompt 10 is degenerate). Both go through ``GraspModule.training_step`` (no trainer: the step ends at the
+    window's last micro-batch), both draw once, rank 0 trains nothing and no rank hangs."""
+    import grasp_lightning.tasks.grpo as grpo_module
+    from grasp_lightning.module import GraspModule
+
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared, *_):
+        return torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)
+
+    grpo_module.score_completions = fake_score
+    task = _IndexTask({10})
+    module = GraspModule(task, rollout=RolloutConfig(num_generations=2))
+    if rank == 0:
+        window = _refill_window([_index_batch([], skipped=1), _index_batch([], skipped=1)],
+                                [[_index_batch([20]), _index_batch([21])]])
+    else:
+        window = _refill_window([_index_batch([10]), _index_batch([11])], [[_index_batch([12]), _index_batch([13])]])
+    results = [module.training_step(b, i) for i, b in enumerate(window)]
+    assert window[0].window.draws == 1
+    if rank == 0:
+        assert results == [None, None] and task._window_rollouts == [None, None]
+    else:
+        assert [ro.indices for ro in task._window_rollouts] == [[11], [12]]
+    step = module.last_step_metrics  # the window over both ranks, reduced once
+    assert step["data/skipped"] == 2.0
+    assert step["train/dynamic_sampling/groups_tried"] == 6.0 and step["train/dynamic_sampling/groups_kept"] == 2.0
+    assert step["train/dynamic_sampling/groups_unused"] == 3.0  # rank 0's two drawn groups, rank 1's prompt 13
+    assert step["train/reward/mean"] == 0.5 and step["train/zero_variance_groups/fraction"] == 0.0
+
+
+def test_refill_with_a_whole_window_skipped_on_one_rank_neither_crashes_nor_hangs():
+    """2 gloo processes (timeout): ``even_split(n, 0)`` raised ZeroDivisionError on the empty rank, which then
+    died while the other waited in its next collective."""
+    from tests.helpers import spawn_two_ranks
+
+    spawn_two_ranks(_empty_window_rank)

@@ -1,0 +1,324 @@
+"""Tests of grasp_lightning.grpo_math against hand-computed values, under bad inputs, and against TRL.
+
+Parity with TRL 1.16's own GRPO code on identical tensors: the loss comes from TRL's real
+``GRPOTrainer._compute_loss``, called on an instance built with ``object.__new__`` (no model, no datasets) whose ``_get_per_token_logps_and_entropies`` is replaced
+to return our log-prob tensor. TRL computes advantages inline in ``_generate_and_score_completions``
+(not a separable function), so the test reproduces that block (``sum_then_normalize`` branch) with
+TRL's own ``nanstd`` helper and compares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+try:  # TRL 1.16 (setup.cfg [test]); without it only the parity tests skip
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.utils import nanstd
+    from trl.trainer.utils import selective_log_softmax as trl_selective_log_softmax
+except ImportError:
+    GRPOTrainer = None
+
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.grpo_math import (
+    clip_advantages,
+    group_advantages,
+    grpo_loss,
+    k3_kl,
+    released_advantages,
+    selective_log_softmax,
+    zero_variance_groups,
+)
+
+# --- advantages ------------------------------------------------------------------------------------
+
+def test_group_advantages_by_hand() -> None:
+    # group 1: [1, 0, 0, 1]: mean 0.5, unbiased var = 4 * 0.25 / 3 = 1/3, std = 0.57735
+    # group 2: [2, 2, 2, 2]: flat -> exactly 0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    adv = group_advantages(rewards, 4, eps=0.0)
+    s = 1 / math.sqrt(3)
+    torch.testing.assert_close(adv, torch.tensor([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0, 0, 0, 0]))
+    # "none": centred only
+    torch.testing.assert_close(group_advantages(rewards, 4, scale="none"),
+                               torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    # "batch": all 8 rewards mean 1.25, var = (2*0.0625 + 2*1.5625 + 4*0.5625) / 7 = 5.5/7
+    batch_std = math.sqrt(5.5 / 7)
+    torch.testing.assert_close(group_advantages(rewards, 4, scale="batch", eps=0.0)[:2],
+                               torch.tensor([0.5 / batch_std, -0.5 / batch_std]))
+
+
+def test_equal_rewards_give_exact_zero() -> None:
+    # 0.1 is not exact in binary; a naive (r - mean) could leave ~1e-8 / 1e-4 = 1e-4 behind.
+    for value in (0.1, 0.3, 1.0 / 3.0, 0.0):
+        rewards = torch.full((8,), value)
+        for scale in ("group", "batch", "none"):
+            adv = group_advantages(rewards, 8, scale=scale)
+            assert torch.equal(adv, torch.zeros(8)), (value, scale)
+    assert torch.equal(group_advantages(torch.tensor([0.7, 0.2]), 1), torch.zeros(2))  # K = 1
+
+
+def test_zero_variance_groups() -> None:
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])
+    assert zero_variance_groups(rewards, 2).tolist() == [True, False, True]
+
+
+def test_released_advantages_by_hand() -> None:
+    # two terms, one group of 2: term0 [1, 0] -> centred [0.5, -0.5]; term1 [0.2, 0.2] -> [0, 0]
+    # weights [1.0, 0.2] -> [0.5, -0.5]; second group term1 [2, 0] -> [1, -1] * 0.2
+    terms = torch.tensor([[1.0, 0.2], [0.0, 0.2], [1.0, 2.0], [1.0, 0.0]])
+    adv = released_advantages(terms, torch.tensor([1.0, 0.2]), 2)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.2, -0.2]))
+    assert torch.equal(clip_advantages(torch.tensor([-9.0, 0.3, 7.0]), 5.0), torch.tensor([-5.0, 0.3, 5.0]))
+    assert clip_advantages(adv, None) is adv
+
+
+def test_advantage_bad_inputs() -> None:
+    with pytest.raises(GraspConfigError):
+        group_advantages(torch.zeros(4), 2, scale="rank")
+    with pytest.raises(ValueError):
+        group_advantages(torch.zeros(5), 2)
+    with pytest.raises(GraspConfigError):
+        clip_advantages(torch.zeros(2), 0.0)
+
+
+# --- log-probs and KL ------------------------------------------------------------------------------
+
+def test_selective_log_softmax_matches_full_log_softmax() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=torch.bfloat16)
+    ids = torch.randint(0, 11, (3, 5))
+    out = selective_log_softmax(logits, ids, temperature=0.7)
+    ref = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert out.dtype == torch.float32 and out.shape == (3, 5)
+    torch.testing.assert_close(out, ref)
+    # by hand: logits [0, ln 3] -> probs [1/4, 3/4]
+    two = torch.tensor([[[0.0, math.log(3.0)]]])
+    torch.testing.assert_close(selective_log_softmax(two, torch.tensor([[1]])), torch.tensor([[math.log(0.75)]]))
+
+
+def test_k3_kl_values() -> None:
+    # d = ref - logp = ln 2: 2 - ln 2 - 1 = 0.30685; d = 0 -> 0
+    out = k3_kl(torch.tensor([0.0, -1.0]), torch.tensor([math.log(2.0), -1.0]))
+    torch.testing.assert_close(out, torch.tensor([1 - math.log(2.0), 0.0]))
+    # d = 50 is clamped to 20: e^20 - 21
+    assert k3_kl(torch.tensor([-50.0]), torch.tensor([0.0])).item() == pytest.approx(math.exp(20) - 21, rel=1e-6)
+
+
+# --- loss -------------------------------------------------------------------------------------------
+
+def _inputs():
+    # two sequences, lengths 2 and 1 (third token padding)
+    logp = torch.tensor([[math.log(1.5), 0.0, 0.0], [math.log(0.5), 0.0, 0.0]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    return logp, old, mask, adv
+
+
+def test_grpo_loss_by_hand() -> None:
+    logp, old, mask, adv = _inputs()
+    # ratios: seq0 [1.5, 1.0], seq1 [0.5]; eps 0.2
+    # seq0 A=+1: token0 min(1.5, 1.2) = 1.2 -> -1.2 (high-clipped); token1 -> -1.0
+    # seq1 A=-1: min(-0.5, -0.8) = -0.8 -> +0.8 (low-clipped)
+    # grpo: mean(-2.2/2, 0.8/1) = (-1.1 + 0.8)/2 = -0.15
+    # bnpo / dapo: (-2.2 + 0.8) / 3 = -0.46667; dapo with 7 tokens: -1.4/7 = -0.2; dr_grpo: -1.4 / (2*4)
+    expected = {"grpo": -0.15, "bnpo": -1.4 / 3, "dapo": -1.4 / 3, "dr_grpo": -1.4 / 8}
+    for loss_type, value in expected.items():
+        loss, metrics = grpo_loss(logp, old, None, adv, mask, loss_type=loss_type, max_completion_length=4)
+        assert loss.item() == pytest.approx(value, abs=1e-6), loss_type
+    loss, metrics = grpo_loss(logp, old, None, adv, mask, loss_type="dapo", num_items_in_batch=7)
+    assert loss.item() == pytest.approx(-0.2, abs=1e-6)
+    assert metrics["clip_ratio"].item() == pytest.approx(2 / 3)
+    assert metrics["clip_ratio_high"].item() == pytest.approx(1 / 3)
+    assert metrics["ratio_mean"].item() == pytest.approx(3.0 / 3)  # (1.5 + 1 + 0.5) / 3
+    assert "kl_mean" not in metrics
+    # epsilon_high 0.6 lifts the clip of token0: -1.5 - 1.0 + 0.8 = -1.7 over 3 tokens
+    loss, metrics = grpo_loss(logp, old, None, adv, mask, epsilon_high=0.6, loss_type="bnpo")
+    assert loss.item() == pytest.approx(-1.7 / 3, abs=1e-6)
+    assert metrics["clip_ratio_high"].item() == 0.0
+
+
+def test_grpo_loss_kl_term() -> None:
+    logp, old, mask, adv = _inputs()
+    ref = logp.detach() + torch.tensor([[math.log(2.0), 0.0, 5.0], [0.0, 0.0, 0.0]])
+    # k3 on the 3 real tokens: [1 - ln 2, 0, 0]; padded token ignored. bnpo: (-1.4 + 0.1*(1 - ln 2)) / 3
+    loss, metrics = grpo_loss(logp, old, ref, adv, mask, beta=0.1, loss_type="bnpo")
+    assert loss.item() == pytest.approx((-1.4 + 0.1 * (1 - math.log(2))) / 3, abs=1e-6)
+    assert metrics["kl_mean"].item() == pytest.approx((1 - math.log(2)) / 3, abs=1e-6)
+    # beta 0 with a reference: KL is logged, not added
+    loss, metrics = grpo_loss(logp, old, ref, adv, mask, beta=0.0, loss_type="bnpo")
+    assert loss.item() == pytest.approx(-1.4 / 3, abs=1e-6) and "kl_mean" in metrics
+
+
+def test_on_policy_gradient_is_advantage() -> None:
+    # old_logp None: ratio 1, d loss / d logp_t = -A / n_tokens for bnpo
+    logp, _, mask, adv = _inputs()
+    loss, _ = grpo_loss(logp, None, None, adv, mask, loss_type="bnpo")
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 3, -1 / 3, 0.0], [1 / 3, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("sign", [50.0, -50.0])
+def test_extreme_log_ratios_bf16_are_finite(loss_type: str, sign: float) -> None:
+    old = torch.zeros(4, 6, dtype=torch.bfloat16)
+    logp = (old + sign).requires_grad_(True)
+    ref = old - sign
+    adv = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    mask = torch.ones(4, 6)
+    loss, metrics = grpo_loss(logp, old, ref, adv, mask, beta=0.04, loss_type=loss_type, max_completion_length=6)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad.float()).all()
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+def test_empty_mask_and_bad_config() -> None:
+    logp, old, _, adv = _inputs()
+    loss, metrics = grpo_loss(logp, old, None, adv, torch.zeros(2, 3), loss_type="grpo")
+    assert loss.item() == 0.0 and metrics["clip_ratio"].item() == 0.0
+    with pytest.raises(GraspConfigError):
+        grpo_loss(logp, old, None, adv, torch.ones(2, 3), loss_type="ppo")
+    with pytest.raises(GraspConfigError):
+        grpo_loss(logp, old, None, adv, torch.ones(2, 3), loss_type="dr_grpo")
+    with pytest.raises(GraspConfigError):
+        grpo_loss(logp, old, None, adv, torch.ones(2, 3), beta=0.1)
+    with pytest.raises(ValueError):
+        grpo_loss(logp, old, None, adv[:1], torch.ones(2, 3))
+
+
+# --- parity with TRL 1.16 --------------------------------------------------------------------------
+needs_trl = pytest.mark.skipif(GRPOTrainer is None, reason="trl is not installed (setup.cfg [test])")
+K, G, L, MAX_LEN = 4, 3, 7, 7
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """TRL 1.16 ``_generate_and_score_completions`` advantage block, one reward function, one process."""
+    mean = torch.nanmean(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations, dim=0)
+    if scale_rewards in ("group", "none"):
+        std = nanstd(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations, dim=0)
+    else:
+        std = nanstd(rewards).expand_as(rewards)
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def make_trainer(loss_type: str, beta: float, logp: torch.Tensor, grad_accum: int = 1,
+                 steps_per_generation: int = 1, epsilon_high: float = 0.28) -> GRPOTrainer:
+    """A GRPOTrainer with only the attributes ``_compute_loss`` reads (token-level IS, no vLLM, no extras)."""
+    trainer = object.__new__(GRPOTrainer)
+    trainer.__dict__.update(
+        model=SimpleNamespace(training=True), loss_type=loss_type, beta=beta, epsilon_low=0.2,
+        epsilon_high=epsilon_high, temperature=1.0, importance_sampling_level="token",
+        off_policy_mask_threshold=None, top_entropy_quantile=1.0, use_vllm=False,
+        vllm_importance_sampling_correction=False, max_completion_length=MAX_LEN,
+        current_gradient_accumulation_steps=grad_accum, _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
+        accelerator=SimpleNamespace(num_processes=1, reduce=lambda t, reduction="sum": t, gather=lambda t: t),
+    )
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def batch() -> dict[str, torch.Tensor]:
+    """Random rollouts: G groups of K, varied completion lengths, one group with equal rewards."""
+    gen = torch.Generator().manual_seed(1234)
+    n = G * K
+    old = -torch.rand(n, L, generator=gen) * 3
+    logp = old + 0.4 * torch.randn(n, L, generator=gen)  # ratios spread across both clip edges
+    ref = old + 0.5 * torch.randn(n, L, generator=gen)
+    lengths = torch.tensor([7, 1, 4, 6, 2, 7, 3, 5, 7, 7, 1, 2])
+    mask = (torch.arange(L).unsqueeze(0) < lengths.unsqueeze(1)).int()
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.25, 0.3, 0.3, 0.3, 0.3, 0.0, 2.0, 1.2, 0.7])
+    return dict(old=old, logp=logp, ref=ref, mask=mask, rewards=rewards)
+
+
+@needs_trl
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_advantages_match_trl(batch: dict[str, torch.Tensor], scale: str) -> None:
+    ours = group_advantages(batch["rewards"], K, scale=scale)
+    theirs = trl_advantages(batch["rewards"], K, scale)
+    torch.testing.assert_close(ours, theirs, **TOL)
+    assert torch.equal(ours[K:2 * K], torch.zeros(K))  # the equal-reward group
+
+
+def _trl_loss(batch: dict[str, torch.Tensor], advantages: torch.Tensor, loss_type: str, beta: float,
+              **kwargs: int) -> tuple[torch.Tensor, dict[str, list[float]], torch.Tensor]:
+    logp = batch["logp"].clone().requires_grad_(True)
+    trainer = make_trainer(loss_type, beta, logp, **kwargs)
+    inputs = {
+        "prompt_ids": torch.zeros(logp.shape[0], 2, dtype=torch.long),
+        "prompt_mask": torch.ones(logp.shape[0], 2, dtype=torch.long),
+        "completion_ids": torch.zeros(logp.shape, dtype=torch.long), "completion_mask": batch["mask"],
+        "advantages": advantages, "old_per_token_logps": batch["old"], "ref_per_token_logps": batch["ref"],
+        "num_items_in_batch": batch["mask"].sum(),
+    }
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    return loss.detach(), trainer._metrics["train"], logp.grad
+
+
+@needs_trl
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_loss_and_grad_match_trl(batch: dict[str, torch.Tensor], loss_type: str, beta: float) -> None:
+    advantages = group_advantages(batch["rewards"], K)
+    torch.testing.assert_close(advantages, trl_advantages(batch["rewards"], K, "group"), **TOL)
+    trl_loss, trl_metrics, trl_grad = _trl_loss(batch, advantages, loss_type, beta)
+
+    logp = batch["logp"].clone().requires_grad_(True)
+    loss, metrics = grpo_loss(
+        logp, batch["old"], batch["ref"], advantages, batch["mask"], epsilon=0.2, epsilon_high=0.28, beta=beta,
+        loss_type=loss_type, max_completion_length=MAX_LEN, num_items_in_batch=float(batch["mask"].sum()),
+    )
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), trl_loss, **TOL)
+    torch.testing.assert_close(logp.grad, trl_grad, **TOL)
+    assert metrics["clip_ratio"].item() == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+    assert metrics["clip_ratio_low"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"][0], abs=1e-6)
+    assert 0.0 < metrics["clip_ratio"].item() < 1.0  # the data really exercises the clip
+    if beta:
+        assert metrics["kl_mean"].item() == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+def test_trl_divides_by_accumulation_steps(batch: dict[str, torch.Tensor], loss_type: str) -> None:
+    # TRL returns loss_mb / A for these types; ours is loss_mb (Lightning divides by A itself).
+    advantages = group_advantages(batch["rewards"], K)
+    trl_loss, _, _ = _trl_loss(batch, advantages, loss_type, 0.04, grad_accum=4, steps_per_generation=4)
+    loss, _ = grpo_loss(batch["logp"], batch["old"], batch["ref"], advantages, batch["mask"], epsilon_high=0.28,
+                        beta=0.04, loss_type=loss_type, max_completion_length=MAX_LEN)
+    torch.testing.assert_close(loss / 4, trl_loss, **TOL)
+
+
+@needs_trl
+@pytest.mark.parametrize("grad_accum, steps_per_generation", [(4, 4), (4, 2)])
+def test_dapo_normaliser_under_accumulation(batch: dict[str, torch.Tensor], grad_accum: int,
+                                            steps_per_generation: int) -> None:
+    # TRL's dapo divides by num_items_in_batch * A / S (one process) and never by A again.
+    advantages = group_advantages(batch["rewards"], K)
+    trl_loss, _, _ = _trl_loss(batch, advantages, "dapo", 0.0, grad_accum=grad_accum,
+                               steps_per_generation=steps_per_generation)
+    tokens = float(batch["mask"].sum())
+    loss, _ = grpo_loss(batch["logp"], batch["old"], None, advantages, batch["mask"], epsilon_high=0.28,
+                        loss_type="dapo", num_items_in_batch=tokens * grad_accum / steps_per_generation)
+    torch.testing.assert_close(loss, trl_loss, **TOL)
+
+
+@needs_trl
+def test_selective_log_softmax_matches_trl() -> None:
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 5, 13, generator=gen)
+    ids = torch.randint(0, 13, (3, 5), generator=gen)
+    torch.testing.assert_close(selective_log_softmax(logits, ids, temperature=0.8),
+                               trl_selective_log_softmax(logits, ids, temperature=0.8), **TOL)

@@ -147,7 +147,7 @@ class Task:
         data_mode: the batch kind the task consumes: ``"sft"`` (prompt + target, labels) or
             ``"rl"`` (prompts with answers and ground-truth events). The task is its one owner: the
             module passes it to the DataModule (``GraspDataModule.connect(mode=...)``), so
-            ``data.mode`` need not be set.
+            ``data.loader.mode`` need not be set.
         num_iterations: optimizer steps each batch serves (GRPO's rollout reuse); the DataModule
             repeats every accumulation window this many times.
         window_batches: the task works on whole accumulation windows: each micro-batch arrives with

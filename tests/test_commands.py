@@ -67,7 +67,7 @@ def test_every_command_has_its_own_help(name, in_repo, capsys) -> None:
     out = capsys.readouterr().out
     assert "usage:" in out
     if COMMANDS[name].lightning:  # LightningCLI's subcommand parser: the trainer, model and data arguments
-        assert "--trainer.max_steps" in out and "--model.task" in out and "--data.fps" in out
+        assert "--trainer.max_steps" in out and "--model.task" in out and "--data.video.fps" in out
     if name in ("export", "check-data"):  # the run's configuration plus the command's own arguments
         assert "--model.policy.name_or_path" in out and ("--out" in out if name == "export" else "--files" in out)
 

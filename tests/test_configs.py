@@ -172,7 +172,7 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
 
 @pytest.mark.parametrize("combo", [("sgr", "eval_released"), ("sgr", "demo", "eval_released")], ids="+".join)
 def test_eval_released_decodes_one_item_at_a_time(combo, in_repo) -> None:
-    """The released script generates one item at a time; exact parity needs data.val_batch_size 1."""
+    """The released script generates one item at a time; exact parity needs data.loader.val_batch_size 1."""
     run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo]))
     assert run.datamodule.hparams["val_batch_size"] == 1
     assert run.module.eval_cfg.protocol == "released"
@@ -243,8 +243,8 @@ def test_fit_from_another_directory_reads_the_shipped_recipe_and_demo_files(tmp_
 
     monkeypatch.chdir(tmp_path)
     cli = run_cli(["fit", "--config", "sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
-                   "--trainer.limit_val_batches=0", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
-                   "--data.bench=null"], tmp_path)
+                   "--trainer.limit_val_batches=0", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "--data.source.bench=null"], tmp_path)
     config = cli.config.fit
     assert config.model.policy.name_or_path == str(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl")
     assert config.data.processor == config.model.policy.name_or_path

@@ -369,8 +369,8 @@ def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_pa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
     started = []
     monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
-            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.train_limit=4",
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.source.train_limit=4",
             "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
             f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
     with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "

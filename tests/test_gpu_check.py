@@ -38,7 +38,7 @@ def test_gpu_and_smoke_configs_differ_in_sizes_device_and_strategy_only(phase: s
     cpu = _leaves(gpu_check.phase_overrides(phase, "smoke-cpu", gpu_check.SIZES["smoke-cpu"], *args))
     differ = {k for k in gpu.keys() | cpu.keys() if gpu.get(k) != cpu.get(k)}
     allowed = {"trainer.accelerator", "trainer.strategy.class_path", "trainer.precision", "model.policy.dtype",
-               "trainer.max_steps", "data.train_limit", "trainer.callbacks", "model.rollout.num_generations",
+               "trainer.max_steps", "data.source.train_limit", "trainer.callbacks", "model.rollout.num_generations",
                "model.rollout.max_new_tokens"}
     assert differ <= allowed, differ - allowed
     assert gpu["trainer.strategy.class_path"] == "grasp_lightning.strategies.GraspDeepSpeedStrategy"

@@ -238,12 +238,12 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
         return out
 
     monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
-    run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
              "--trainer.enable_progress_bar=false", "--trainer.max_steps=4", "--trainer.limit_val_batches=0",
              "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
              "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=8",
              "--model.optim.warmup_steps=0", "--model.optim.scheduler=constant_with_warmup",
-             "--data.train_limit=8"], tmp_path)
+             "--data.source.train_limit=8"], tmp_path)
     assert len(seen) == 8
     indices = [s[0] for s in seen]
     assert indices[0:2] == indices[2:4] and indices[4:6] == indices[6:8] and indices[0] != indices[4]
@@ -281,7 +281,7 @@ def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
     dm.connect(mode="rl")
     assert dm.mode == "rl"
     GraspDataModule(bench=None, mode="rl").connect(mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.mode='sft' contradicts the task, which consumes 'rl'"):
+    with pytest.raises(GraspConfigError, match=r"data.loader.mode='sft' contradicts the task, which consumes 'rl'"):
         GraspDataModule(bench=None, mode="sft").connect(mode="rl")
     with pytest.raises(GraspConfigError, match="data.repeat_batches=2 was removed"):
         GraspDataModule(bench=None, repeat_batches=2)
@@ -357,8 +357,8 @@ def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
             "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={run}",
             f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.test_grpo_windows.StepMetricsRecorder",
-            f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.batch_size=1", "--data.num_workers=0",
-            "--data.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
+            f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.loader.batch_size=1", "--data.loader.num_workers=0",
+            "--data.source.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
             "--model.task.init_args.rewards=[accuracy, tests.test_grpo_windows.half_degenerate_reward]",
             "--model.task.init_args.reward_weights=[1.0, 1.0]", "--model.task.init_args.dynamic_sampling=refill",
             "--model.task.init_args.max_resample=0", "--model.optim.warmup_steps=0"]

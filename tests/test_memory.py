@@ -625,7 +625,7 @@ def test_cli_names_the_change_that_fits(capsys, caplog) -> None:
     assert command.main([*sgr, "--config", str(CONFIGS / "lora.yaml"), "--gpu-memory-gib", "4"]) == 1
     out = capsys.readouterr().out
     assert "even with all of these changes: --model.lora.enabled true --model.lora.quantize nf4" in out
-    assert "--model.rollout.num_generations 2" in out and "--data.max_frames 15" in out
+    assert "--model.rollout.num_generations 2" in out and "--data.video.max_frames 15" in out
 
 
 def test_cli_takes_fits_override_syntax(capsys, caplog) -> None:

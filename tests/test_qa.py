@@ -1,7 +1,7 @@
 """The generic QA format (grasp_lightning/data/qa.py) and mixed image/video batches.
 
 Reader errors name ``file:line`` and are counted in skip mode; images go through the processor's
-image path with ``data.max_image_pixels``; a batch mixing image rows, video rows and a row with both
+image path with ``data.video.max_image_pixels``; a batch mixing image rows, video rows and a row with both
 gives each row what it gives alone: SFT logits, greedy generation, and the group-shared prefill and
 scoring against the naive K repeated rows, on both tiny families. A GRPO fit through the CLI, a
 validation suite and ``check-data`` run on a generated QA file.
@@ -283,17 +283,17 @@ def test_shared_prefill_and_scoring_on_a_mixed_batch_equal_the_naive_rows(qa_dir
 def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path, capsys):
     suite = json.dumps([{"class_path": "grasp_lightning.evaluation.QASuite",
                          "init_args": {"path": str(qa_dir / "qa.jsonl"), "name": "my_qa"}}])
-    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
-                   "--trainer.enable_progress_bar=false", f"--data.root={qa_dir}", "--data.train_file=qa.jsonl",
-                   "--data.bench=null", f"--data.eval_suites={suite}", "--data.max_image_pixels=2048",
-                   "--data.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+                   "--trainer.enable_progress_bar=false", f"--data.source.root={qa_dir}", "--data.source.train_file=qa.jsonl",
+                   "--data.source.bench=null", f"--data.eval_suites={suite}", "--data.video.max_image_pixels=2048",
+                   "--data.loader.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
                    "--model.evaluation.max_new_tokens=4", "--trainer.limit_val_batches=1"], tmp_path)
     series = scalars(cli.trainer.log_dir)
     assert len(series["train/loss"]) == 2 and series["train/rollout/shared_prompt"][0][1] == 1.0
     assert all(v == v for _, v in series["train/loss"])  # finite
     assert {"val/my_qa/acc/gaze", "val/my_qa/acc/gesture", "val/my_qa/acc/overall"} <= set(series)
     rows = [json.loads(line) for line in open(f"{cli.trainer.log_dir}/rollouts.jsonl")]
-    assert rows and "participants_named" in rows[0]  # data.batch_size=4: each step's batch mixes all four rows
+    assert rows and "participants_named" in rows[0]  # data.loader.batch_size=4: each step's batch mixes all four rows
     table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
     assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
 
@@ -308,7 +308,7 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
     path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
     report_path = tmp_path / "report.json"
     rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
-               f"--report={report_path}", f"--data.root={tmp_path}", "--data.train_file=qa.jsonl", "--data.bench=null"])
+               f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
     report = json.loads(report_path.read_text())
     assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 6 and report["files"]["qa.jsonl"]["bad"] == 5
     reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}

@@ -26,7 +26,7 @@ from .conftest import REPO, run_cli, scalars
 # 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches (6 steps) per epoch;
 # 9 steps cross into epoch 2. Cosine schedule with warm-up (demo.yaml).
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
-        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
+        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.source.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
@@ -176,8 +176,8 @@ def test_preempted_and_killed_runs_resume_exactly(full, tmp_path):
 
 
 # ---------------------------------------------------------------------- numerical guards
-FAST = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.bench=null",
-        "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+FAST = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.source.bench=null",
+        "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
 def _callback(cli, name: str):
@@ -239,7 +239,7 @@ def test_unreadable_clips_and_lines_are_skipped_counted_and_listed(in_repo, tmp_
     broken = _break_clips(root, [3])
     sft = root / "train" / "data_sft.jsonl"
     sft.write_text(sft.read_text() + "{not json\n")  # line 25, read before the run directory exists
-    cli = run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+    cli = run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1",
                    "--trainer.max_steps=12"], tmp_path)
     rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "skipped.jsonl").open()]
     assert rows[0]["where"] == f"{sft}:25" and rows[1]["where"].startswith(f"{sft}:4 (")  # file:line (clip)
@@ -256,13 +256,13 @@ def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
 
     root = _sample_copy(tmp_path)
     _break_clips(root, [0, 1, 2])
-    with pytest.raises(GraspDataError, match=r"3 of 2\d samples skipped, over data.max_skip_fraction=0.1"):
-        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+    with pytest.raises(GraspDataError, match=r"3 of 2\d samples skipped, over data.errors.max_skip_fraction=0.1"):
+        run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1",
                  "--trainer.max_steps=12"], tmp_path)
     sft = root / "train" / "data_sft.jsonl"
     sft.write_text(sft.read_text() + "{not json\n[]\n[1]\n")  # 3 bad lines of 27: over 0.1 at setup
     with pytest.raises(GraspDataError, match=r"3 of 27 lines are unusable.*data_sft.jsonl:25"):
-        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1"], tmp_path)
+        run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1"], tmp_path)
 
 
 # ---------------------------------------------------------------------- hostile input

@@ -276,10 +276,10 @@ def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
 # ----------------------------------------------------------------------------------- CLI stop / resume
 # sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
 # num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
-CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
        "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
-       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.train_limit=12",
+       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.source.train_limit=12",
        "--model.task.init_args.loss_type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
 
 

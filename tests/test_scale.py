@@ -344,7 +344,7 @@ def test_sgr_lora_demo_composes_and_runs_on_cpu(in_repo, tmp_path):
     GPU settings (bf16, accumulate 32, gradient checkpointing) are reset by demo.yaml, the LoRA flag
     stays, the reference is the adapter-disabled policy and the KL starts at exactly 0."""
     cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config",
-                   "configs/demo.yaml", "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--data.num_workers=0",
+                   "configs/demo.yaml", "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--data.loader.num_workers=0",
                    "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=4"], tmp_path)
     trainer, module = cli.trainer, cli.model
     assert trainer.precision == "32-true" and trainer.accumulate_grad_batches == 1 and trainer.num_devices == 1

@@ -23,7 +23,7 @@ from .test_rollout_sharing import GRAD_TOLS
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+FAST = ["--data.loader.num_workers=0", "--trainer.enable_progress_bar=false"]
 # configs/demo.yaml's budgets fit a whole SFT-format completion (288 tokens); tests that need none use these
 SHORT = ["--model.rollout.max_new_tokens=32", "--model.evaluation.max_new_tokens=24"]
 SFT_STEPS = 24
@@ -86,9 +86,9 @@ def sft_run(tiny_model_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(REPO)
         cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
-                       f"--model.policy.name_or_path={tiny_model_path}", "--data.train_limit=2",
-                       "--data.batch_size=2", f"--trainer.max_steps={SFT_STEPS}", "--trainer.max_epochs=-1",
-                       "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.bench=null"],
+                       f"--model.policy.name_or_path={tiny_model_path}", "--data.source.train_limit=2",
+                       "--data.loader.batch_size=2", f"--trainer.max_steps={SFT_STEPS}", "--trainer.max_epochs=-1",
+                       "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.source.bench=null"],
                       tmp)
     return cli
 
@@ -156,8 +156,8 @@ class MicroBatchLosses(L.Callback):
 def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp_path):
     """Accumulate 3: ``train/loss`` is the mean of the step's 3 micro-batch losses (what the optimizer step
     averages), ``train/tokens/loss`` the sum of their response tokens; one point per step."""
-    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
-                   "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
+    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.source.bench=null",
+                   "--data.loader.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
                    "--trainer.callbacks+=tests.test_training.MicroBatchLosses"], tmp_path)
     rows = _callback(cli, MicroBatchLosses).rows
     series = scalars(_log_dir(cli))
@@ -234,7 +234,7 @@ def test_resume_continues_with_the_next_unseen_samples(in_repo, tmp_path):
 
 #: The sections of docs/metrics.md whose tags a demo run of each recipe logs, every one of them.
 GLOSSARY_SECTIONS = {
-    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.bench=null)
+    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.source.bench=null)
     "grpo": ["Every training run", "GRPO", "Validation (GRASP-Bench)", "Callbacks of the GRPO recipe"],
 }
 
@@ -288,7 +288,7 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_mode
 def _one_sgr_step(*configs: str) -> list[str]:
     """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
     return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
-            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
+            "--trainer.max_steps=1", "--data.source.bench=null", "--model.rollout.num_generations=4",
             "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
 
 

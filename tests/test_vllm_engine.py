@@ -325,10 +325,10 @@ def test_fit_grpo_sgr_with_the_vllm_engine_then_a_server_death_leaves_a_valid_ch
     monkeypatch.setattr(VLLMEngine, "sample", sample)
     ckpts = tmp_path / "ckpts"
     env = json.dumps(SERVER_ENV)
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
             f"--model.policy.name_or_path={tiny32}", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0", f"--model.rollout.num_generations={K}",
-            "--model.rollout.max_new_tokens=16", "--data.train_limit=8", "--model.optim.warmup_steps=0",
+            "--model.rollout.max_new_tokens=16", "--data.source.train_limit=8", "--model.optim.warmup_steps=0",
             "--trainer.max_steps=3"]
     vllm = ["--model.rollout.engine=vllm", f"--model.rollout.vllm.python={vllm_python}",
             "--model.rollout.vllm.dtype=float32", "--model.rollout.vllm.gpu_memory_utilization=0.05",
@@ -430,7 +430,7 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
     (each item once); ``validate`` logs the same metrics as with ``generate``."""
     import json
 
-    base = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    base = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
             f"--model.policy.name_or_path={tiny32}", "--trainer.enable_progress_bar=false"]
     vllm = ["--model.evaluation.engine=vllm", *_vllm_flags(vllm_python)]
 
@@ -441,7 +441,7 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
 
     hf = {r["id"]: r for r in predict(tmp_path / "hf.jsonl")}
     assert len(hf) == 32
-    first = predict(tmp_path / "vllm.jsonl", *vllm, "--data.predict_limit=8")  # stopped after 8 items
+    first = predict(tmp_path / "vllm.jsonl", *vllm, "--data.source.predict_limit=8")  # stopped after 8 items
     records = predict(tmp_path / "vllm.jsonl", *vllm)  # the same command finishes the file
     assert records[:8] == first and len(first) == 8
     assert sorted(r["id"] for r in records) == sorted(hf)  # each item once: none lost, none repeated

@@ -202,7 +202,7 @@ def test_world_recipes_carry_the_colour_key(name: str) -> None:
 
 
 def test_every_prompt_ends_with_the_world_instruction(out: Path) -> None:
-    """Train rows carry the world's short instruction; bench items get it from ``data.instruction``
+    """Train rows carry the world's short instruction; bench items get it from ``data.prompt.instruction``
     (the generic GRASP instruction would double the prompt of a model trained from scratch)."""
     for item in list(read_sft(out / "train" / "data_sft.jsonl")) + list(read_rl(out / "train" / "data_rl.jsonl")):
         assert item.question.endswith(world.INSTRUCTION) and user_text(item, "") == item.question
@@ -295,7 +295,7 @@ def test_gestures_differ_in_shape_and_place() -> None:
 
 
 def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path) -> None:
-    """``data.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
+    """``data.prompt.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
     from grasp_lightning.data.prompts import INSTRUCTION
     from grasp_lightning.datamodule import GraspDataModule
 

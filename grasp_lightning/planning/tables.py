@@ -114,7 +114,7 @@ def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds:
               "(model.task.init_args.logprob_chunk_size, 256 tokens), never the (K x 1024, V) tensor."
               + _hybrid_note(rows) + " Fits: peak <= 90% of "
               f"the GPU - 2 GiB (H200: {H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to "
-              "data.max_frames / fps, whose peak fits, and every shorter clip's too (the processor caps a clip's "
+              "data.video.max_frames / fps, whose peak fits, and every shorter clip's too (the processor caps a clip's "
               "pixels, so past a minute its frames shrink in 32-pixel steps and the count is not monotonic: at most "
               f"{most[0]:,} video tokens, at {most[1]} s). Token counts follow the Qwen3-VL processor exactly, "
               "timestamps included (Qwen3.5 uses the same processor and settings). QLoRA: the language model's "

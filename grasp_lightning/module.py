@@ -386,7 +386,7 @@ class GraspModule(L.LightningModule):
         connect = getattr(dm, "connect", None)
         if connect is None:
             if repeat > 1 or window > 1:
-                raise GraspConfigError(f"model.task.init_args.num_iterations={repeat} with "
+                raise GraspConfigError(f"model.task.init_args.loss.num_iterations={repeat} with "
                                        f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} "
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
@@ -409,7 +409,7 @@ class GraspModule(L.LightningModule):
         validates = trainer.limit_val_batches != 0 and getattr(trainer.datamodule, "hparams", {}).get("bench", 1)
         if validates and isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
             raise GraspConfigError(
-                f"model.task.init_args.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
+                f"model.task.init_args.batching.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
                 f"validation at trainer.val_check_interval={interval} (a share of the epoch's announced length) would "
                 "never run: give trainer.val_check_interval in micro-batches (an integer, as configs/sgr.yaml's 200), "
                 "or turn validation off (data.source.bench=null)")

@@ -116,10 +116,10 @@ class LossConfig:
     def __post_init__(self) -> None:
         k = KEY + "loss."
         require(self.type in grpo.LOSS_TYPES, k + "type", f"one of {grpo.LOSS_TYPES}", self.type)
-        require(is_count(self.num_iterations), k + "num_iterations", "an integer >= 1", self.num_iterations)
+        require(is_count(self.num_iterations), k + "num_iterations", ">= 1", self.num_iterations)
         require(self.importance_sampling_cap is None or (is_number(self.importance_sampling_cap)
                                                          and self.importance_sampling_cap >= 1.0),
-                k + "importance_sampling_cap", "a number >= 1 or null", self.importance_sampling_cap)
+                k + "importance_sampling_cap", ">= 1 or null", self.importance_sampling_cap)
 
 
 @dataclass
@@ -148,15 +148,15 @@ class BatchingConfig:
     def __post_init__(self) -> None:
         k = KEY + "batching."
         require(self.dynamic_sampling is None or self.dynamic_sampling in DYNAMIC_SAMPLING, k + "dynamic_sampling",
-                f"one of {DYNAMIC_SAMPLING} or null", self.dynamic_sampling)
+                f"one of {DYNAMIC_SAMPLING}", self.dynamic_sampling)
         drop = self.drop_zero_variance_groups
         if drop is not None and drop != (self.mode != "off"):
             raise GraspConfigError(f"{k}drop_zero_variance_groups={drop} contradicts {k}dynamic_sampling="
                                    f"{self.mode!r}; set only dynamic_sampling")
         require(is_number(self.max_resample) and float(self.max_resample).is_integer() and self.max_resample >= 0,
-                k + "max_resample", "an integer >= 0", self.max_resample)
+                k + "max_resample", ">= 0", self.max_resample)
         require(is_count(self.rollout_batch_prompts, optional=True), k + "rollout_batch_prompts",
-                "an integer >= 1 or null", self.rollout_batch_prompts)
+                ">= 1 or null", self.rollout_batch_prompts)
 
     @property
     def mode(self) -> str:
@@ -188,4 +188,4 @@ class ComputeConfig:
 
     def __post_init__(self) -> None:
         require(is_count(self.logprob_chunk_size, optional=True), KEY + "compute.logprob_chunk_size",
-                "an integer >= 1 or null", self.logprob_chunk_size)
+                ">= 1 or null", self.logprob_chunk_size)

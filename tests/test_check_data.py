@@ -181,20 +181,22 @@ def test_bad_numbers_stop_check_data_naming_the_key(in_repo, capsys, flag, key):
     assert f"check-data: error: {key} must be " in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"fps": 0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got 0"),
-    ({"fps": -2.0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got -2.0"),
-    ({"max_frames": 0}, "data.video.max_frames must be an integer >= 1, got 0"),
-    ({"max_prompt_tokens": -1}, "data.prompt.max_prompt_tokens must be an integer >= 1 or null, got -1"),
-    ({"batch_size": 0}, "data.loader.batch_size must be an integer >= 1, got 0"),
-    ({"max_skip_fraction": 2}, "data.errors.max_skip_fraction must be a number in [0, 1], got 2"),
+@pytest.mark.parametrize("group, kwargs, message", [
+    ("video", {"fps": 0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got 0"),
+    ("video", {"fps": -2.0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got -2.0"),
+    ("video", {"max_frames": 0}, "data.video.max_frames must be an integer >= 1, got 0"),
+    ("prompt", {"max_prompt_tokens": -1}, "data.prompt.max_prompt_tokens must be an integer >= 1 or null, got -1"),
+    ("loader", {"batch_size": 0}, "data.loader.batch_size must be an integer >= 1, got 0"),
+    ("errors", {"max_skip_fraction": 2}, "data.errors.max_skip_fraction must be a number in [0, 1], got 2"),
 ])
-def test_datamodule_numbers(kwargs, message):
-    from grasp_lightning.datamodule import GraspDataModule
+def test_datamodule_numbers(group, kwargs, message):
+    from grasp_lightning.data import config
     from grasp_lightning.errors import GraspConfigError
 
+    cls = {"video": config.VideoConfig, "prompt": config.PromptConfig, "loader": config.LoaderConfig,
+           "errors": config.ErrorConfig}[group]
     with pytest.raises(GraspConfigError) as err:
-        GraspDataModule(**kwargs)
+        cls(**kwargs)
     assert str(err.value) == message
 
 

@@ -161,10 +161,10 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
     sgr = _plain(load_run(config_args([CONFIGS / "sgr.yaml"])).config)
     run = load_run(config_args([CONFIGS / "sgr.yaml", CONFIGS / "grpo.yaml"]))
     grpo = _plain(run.config)
-    assert (run.task.rewards, run.task.reward_weights) == (["accuracy", "format"], [1.0, 0.1])
+    assert (run.task.rewards.terms, run.task.rewards.weights) == (["accuracy", "format"], [1.0, 0.1])
     assert grpo["trainer"]["logger"]["init_args"]["name"] == "grpo"
     task, logger = grpo["model"]["task"]["init_args"], grpo["trainer"]["logger"]["init_args"]
-    sgr["model"]["task"]["init_args"].update(rewards=task["rewards"], reward_weights=task["reward_weights"])
+    sgr["model"]["task"]["init_args"]["rewards"].update(terms=task["rewards"]["terms"], weights=task["rewards"]["weights"])
     sgr["trainer"]["logger"]["init_args"]["name"] = logger["name"]
     assert {k: v for k, v in grpo.items() if k != "config"} == {k: v for k, v in sgr.items() if k != "config"}
     assert run.config.weights_only is True
@@ -174,7 +174,7 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
 def test_eval_released_decodes_one_item_at_a_time(combo, in_repo) -> None:
     """The released script generates one item at a time; exact parity needs data.loader.val_batch_size 1."""
     run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo]))
-    assert run.datamodule.hparams["val_batch_size"] == 1
+    assert run.datamodule.loader.val_batch_size == 1
     assert run.module.eval_cfg.protocol == "released"
 
 

@@ -96,7 +96,7 @@ def test_truncated_importance_weights_scale_the_clipped_term_before_the_kl():
 
 
 def test_sampler_gap_metrics_and_the_capped_weights():
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
@@ -108,7 +108,7 @@ def test_sampler_gap_metrics_and_the_capped_weights():
     assert float(out["sampling/importance_ratio/min"]) == pytest.approx(np.exp(-1.0))
     assert float(out["sampling/importance_ratio/max"]) == pytest.approx(np.exp(0.5))
     assert "weights" not in out
-    capped = GRPOTask(importance_sampling_cap=1.2)._sampler_correction(logp, ro, mask)["weights"]
+    capped = GRPOTask(loss=LossConfig(importance_sampling_cap=1.2))._sampler_correction(logp, ro, mask)["weights"]
     assert capped[0].tolist() == pytest.approx([1.2, np.exp(-1.0), 1.0])  # exp(0.5) = 1.65 capped at 1.2
     assert GRPOTask()._sampler_correction(logp, types.SimpleNamespace(sampled_logp=None, old_logp=None), mask) == {}
 
@@ -119,7 +119,7 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
     from grasp_lightning.engines.config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
     from grasp_lightning.generation import RolloutConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
     assert isinstance(make_engine(RolloutConfig()), HFEngine)
@@ -133,7 +133,7 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
         with pytest.raises(GraspConfigError, match=f"model.rollout.vllm.{match}"):
             VLLMConfig(**bad)
     with pytest.raises(GraspConfigError, match="importance_sampling_cap must be >= 1 or null, got 0.5"):
-        GRPOTask(importance_sampling_cap=0.5)
+        GRPOTask(loss=LossConfig(importance_sampling_cap=0.5))
     cfg = RolloutConfig(engine="vllm", vllm={"python": "/x", "dtype": "float32"})  # a checkpoint's plain dict
     assert isinstance(cfg.vllm, VLLMConfig) and cfg.vllm.dtype == "float32"
 

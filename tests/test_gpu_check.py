@@ -110,27 +110,27 @@ def test_smoke_cpu_end_to_end() -> None:
 def test_split_arms_set_only_the_three_changes(tmp_path) -> None:
     """Every ``--split`` arm is the recipe plus ``encode_vision_once`` / ``logprob_chunk_size`` /
     ``compile_decode``: today's path has all three off, each change arm turns on exactly one, ``all`` all three;
-    the keys are real ``GRPOTask`` and ``RolloutConfig`` arguments."""
+    the keys are real ``GRPOTask`` compute (``ComputeConfig``) and ``RolloutConfig`` arguments."""
     import inspect
 
     from grasp_lightning.generation import RolloutConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import ComputeConfig
 
-    task_args, rollout_args = set(inspect.signature(GRPOTask).parameters), set(inspect.signature(RolloutConfig).parameters)
-    on = {"vision_once": ("task", "encode_vision_once", True), "chunked_logps": ("task", "logprob_chunk_size", 256),
+    task_args, rollout_args = set(inspect.signature(ComputeConfig).parameters), set(inspect.signature(RolloutConfig).parameters)
+    on = {"vision_once": ("compute", "encode_vision_once", True), "chunked_logps": ("compute", "logprob_chunk_size", 256),
           "compiled_decode": ("rollout", "compile_decode", True)}
     today = gpu_check.ARMS["today"]
-    assert today == {"task": {"encode_vision_once": False, "logprob_chunk_size": None},
+    assert today == {"compute": {"encode_vision_once": False, "logprob_chunk_size": None},
                      "rollout": {"compile_decode": False}}
     for name, arm in gpu_check.ARMS.items():
-        assert set(arm["task"]) <= task_args and set(arm["rollout"]) <= rollout_args
+        assert set(arm["compute"]) <= task_args and set(arm["rollout"]) <= rollout_args
         changed = {(part, key) for part in arm for key in arm[part] if arm[part][key] != today[part][key]}
         expected = {on[name][:2]} if name in on else ({v[:2] for v in on.values()} if name == "all" else set())
         assert changed == expected, name
     args = (tmp_path / "model", tmp_path / "data", tmp_path / "r.json")
     for mode, backend in (("gpu", None), ("smoke-cpu", "aot_eager")):
         cfg = gpu_check.phase_overrides("sgr", mode, gpu_check.SIZES[mode], *args, arm=gpu_check.ARMS["all"])
-        assert cfg["model"]["task"] == {"init_args": {"encode_vision_once": True, "logprob_chunk_size": 256}}
+        assert cfg["model"]["task"] == {"init_args": {"compute": {"encode_vision_once": True, "logprob_chunk_size": 256}}}
         assert cfg["model"]["rollout"]["compile_decode"] is True
         assert cfg["model"]["rollout"].get("compile_backend") == backend  # GPU: the default, inductor
     plain = gpu_check.phase_overrides("sgr", "gpu", gpu_check.SIZES["gpu"], *args)

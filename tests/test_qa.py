@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.qa import read_qa
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
 from grasp_lightning.generation import sample_completions
@@ -46,13 +47,14 @@ def qa_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def _datamodule(folder: Path, mode: str, model: Path = TINY, **over):
+def _datamodule(folder: Path, mode: str, model: Path = TINY, train_file: str = "qa.jsonl",
+                max_image_pixels: int = 2048, errors: ErrorConfig | None = None):
     from grasp_lightning.datamodule import GraspDataModule
 
-    args = dict(root=str(folder), train_file="qa.jsonl", mode=mode, processor=str(model), max_frames=8,
-                max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
-    args.update(over)
-    dm = GraspDataModule(**args)
+    dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file=train_file, bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=max_image_pixels),
+                         prompt=PromptConfig(processor=str(model)), loader=LoaderConfig(mode=mode, batch_size=4, num_workers=0),
+                         errors=errors or ErrorConfig())
     dm.setup("fit")
     return dm
 
@@ -144,7 +146,7 @@ def test_skip_mode_counts_bad_lines_and_unreadable_images(qa_dir, tmp_path):
     rows = [qa_row(), qa_row(image="media/none.png"), qa_row(id="bad_img", image="garbage.jpg"),
             qa_row(image=None), *[qa_row(id=f"ok{i}") for i in range(3)]]
     write_jsonl(tmp_path / "qa.jsonl", rows)
-    dm = _datamodule(tmp_path, "sft", on_bad_item="skip", max_skip_fraction=0.5)
+    dm = _datamodule(tmp_path, "sft", errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=0.5))
     assert len(dm.train_items) == 5 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2", "4"]
     assert [s.uid for s in dm.skipped] == ["qa_0001", "qa_0001"]  # a row's own id travels with its skip
     dataset = dm.dataset(dm.train_items, None, with_target=True)
@@ -386,7 +388,8 @@ def test_repeated_ids_and_rl_rows_without_answers_are_named_or_counted(qa_dir, t
     write_jsonl(tmp_path / "qa.noans.jsonl", [rows[0], {**rows[1], "answer": None, "options": None}, rows[2], rows[3]])
     with pytest.raises(GraspDataError, match=r"qa.noans.jsonl:2: GRPO needs an `answer`.*\(1 of 4 rows"):
         _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl").train_dataloader()
-    dm = _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl", on_bad_item="skip", max_skip_fraction=0.5)
+    dm = _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl",
+                     errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=0.5))
     dm.train_dataloader()
     assert len(dm.train_items) == 3 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2"]
     assert len(_datamodule(tmp_path, "sft", train_file="qa.noans.jsonl").train_items) == 4  # SFT needs no answer

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from grasp_lightning.data.config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
+
 from .conftest import SAMPLE, run_cli, scalars
 from .test_standin import PUBLISHED_INSTRUCT_PROMPT
 
@@ -180,11 +182,12 @@ def sft_export(standin, data_root, tmp_path_factory):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
+def _batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", mode: str | None = None, **prompt):
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
-                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), train_file=train_file, bench=None),
+                         video=VideoConfig(max_frames=4, max_pixels=8192), prompt=PromptConfig(processor=str(model), **prompt),
+                         loader=LoaderConfig(mode=mode, batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm.processor, next(iter(dm.train_dataloader()))
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
+
 from .conftest import REPO, run_cli, scalars
 
 # 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches (6 steps) per epoch;
@@ -286,8 +288,11 @@ def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, ti
         rows.append(row)
     write_jsonl(root / "train" / "data_sft.jsonl", rows)
     before = {p for p in tmp_path.rglob("*")}
-    dm = GraspDataModule(root=str(root), bench=None, processor=str(tiny_path), batch_size=5, num_workers=0,
-                         max_frames=4, max_pixels=4096, on_bad_item="skip", max_skip_fraction=1.0)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), bench=None),
+                         video=VideoConfig(max_frames=4, max_pixels=4096),
+                         prompt=PromptConfig(processor=str(tiny_path)),
+                         loader=LoaderConfig(batch_size=5, num_workers=0),
+                         errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=1.0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert [item.clip.path for item in batch.items] == ["ok/video/good.mp4"]
@@ -340,7 +345,7 @@ def test_remote_code_never_runs_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     marker = tmp_path / "EXECUTED"
     model = _remote_code_model(tmp_path, marker)
-    assert PolicyConfig().trust_remote_code is False and GraspDataModule().hparams.trust_remote_code is False
+    assert PolicyConfig().trust_remote_code is False and GraspDataModule().prompt.trust_remote_code is False
     policy = load_policy(PolicyConfig(name_or_path=str(model), dtype="float32"), LoraConfig())
     load_processor(str(model))
     assert type(policy).__name__ == "Qwen3VLForConditionalGeneration" and not marker.exists()
@@ -377,14 +382,19 @@ def test_an_unexpected_error_on_one_item_is_a_skip_not_a_crash(in_repo, tiny_pat
         return real(processor, item, *args, **kwargs)
 
     monkeypatch.setattr(dm_module, "encode_example", flaky)
-    dm = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, batch_size=1, num_workers=0, max_frames=4,
-                                   max_pixels=4096, on_bad_item="skip", train_limit=3)
+    dm = dm_module.GraspDataModule(source=SourceConfig(bench=None, train_limit=3),
+                                   video=VideoConfig(max_frames=4, max_pixels=4096),
+                                   prompt=PromptConfig(processor=str(tiny_path)),
+                                   loader=LoaderConfig(batch_size=1, num_workers=0),
+                                   errors=ErrorConfig(on_bad_item="skip"))
     dm.setup("fit")
     dataset = dm.train_dataloader().dataset
     samples = [dataset[i] for i in range(3)]
     assert [s.skip is None for s in samples] == [True, False, True]
     assert samples[1].skip.uid == "data_sft:2" and "RuntimeError" in samples[1].skip.reason
-    dm_raise = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, num_workers=0, train_limit=3)
+    dm_raise = dm_module.GraspDataModule(source=SourceConfig(bench=None, train_limit=3),
+                                         prompt=PromptConfig(processor=str(tiny_path)),
+                                         loader=LoaderConfig(num_workers=0))
     dm_raise.setup("fit")
     with pytest.raises(RuntimeError, match="decoder bug"):
         dm_raise.train_dataloader().dataset[1]  # on_bad_item=raise: the error is not hidden

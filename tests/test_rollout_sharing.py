@@ -23,6 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grasp_lightning.data.config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.generation import sample_completions
 from grasp_lightning.shared_prompt import (
@@ -50,8 +51,9 @@ GRAD_TOLS = {"qwen3_vl": 1e-5, "qwen3_5": 5e-5}
 def _datamodule(path):
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
-                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(path)),
+                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm
 
@@ -219,9 +221,9 @@ def test_prompt_token_accounting_and_fallbacks(prompts, family):
 def _task_step(share: bool, prompts_batch, family: str):
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import ComputeConfig, GRPOTask, LossConfig
 
-    module = GraspModule(GRPOTask(beta=0.05, num_iterations=1, share_prompt=share),
+    module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05, num_iterations=1), compute=ComputeConfig(share_prompt=share)),
                          policy=PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32", freeze_vision=True),
                          rollout=RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False))
     module.configure_model()

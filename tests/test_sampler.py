@@ -2,6 +2,7 @@
 
 import pytest
 
+from grasp_lightning.data.config import LoaderConfig, PromptConfig, SourceConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 
 
@@ -152,13 +153,14 @@ def test_curriculum_resumes_exactly_after_consumed_batches():
     assert list(resumed) == full[2:]
 
 
-def _curriculum_dm(root, **kwargs):
+def _curriculum_dm(root):
     from grasp_lightning.datamodule import GraspDataModule
 
     from .conftest import TINY
 
-    dm = GraspDataModule(root=str(root), train_file="train/data_sft.jsonl", bench=None, processor=str(TINY),
-                         curriculum=True, num_workers=0, batch_size=2, **kwargs)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), train_file="train/data_sft.jsonl", bench=None),
+                         prompt=PromptConfig(processor=str(TINY)),
+                         loader=LoaderConfig(curriculum=True, num_workers=0, batch_size=2))
     dm.setup("fit")
     return dm
 
@@ -182,7 +184,7 @@ def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
     from grasp_lightning.errors import GraspConfigError
 
     with pytest.raises(GraspConfigError, match="resume with data.loader.curriculum=true"):  # the other order: refused
-        GraspDataModule(bench=None, curriculum=False).load_state_dict(state)
+        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(curriculum=False)).load_state_dict(state)
 
 
 def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_path):

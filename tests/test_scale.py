@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from grasp_lightning.checkpointing import COMPLETE_MARKER, remove_partials, require_complete, save_checkpoint_atomic
+from grasp_lightning.data.config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.errors import GraspConfigError
 
 from .conftest import REPO, SAMPLE, TINY, run_cli, scalars
@@ -267,8 +268,9 @@ def test_atomic_directory_save_marker_and_crash(tmp_path):
 def _rl_batch():
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
-                         bench=None, batch_size=2, num_workers=0, max_frames=8, max_pixels=4096)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(TINY)),
+                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return next(iter(dm.train_dataloader()))
 
@@ -279,10 +281,10 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     model; either way the KL of the first step is exactly 0, and it is not once the adapters moved."""
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     torch.manual_seed(0)
-    module = GraspModule(GRPOTask(beta=0.05), policy=PolicyConfig(name_or_path=str(TINY), dtype="float32"),
+    module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05)), policy=PolicyConfig(name_or_path=str(TINY), dtype="float32"),
                          reference=ReferenceConfig(name_or_path=str(TINY) if separate_reference else None),
                          lora=LoraConfig(enabled=True), rollout=RolloutConfig(num_generations=4, max_new_tokens=16))
     module.configure_model()

@@ -13,7 +13,7 @@ average the ranks' sums. A larger ``batch_size`` would not do: the SFT mean woul
 response lengths, and prompts would be left-padded to one length.
 
 GRPO's rollouts are sampled: :class:`tests.strategy_probe.PromptSeededGRPOTask` seeds each prompt's
-sampling with its dataset index, one prompt per generation call (``rollout_batch_prompts: 1``), so both runs
+sampling with its dataset index, one prompt per generation call (``batching.rollout_batch_prompts: 1``), so both runs
 sample identical completions wherever the prompt lands. The recipe's SGR rewards get a fifth term
 (completion length / 100, weight 0.01) so that groups' advantages are not all zero: on the untrained tiny
 policy the SGR terms are mostly 0 and the gradient would be 0 in both runs.
@@ -68,11 +68,12 @@ def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int) ->
     model: dict = {}
     if task == "sgr":
         model = {"task": {"class_path": "tests.strategy_probe.PromptSeededGRPOTask", "init_args": {
-                     "rewards": ["accuracy", "format", "grounding_presence", "social_grounding",
-                                 "tests.strategy_probe:completion_length"],
-                     "reward_weights": [1.0, 0.1, 0.05, 0.2, 0.01], "rollout_batch_prompts": 1}},
+                     "rewards": {"terms": ["accuracy", "format", "grounding_presence", "social_grounding",
+                                           "tests.strategy_probe:completion_length"],
+                                 "weights": [1.0, 0.1, 0.05, 0.2, 0.01]},
+                     "batching": {"rollout_batch_prompts": 1}}},
                  "rollout": {"num_generations": 4, "max_new_tokens": 16}}
-    return {"trainer": trainer, "model": model, "data": {"batch_size": 1, "num_workers": 0}}
+    return {"trainer": trainer, "model": model, "data": {"loader": {"batch_size": 1, "num_workers": 0}}}
 
 
 def _run(root: Path, name: str, task: str, devices: int, strategy, accumulate: int) -> Path:

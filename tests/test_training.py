@@ -18,6 +18,8 @@ import lightning as L
 import pytest
 import torch
 
+from grasp_lightning.data.config import LoaderConfig, SourceConfig, VideoConfig
+
 from .conftest import FAMILIES, REPO, TINY_MODELS, event_tags, run_cli, scalars
 from .test_rollout_sharing import GRAD_TOLS
 
@@ -44,9 +46,9 @@ def checksum_reward(completion: str, item) -> float:
 
 
 #: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
-SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
+SGR_REWARDS = ["--model.task.init_args.rewards.terms=[accuracy, format, grounding_presence, social_grounding, "
                "tests.test_training.checksum_reward]",
-               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+               "--model.task.init_args.rewards.weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
 
 
 class GradRecorder(L.Callback):
@@ -211,7 +213,8 @@ def _sft_run(tmp_path, max_steps, ckpt=None, save=None):
     seen = _Seen()
     module = GraspModule(SFTTask(), policy=PolicyConfig(name_or_path="grasp_lightning/assets/tiny-qwen3vl",
                                                         dtype="float32"))
-    dm = GraspDataModule(bench=None, batch_size=2, num_workers=0, max_frames=8, max_pixels=4096, seed=0)
+    dm = GraspDataModule(source=SourceConfig(bench=None), video=VideoConfig(max_frames=8, max_pixels=4096),
+                         loader=LoaderConfig(batch_size=2, num_workers=0, seed=0))
     callbacks = [seen]
     if save:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=save, save_last=True, every_n_train_steps=1))
@@ -305,7 +308,7 @@ def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(fami
     with caplog.at_level(logging.WARNING, logger="grasp_lightning.tasks.grpo"):
         shared = run_cli(args, tmp_path / "shared")
     assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
-    naive = run_cli([*args, "--model.task.init_args.share_prompt=false"], tmp_path / "naive")
+    naive = run_cli([*args, "--model.task.init_args.compute.share_prompt=false"], tmp_path / "naive")
     s, n = scalars(_log_dir(shared)), scalars(_log_dir(naive))
     assert s["train/rollout/shared_prompt"] == [(0, 1.0)] and n["train/rollout/shared_prompt"] == [(0, 0.0)]
     assert _completions(shared) == _completions(naive) and len(set(_completions(shared))) == 2 * 4

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
+
 from .conftest import REPO, SAMPLE, run_cli, scalars
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -77,8 +79,9 @@ def prompts(tiny32):
     """Two GRASP RL prompts of the bundled sample (real clips at 2 fps) through the DataModule."""
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny32),
-                         bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(tiny32)),
+                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     return {k: v for k, v in batch.inputs.items() if k != "labels"}, dm.processor.tokenizer
@@ -188,8 +191,10 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
 
     folder = tmp_path_factory.mktemp("qa")
     make_qa_dataset(folder)
-    dm = GraspDataModule(root=str(folder), train_file="qa.jsonl", mode="rl", processor=str(tiny32), max_frames=8,
-                         max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file="qa.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=2048),
+                         prompt=PromptConfig(processor=str(tiny32)),
+                         loader=LoaderConfig(mode="rl", batch_size=4, num_workers=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert [i.media for i in batch.items] == [("image",), ("video",), ("image", "video"), ("image",)]
@@ -242,8 +247,10 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.generation import RolloutConfig
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny_qwen35),
-                         bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096),
+                         prompt=PromptConfig(processor=str(tiny_qwen35)),
+                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer
@@ -333,7 +340,7 @@ def test_fit_grpo_sgr_with_the_vllm_engine_then_a_server_death_leaves_a_valid_ch
     vllm = ["--model.rollout.engine=vllm", f"--model.rollout.vllm.python={vllm_python}",
             "--model.rollout.vllm.dtype=float32", "--model.rollout.vllm.gpu_memory_utilization=0.05",
             f"--model.rollout.vllm.env={env}", '--model.rollout.vllm.engine_kwargs={"enforce_eager": true}',
-            "--model.task.init_args.importance_sampling_cap=2.0",
+            "--model.task.init_args.loss.importance_sampling_cap=2.0",
             "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
             "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]

@@ -111,7 +111,7 @@ def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds:
               "besides the video), micro-batch 1; SFT counts the full target budget (2048 tokens), GRPO K = 8 "
               "completions of 1024 tokens. Peak = weights + gradients + optimizer + reference + ZeRO buckets + "
               "max(activations + logits, rollout cache or prefill); SGR's logits are one chunk of the LM head "
-              "(model.task.init_args.logprob_chunk_size, 256 tokens), never the (K x 1024, V) tensor."
+              "(model.task.init_args.compute.logprob_chunk_size, 256 tokens), never the (K x 1024, V) tensor."
               + _hybrid_note(rows) + " Fits: peak <= 90% of "
               f"the GPU - 2 GiB (H200: {H200_GIB:.1f} GiB). Longest clip that fits: the longest clip, up to "
               "data.video.max_frames / fps, whose peak fits, and every shorter clip's too (the processor caps a clip's "

@@ -43,12 +43,12 @@ class RewardTrace(L.Callback):
     """Records the mean total reward of every GRPO step."""
 
     def __init__(self) -> None:
-        self.rewards: list[float] = []
+        self.reward: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = pl_module.last_task_output
         if out is not None and "reward/mean" in out.metrics:
-            self.rewards.append(float(out.metrics["reward/mean"]))
+            self.reward.append(float(out.metrics["reward/mean"]))
 
 
 def _trainer(steps: int, callbacks: list) -> L.Trainer:
@@ -75,7 +75,7 @@ def main() -> None:
         sft.policy.save_pretrained(start)
         sft.processor.save_pretrained(start)
         trace = RewardTrace()
-        task = GRPOTask(rewards=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
+        task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
                                              weights=[1.0, 0.1, 0.05, 0.2]),
                         loss=LossConfig(beta=0.05, type="grpo"))
         grpo = GraspModule(task, policy=PolicyConfig(name_or_path=start, dtype="float32"),

@@ -340,7 +340,7 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
 
     torch.manual_seed(seed)
     timing, meter = StepTiming(), Meter()
-    task = GRPOTask(rewards=RewardConfig(terms=["accuracy", "format"]), loss=LossConfig(beta=beta, type="grpo"),
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format"]), loss=LossConfig(beta=beta, type="grpo"),
                     compute=ComputeConfig(share_prompt=share),
                     batching=BatchingConfig(rollout_batch_prompts=rollout_batch_prompts))
     module = GraspModule(task, policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",

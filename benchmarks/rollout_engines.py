@@ -167,7 +167,7 @@ def main() -> None:
             raise
         del policy
         clock = StepClock()
-        task = GRPOTask(rewards=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
+        task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
                                              weights=[1.0, 0.1, 0.05, 0.2]),
                         loss=LossConfig(beta=0.0, type="grpo"))
         module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),

@@ -44,7 +44,7 @@ class RolloutRecord:
         rewards: ``(N,)`` weighted sum of the terms (plus the overlong penalty in ``reward`` mode).
         advantages: ``(N,)`` the advantages the loss used.
         kl_tokens: ``(M,)`` k3 KL to the reference model (nats) of the loss tokens, ``None`` without a
-            reference model (``beta: 0``).
+            reference model (GRPO ``loss.beta: 0``).
         entropy_tokens: ``(M,)`` policy entropy (nats) of the loss tokens, ``None`` if not computed.
     """
 

@@ -42,7 +42,7 @@ sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per r
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
 and reference log-prob forwards) runs once per prompt (``compute.share_prompt``, default; exact, see
-:mod:`grasp_lightning.shared_prompt`); ``share_prompt: false`` repeats each prompt K times like TRL.
+:mod:`grasp_lightning.shared_prompt`); ``false`` repeats each prompt K times like TRL.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class GRPOTask(Task):
     (``task.loss.beta``).
 
     Args:
-        rewards: the reward: weighted reward terms, and DAPO's soft overlong penalty (off by default).
+        reward: the reward: weighted reward terms, and DAPO's soft overlong penalty (off by default).
         advantage: how rewards become advantages: the group normalisation and the clip.
         loss: the clipped objective: loss type, clip range, KL coefficient, rollout reuse, sampler correction.
         batching: dynamic sampling (groups whose rewards are all equal) and prompts per generation call.
@@ -123,22 +123,24 @@ class GRPOTask(Task):
 
     data_mode = "rl"
 
-    def __init__(self, rewards: RewardConfig = RewardConfig(), advantage: AdvantageConfig = AdvantageConfig(),  # noqa: B008
+    def __init__(self, reward: RewardConfig = RewardConfig(), advantage: AdvantageConfig = AdvantageConfig(),  # noqa: B008
                  loss: LossConfig = LossConfig(), batching: BatchingConfig = BatchingConfig(),  # noqa: B008
                  compute: ComputeConfig = ComputeConfig()) -> None:  # noqa: B008 (the groups are copied below)
-        self.rewards = dataclasses.replace(rewards)
+        _check_groups(reward=(reward, RewardConfig), advantage=(advantage, AdvantageConfig), loss=(loss, LossConfig),
+                      batching=(batching, BatchingConfig), compute=(compute, ComputeConfig))
+        self.reward = dataclasses.replace(reward)
         self.advantage = dataclasses.replace(advantage)
         self.loss = dataclasses.replace(loss)
         self.batching = dataclasses.replace(batching)
         self.compute = dataclasses.replace(compute)
         # resolved and checked here (grasp_lightning.rewards.resolve_reward): a bad entry fails at start-up
-        self.reward_terms = [resolve_reward(entry, key=KEY + "rewards.terms") for entry in self.rewards.terms]
+        self.reward_terms = [resolve_reward(entry, key=KEY + "reward.terms") for entry in self.reward.terms]
         labels = [term.label for term in self.reward_terms]
         if len(set(labels)) != len(labels):
-            raise GraspConfigError(f"{KEY}rewards.terms: two terms share a metric name in {labels} "
-                                   f"(entries {self.rewards.terms}); give the functions distinct names")
+            raise GraspConfigError(f"{KEY}reward.terms: two terms share a metric name in {labels} "
+                                   f"(entries {self.reward.terms}); give the functions distinct names")
         self.reward_labels = labels
-        self.reward_weights = self.rewards.term_weights  # resolved: one per term
+        self.reward_weights = self.reward.term_weights  # resolved: one per term
         self.dynamic_sampling = self.batching.mode  # resolved: off, drop or refill
         self._warned_no_sharing = False
         self._window_rollouts: list[Rollout | None] = []  # the current window's rollouts, by position
@@ -190,9 +192,9 @@ class GRPOTask(Task):
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
         buffer = self.overlong_buffer_tokens(rollout_cfg.max_new_tokens)
         if buffer is not None and not 0 < buffer <= rollout_cfg.max_new_tokens:
-            raise GraspConfigError(f"{KEY}rewards.overlong_buffer={buffer} must be in 1 … "
+            raise GraspConfigError(f"{KEY}reward.overlong_buffer={buffer} must be in 1 … "
                                    f"model.rollout.max_new_tokens={rollout_cfg.max_new_tokens} (a budget shrunk by "
-                                   f"an overlay, e.g. configs/demo.yaml, shrinks rewards.overlong_buffer_fraction's "
+                                   f"an overlay, e.g. configs/demo.yaml, shrinks reward.overlong_buffer_fraction's "
                                    f"buffer with it)")
 
     @override
@@ -207,7 +209,7 @@ class GRPOTask(Task):
 
         Args:
             terms: ``(N, T)`` reward terms, ``N = B * k`` rows, group-major.
-            penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``rewards.overlong_mode: reward`` adds it to
+            penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``reward.overlong_mode: reward`` adds it to
                 the reward before the normalisation (with ``advantage.kind: released``, which centres each
                 term, it is centred like a term of weight 1); ``released`` adds it, raw, to the advantage.
             batch_std: the std of ``advantage.kind: batch`` (over every rank's rewards), ``None``: local.
@@ -219,7 +221,7 @@ class GRPOTask(Task):
         """
         weights = torch.tensor(self.reward_weights, dtype=terms.dtype, device=terms.device)
         rewards = terms @ weights
-        dapo_penalty = penalty is not None and self.rewards.overlong_mode == "reward"
+        dapo_penalty = penalty is not None and self.reward.overlong_mode == "reward"
         if dapo_penalty:
             rewards = rewards + penalty
         if self.advantage.kind == "released":
@@ -228,22 +230,22 @@ class GRPOTask(Task):
                 adv = adv + grpo.released_advantages(penalty[:, None], weights.new_ones(1), k)
         else:
             adv = grpo.group_advantages(rewards, k, scale=self.advantage.kind, eps=self.advantage.eps, batch_std=batch_std)
-        if penalty is not None and self.rewards.overlong_mode == "released":
+        if penalty is not None and self.reward.overlong_mode == "released":
             adv = adv + penalty
         return rewards, grpo.clip_advantages(adv, self.advantage.clip)
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
         """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
         ``overlong_buffer_fraction`` of the budget (rounded down, at least 1), or ``None`` (no penalty)."""
-        if self.rewards.overlong_buffer_fraction is not None:
-            return max(1, int(self.rewards.overlong_buffer_fraction * max_new_tokens))
-        return self.rewards.overlong_buffer or None
+        if self.reward.overlong_buffer_fraction is not None:
+            return max(1, int(self.reward.overlong_buffer_fraction * max_new_tokens))
+        return self.reward.overlong_buffer or None
 
     def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
         budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
         return grpo.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
-                                     self.rewards.overlong_penalty)
+                                     self.reward.overlong_penalty)
 
     @torch.no_grad()
     def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
@@ -625,7 +627,7 @@ class GRPOTask(Task):
                        f"{ctx.rollout_cfg.num_generations} completions: every advantage is 0, so the policy "
                        "gradient is 0 (only the KL term acts). Make the completions differ (model.rollout.temperature, "
                        "model.rollout.num_generations, model.rollout.max_new_tokens if they are cut off) or the "
-                       "rewards (model.task.init_args.rewards.terms / .weights), or start from a policy that can "
+                       "rewards (model.task.init_args.reward.terms / .weights), or start from a policy that can "
                        "earn them (model.policy.name_or_path)")
         return out
 
@@ -660,6 +662,20 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
     if enumerating:
         out["grounding/enumeration_rate"] = Mean(sum(enumerating), len(enumerating))
     return out, no_gt
+
+
+def _check_groups(**groups: tuple[object, type]) -> None:
+    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python: ``GRPOTask(advantage="group")``
+    of the older flat layout is refused here, naming the group's keys).
+
+    Raises:
+        GraspConfigError: naming the group, its keys and the value given.
+    """
+    for name, (value, cls) in groups.items():
+        if not isinstance(value, cls):
+            keys = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise GraspConfigError(f"{KEY}{name} is a group of settings ({keys}), got {value!r}; set its keys, "
+                                   f"e.g. {KEY}{name}.{dataclasses.fields(cls)[0].name}")
 
 
 def _pad_id(ctx: TaskContext) -> int:

@@ -1,4 +1,4 @@
-"""``GRPOTask``'s settings in groups by purpose: ``model.task.init_args.{rewards,advantage,loss,batching,compute}``.
+"""``GRPOTask``'s settings in groups by purpose: ``model.task.init_args.{reward,advantage,loss,batching,compute}``.
 
 Each group is a small dataclass whose ``Attributes:`` jsonargparse reads as the help of its keys
 (``--model.task.init_args.loss.epsilon``), checked when it is built: a bad value stops the run at
@@ -51,7 +51,7 @@ class RewardConfig:
     overlong_mode: str = "reward"
 
     def __post_init__(self) -> None:
-        k = KEY + "rewards."
+        k = KEY + "reward."
         if self.weights is not None and len(self.terms) != len(self.weights):
             raise GraspConfigError(f"{k}terms and {k}weights: {len(self.terms)} terms but {len(self.weights)} weights")
         require(self.overlong_mode in OVERLONG_MODES, k + "overlong_mode", f"one of {OVERLONG_MODES}",

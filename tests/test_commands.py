@@ -84,8 +84,8 @@ def test_the_loader_instantiates_the_run_with_the_yaml_values(in_repo) -> None:
 
     task_args = sgr["model"]["task"]["init_args"]
     assert isinstance(run.task, GRPOTask) and run.task is run.module.task
-    assert (run.task.rewards.terms, run.task.rewards.weights) == (task_args["rewards"]["terms"],
-                                                                  task_args["rewards"]["weights"])
+    assert (run.task.reward.terms, run.task.reward.weights) == (task_args["reward"]["terms"],
+                                                                  task_args["reward"]["weights"])
     assert (run.task.loss.beta, run.task.compute.share_prompt) == (task_args["loss"]["beta"],
                                                                    task_args["compute"]["share_prompt"])
     assert run.task.needs_reference and run.task.samples_rollouts and run.task.shares_prompt

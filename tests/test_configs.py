@@ -161,10 +161,10 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
     sgr = _plain(load_run(config_args([CONFIGS / "sgr.yaml"])).config)
     run = load_run(config_args([CONFIGS / "sgr.yaml", CONFIGS / "grpo.yaml"]))
     grpo = _plain(run.config)
-    assert (run.task.rewards.terms, run.task.rewards.weights) == (["accuracy", "format"], [1.0, 0.1])
+    assert (run.task.reward.terms, run.task.reward.weights) == (["accuracy", "format"], [1.0, 0.1])
     assert grpo["trainer"]["logger"]["init_args"]["name"] == "grpo"
     task, logger = grpo["model"]["task"]["init_args"], grpo["trainer"]["logger"]["init_args"]
-    sgr["model"]["task"]["init_args"]["rewards"].update(terms=task["rewards"]["terms"], weights=task["rewards"]["weights"])
+    sgr["model"]["task"]["init_args"]["reward"].update(terms=task["reward"]["terms"], weights=task["reward"]["weights"])
     sgr["trainer"]["logger"]["init_args"]["name"] = logger["name"]
     assert {k: v for k, v in grpo.items() if k != "config"} == {k: v for k, v in sgr.items() if k != "config"}
     assert run.config.weights_only is True
@@ -247,8 +247,8 @@ def test_fit_from_another_directory_reads_the_shipped_recipe_and_demo_files(tmp_
                    "--data.source.bench=null"], tmp_path)
     config = cli.config.fit
     assert config.model.policy.name_or_path == str(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl")
-    assert config.data.processor == config.model.policy.name_or_path
-    assert config.data.root == str(REPO / "grasp_lightning" / "assets" / "sample")
+    assert config.data.prompt.processor == config.model.policy.name_or_path
+    assert config.data.source.root == str(REPO / "grasp_lightning" / "assets" / "sample")
     assert type(cli.model.task).__module__ == "grasp_lightning.tasks.sft"
     assert cli.trainer.global_step == 1
 

@@ -45,7 +45,7 @@ MP_TIMEOUT = 120  # seconds: a rank that skipped a collective would hang the oth
 
 # ----------------------------------------------------------------------------------- overlong
 def _overlong_task(mode: str, advantage: str = "none", clip: float | None = None) -> GRPOTask:
-    task = GRPOTask(rewards=RewardConfig(terms=["accuracy"], overlong_buffer=4, overlong_penalty=1.0, overlong_mode=mode),
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer=4, overlong_penalty=1.0, overlong_mode=mode),
                     advantage=AdvantageConfig(kind=advantage, clip=clip))
     return task  # K = 2, budget 8: passed to advantages()/overlong() below
 
@@ -74,22 +74,22 @@ def test_overlong_penalty_modes_by_hand():
     _, adv = _overlong_task("reward", "released").advantages(terms, penalty, k=2)
     assert adv.tolist() == [0.5, -0.5, -0.25, 0.25]
     with pytest.raises(GraspConfigError, match="overlong_mode"):
-        GRPOTask(rewards=RewardConfig(overlong_mode="group"))
+        GRPOTask(reward=RewardConfig(overlong_mode="group"))
 
 
 def test_overlong_buffer_fraction_follows_the_budget():
     # 0.25 of the released 1,024-token budget is the released 256-token buffer; of demo.yaml's 32, 8 tokens
-    task = GRPOTask(rewards=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released"))
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released"))
     assert (task.overlong_buffer_tokens(1024), task.overlong_buffer_tokens(32), task.overlong_buffer_tokens(2)) == \
         (256, 8, 1)  # rounded down, at least one token
     # budget 8, fraction 0.5 -> buffer 4: the penalties of the hand-worked case above
-    half = GRPOTask(rewards=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.5))
+    half = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.5))
     assert half.overlong(torch.tensor([8, 8, 6, 4]), 8).tolist() == [-1.0, -1.0, -0.5, 0.0]
-    assert GRPOTask(rewards=RewardConfig(terms=["accuracy"])).overlong_buffer_tokens(1024) is None
+    assert GRPOTask(reward=RewardConfig(terms=["accuracy"])).overlong_buffer_tokens(1024) is None
     with pytest.raises(GraspConfigError, match="not both"):
-        GRPOTask(rewards=RewardConfig(overlong_buffer=256, overlong_buffer_fraction=0.25))
+        GRPOTask(reward=RewardConfig(overlong_buffer=256, overlong_buffer_fraction=0.25))
     with pytest.raises(GraspConfigError, match=r"overlong_buffer_fraction must be in \(0, 1\]"):
-        GRPOTask(rewards=RewardConfig(overlong_buffer_fraction=1.5))
+        GRPOTask(reward=RewardConfig(overlong_buffer_fraction=1.5))
 
 
 def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
@@ -98,7 +98,7 @@ def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
     # a budget shrunk to 32 tokens (as configs/demo.yaml does): a 256-token buffer cannot fit (the fraction can)
     with pytest.raises(GraspConfigError, match="overlong_buffer=256 must be in 1 … model.rollout.max_new_tokens=32"):
         load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"],
-                             {"model.task.init_args.rewards.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
+                             {"model.task.init_args.reward.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
 
 
 # ----------------------------------------------------------------------------------- two ranks
@@ -142,7 +142,7 @@ class _ScriptedTask(GRPOTask):
     """GRPOTask whose rollouts are given (rewards, completion lengths) instead of sampled."""
 
     def __init__(self, script: dict, loss: LossConfig | None = None, **kwargs):
-        super().__init__(rewards=RewardConfig(terms=["accuracy"]), loss=loss or LossConfig(beta=0.0),
+        super().__init__(reward=RewardConfig(terms=["accuracy"]), loss=loss or LossConfig(beta=0.0),
                          batching=BatchingConfig(rollout_batch_prompts=1), **kwargs)
         self.script = script  # K = 2: the context's model.rollout.num_generations
 
@@ -367,8 +367,8 @@ def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
             f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.test_grpo_windows.StepMetricsRecorder",
             f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.loader.batch_size=1", "--data.loader.num_workers=0",
             "--data.source.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
-            "--model.task.init_args.rewards.terms=[accuracy, tests.test_grpo_windows.half_degenerate_reward]",
-            "--model.task.init_args.rewards.weights=[1.0, 1.0]", "--model.task.init_args.batching.dynamic_sampling=refill",
+            "--model.task.init_args.reward.terms=[accuracy, tests.test_grpo_windows.half_degenerate_reward]",
+            "--model.task.init_args.reward.weights=[1.0, 1.0]", "--model.task.init_args.batching.dynamic_sampling=refill",
             "--model.task.init_args.batching.max_resample=0", "--model.optim.warmup_steps=0"]
     _launch_ranks(args, run, timeout=240)
     rows = [json.loads(line) for r in range(2)
@@ -411,7 +411,7 @@ class _TruncationTask(GRPOTask):
     """GRPOTask whose rollouts are given by dataset index: K = 2 rewards and whether each completion was cut off."""
 
     def __init__(self, script: dict):
-        super().__init__(rewards=RewardConfig(terms=["accuracy"]), loss=LossConfig(beta=0.0))
+        super().__init__(reward=RewardConfig(terms=["accuracy"]), loss=LossConfig(beta=0.0))
         self.script = script
 
     def rollout(self, module, batch):
@@ -456,6 +456,6 @@ def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, exp
             assert "Raise model.rollout.max_new_tokens" in m
             fired.add("truncated")
         if "every group of this step has equal rewards" in m:
-            assert "model.rollout.temperature" in m and "model.task.init_args.rewards.terms" in m
+            assert "model.rollout.temperature" in m and "model.task.init_args.reward.terms" in m
             fired.add("zero variance")
     assert fired == expected and len(messages) == len(expected), messages

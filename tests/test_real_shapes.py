@@ -326,7 +326,7 @@ def test_sgr_from_the_export_has_correct_answers_in_every_group(sft_export, data
 
     def rollout(self, module, batch):
         ro = real_rollout(self, module, batch)
-        rollouts.append((list(self.rewards), ro))
+        rollouts.append((list(self.reward.terms), ro))
         return ro
 
     monkeypatch.setattr(grasp_lightning.tasks.grpo.GRPOTask, "rollout", rollout)

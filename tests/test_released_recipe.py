@@ -35,11 +35,11 @@ SGR_RELEASED = {
     "model.task.init_args.advantage.kind": (lambda r: r.task.advantage.kind, "released"),  # trainer.py:298-309, 325-328
     "model.task.init_args.advantage.clip": (lambda r: r.task.advantage.clip, 5.0),  # arguments.py:65
     # overlong buffer in tokens at the recipe's budget: 256 (arguments.py:70-71) of 1,024 (:56)
-    "model.task.init_args.rewards.overlong_buffer_fraction": (
+    "model.task.init_args.reward.overlong_buffer_fraction": (
         lambda r: r.task.overlong_buffer_tokens(r.module.rollout_cfg.max_new_tokens), 256),
-    "model.task.init_args.rewards.overlong_mode": (lambda r: r.task.rewards.overlong_mode, "released"),  # trainer.py:311-319
-    "model.task.init_args.rewards.overlong_penalty": (lambda r: r.task.rewards.overlong_penalty, 1.0),  # arguments.py:76-77
-    "model.task.init_args.rewards.terms": (lambda r: list(zip(r.task.rewards.terms, r.task.reward_weights)),  # :57-64
+    "model.task.init_args.reward.overlong_mode": (lambda r: r.task.reward.overlong_mode, "released"),  # trainer.py:311-319
+    "model.task.init_args.reward.overlong_penalty": (lambda r: r.task.reward.overlong_penalty, 1.0),  # arguments.py:76-77
+    "model.task.init_args.reward.terms": (lambda r: list(zip(r.task.reward.terms, r.task.reward_weights)),  # :57-64
                                      [("accuracy", 1.0), ("format", 0.1), ("grounding_presence", 0.05),
                                       ("social_grounding_released", 0.2)]),
     "model.rollout.max_new_tokens": (lambda r: r.module.rollout_cfg.max_new_tokens, 1024),  # arguments.py:56
@@ -58,7 +58,7 @@ SGR_RELEASED = {
 # What our recipes (the paper's text) set instead, for the settings that differ.
 SFT_OURS = {"model.optim.weight_decay": 0.0, "data.loader.curriculum": False, "data.video.frame_max_tokens": None}
 SGR_OURS = {"model.optim.weight_decay": 0.0, "model.task.init_args.advantage.kind": "group",
-            "model.task.init_args.advantage.clip": None, "model.task.init_args.rewards.overlong_buffer_fraction": None,
+            "model.task.init_args.advantage.clip": None, "model.task.init_args.reward.overlong_buffer_fraction": None,
             "model.rollout.stop_at_answer": True, "data.video.frame_max_tokens": None}
 
 
@@ -73,12 +73,12 @@ def test_the_released_overlays_load_with_every_released_value(in_repo, recipe, t
         if key in ours:  # a row of the table: named in the page, and really different in our recipe
             assert f"`{key}`" in doc, f"{key} is not in docs/released-recipe.md"
             assert read(paper) != got, key
-            if key != "model.task.init_args.rewards.overlong_buffer_fraction":
+            if key != "model.task.init_args.reward.overlong_buffer_fraction":
                 assert read(paper) == ours[key], key
     assert paper.datamodule.prompt.system_prompt != ""  # ours: a system turn on every prompt
     assert "`data.prompt.system_prompt`" in doc and "`social_grounding_released`" in doc
     if recipe == "sgr":
-        assert paper.task.overlong_buffer_tokens(1024) is None and paper.task.rewards.terms[3] == "social_grounding"
+        assert paper.task.overlong_buffer_tokens(1024) is None and paper.task.reward.terms[3] == "social_grounding"
 
 
 def test_the_released_stop_rule_samples_to_eos_and_keeps_the_suppression(in_repo) -> None:
@@ -153,7 +153,7 @@ def test_released_sgr_trains_on_the_demo(in_repo, tmp_path, monkeypatch) -> None
     cli, seen = _fit(tmp_path, "sgr", monkeypatch, GRPOTask, steps=3)
     assert cli.trainer.global_step == 3 and len(seen) == 3
     task, rollout = cli.model.task, cli.model.rollout_cfg
-    assert task.rewards.terms[3] == "social_grounding_released" and not rollout.stop_at_answer
+    assert task.reward.terms[3] == "social_grounding_released" and not rollout.stop_at_answer
     assert task.overlong_buffer_tokens(rollout.max_new_tokens) == rollout.max_new_tokens // 4  # 8 of demo's 32
 
 

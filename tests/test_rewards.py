@@ -390,9 +390,9 @@ def test_bad_reward_entries_fail_at_task_init_naming_the_entry(entry: str, says:
     from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
 
     with pytest.raises(GraspConfigError) as info:
-        GRPOTask(rewards=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
+        GRPOTask(reward=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
     msg = str(info.value)
-    assert "model.task.init_args.rewards.terms" in msg and repr(entry) in msg and says in msg, msg
+    assert "model.task.init_args.reward.terms" in msg and repr(entry) in msg and says in msg, msg
     with pytest.raises(GraspConfigError, match="social_grounding"):
         compute_rewards(["x"], [make_item()], [entry])  # the known names are listed
 
@@ -420,7 +420,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
                           rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
                           reference=contextlib.nullcontext)
-    task = grpo_task.GRPOTask(rewards=grpo_task.RewardConfig(terms=["accuracy", PLUGIN], weights=[1.0, 0.5]),
+    task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy", PLUGIN], weights=[1.0, 0.5]),
                               loss=grpo_task.LossConfig(beta=0.0), compute=grpo_task.ComputeConfig(share_prompt=False),
                               advantage=grpo_task.AdvantageConfig(kind="none"))
     task.setup(ctx)
@@ -503,8 +503,8 @@ def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_pa
     (tmp_path / "broken.py").write_text("def fn(completion, item):\n    return (\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(GraspConfigError, match=says) as info:
-        GRPOTask(rewards=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
-    assert "model.task.init_args.rewards.terms" in str(info.value) and entry in str(info.value)
+        GRPOTask(reward=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
+    assert "model.task.init_args.reward.terms" in str(info.value) and entry in str(info.value)
 
 
 def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeypatch) -> None:
@@ -513,10 +513,10 @@ def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeyp
     (tmp_path / "a.py").write_text(FILE_REWARD)
     (tmp_path / "b.py").write_text(FILE_REWARD)
     monkeypatch.chdir(tmp_path)
-    task = GRPOTask(rewards=RewardConfig(terms=["accuracy", "a.py:brevity", answer_is_b], weights=[1.0, 0.5, 0.5]))
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy", "a.py:brevity", answer_is_b], weights=[1.0, 0.5, 0.5]))
     assert task.reward_labels == ["accuracy", "brevity", "answer_is_b"]
     with pytest.raises(GraspConfigError, match=r"share a metric name in \['brevity', 'brevity'\]"):
-        GRPOTask(rewards=RewardConfig(terms=["a.py:brevity", "b.py:brevity"], weights=[1.0, 1.0]))
+        GRPOTask(reward=RewardConfig(terms=["a.py:brevity", "b.py:brevity"], weights=[1.0, 1.0]))
 
 
 def numeric_string(completion: str, item: GraspItem) -> float:

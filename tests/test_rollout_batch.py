@@ -105,7 +105,7 @@ def make_module(policy, reference, processor):
 
 
 def make_task(**kwargs) -> grpo_task.GRPOTask:
-    task = grpo_task.GRPOTask(rewards=grpo_task.RewardConfig(terms=["accuracy"]),
+    task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]),
                               loss=grpo_task.LossConfig(beta=0.05, type="dapo", num_iterations=2),
                               batching=grpo_task.BatchingConfig(**kwargs))
     return task  # K and the budget come from the context (make_module)
@@ -380,7 +380,7 @@ class _IndexTask(grpo_task.GRPOTask):
     degenerate group) for indices in ``degenerate``, else [1, 0]."""
 
     def __init__(self, degenerate: set[int], num_iterations: int = 2, max_resample: int = 4):
-        super().__init__(rewards=grpo_task.RewardConfig(terms=["accuracy"]),
+        super().__init__(reward=grpo_task.RewardConfig(terms=["accuracy"]),
                          loss=grpo_task.LossConfig(beta=0.0, num_iterations=num_iterations),
                          batching=grpo_task.BatchingConfig(dynamic_sampling="refill", max_resample=max_resample))
         self.degenerate = degenerate  # K = 2: the context's model.rollout.num_generations

@@ -68,7 +68,7 @@ def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int) ->
     model: dict = {}
     if task == "sgr":
         model = {"task": {"class_path": "tests.strategy_probe.PromptSeededGRPOTask", "init_args": {
-                     "rewards": {"terms": ["accuracy", "format", "grounding_presence", "social_grounding",
+                     "reward": {"terms": ["accuracy", "format", "grounding_presence", "social_grounding",
                                            "tests.strategy_probe:completion_length"],
                                  "weights": [1.0, 0.1, 0.05, 0.2, 0.01]},
                      "batching": {"rollout_batch_prompts": 1}}},

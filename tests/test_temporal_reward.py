@@ -168,7 +168,7 @@ def test_compute_rewards_with_the_temporal_term_and_the_task_weighting() -> None
         # right, formatted, no tag; P = 1, R = 1/2 -> 1.5; half overlap (2,4) vs (1,3) -> 1/3
         think("Person 0 acts between 2s and 4s"),
     ]
-    task = GRPOTask(rewards=RewardConfig(terms=TERMS, weights=WEIGHTS))
+    task = GRPOTask(reward=RewardConfig(terms=TERMS, weights=WEIGHTS))
     assert task.reward_labels == TERMS
     terms = compute_rewards(completions, [item] * 4, task.reward_terms)
     expected = torch.tensor([

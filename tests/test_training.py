@@ -46,9 +46,9 @@ def checksum_reward(completion: str, item) -> float:
 
 
 #: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
-SGR_REWARDS = ["--model.task.init_args.rewards.terms=[accuracy, format, grounding_presence, social_grounding, "
+SGR_REWARDS = ["--model.task.init_args.reward.terms=[accuracy, format, grounding_presence, social_grounding, "
                "tests.test_training.checksum_reward]",
-               "--model.task.init_args.rewards.weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+               "--model.task.init_args.reward.weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
 
 
 class GradRecorder(L.Callback):

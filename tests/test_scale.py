@@ -77,7 +77,7 @@ def runs(tmp_path_factory):
     for d in (a, p, c, g):
         d.mkdir()
     t0 = time.monotonic()
-    data = {"batch_size": 1, "num_workers": 0}
+    data = {"loader": {"batch_size": 1, "num_workers": 0}}
     procs_a = launch_ranks(["fit", *SFT, *_config(a / "c.yaml", _sft_trainer(a, 2, 2, True, True), data)], a / "run")
     with ExitStack() as stack:
         mp = stack.enter_context(pytest.MonkeyPatch.context())
@@ -98,7 +98,7 @@ def runs(tmp_path_factory):
                     "logger": False, "callbacks": [{"class_path": "tests.deepspeed_cpu.StepRecorder",
                                                     "init_args": {"out_dir": str(g / "rec")}}]}
     procs_g = launch_ranks(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-                       *_config(g / "c.yaml", grpo_trainer, {"batch_size": 1, "num_workers": 0},
+                       *_config(g / "c.yaml", grpo_trainer, {"loader": {"batch_size": 1, "num_workers": 0}},
                                 {"policy": {"name_or_path": str(a / "export")},
                                  "rollout": {"num_generations": 4, "max_new_tokens": 16}})], g / "run")
     wait_ranks(procs_c, c / "run", RUN_TIMEOUT)
@@ -397,7 +397,7 @@ def lora_zero2(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lora-zero2")
     a, c = root / "a", root / "c"
-    data, model = {"batch_size": 1, "num_workers": 0}, {"lora": {"enabled": True, "dropout": 0.0}}
+    data, model = {"loader": {"batch_size": 1, "num_workers": 0}}, {"lora": {"enabled": True, "dropout": 0.0}}
     for run, resume in ((a, []), (c, ["--ckpt_path", str(a / "ckpt" / f"epoch=0-step={RESUME_AT}.ckpt")])):
         run.mkdir()
         trainer = {**_sft_trainer(run, 2, 2, True, True), "max_steps": LORA_STEPS}

@@ -43,12 +43,12 @@ class RewardTrace(L.Callback):
     """Records the mean total reward of every GRPO step."""
 
     def __init__(self) -> None:
-        self.reward: list[float] = []
+        self.rewards: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = pl_module.last_task_output
         if out is not None and "reward/mean" in out.metrics:
-            self.reward.append(float(out.metrics["reward/mean"]))
+            self.rewards.append(float(out.metrics["reward/mean"]))
 
 
 def _trainer(steps: int, callbacks: list) -> L.Trainer:

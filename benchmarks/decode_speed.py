@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,8 +38,9 @@ def _datamodule(path: Path):
     """The sample data's RL rows (8 frames of 64 x 64 px), batch 2, for the tiny model at ``path``."""
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(ASSETS / "sample"), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
-                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(ASSETS / "sample"), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(path)),
+                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm
 

@@ -5,7 +5,7 @@
    an earlier call's).
 2. From that export, one plain GRPO run (``experiments/world/configs/grpo.yaml``: accuracy + format, 16 prompts x K = 8
    per optimizer step) per ``--arms`` entry, equal optimizer steps and seeds, differing only in
-   ``model.task.init_args.dynamic_sampling``. ``drop`` masks the groups whose rewards are all equal out of
+   ``model.task.init_args.batching.dynamic_sampling``. ``drop`` masks the groups whose rewards are all equal out of
    the loss; ``refill`` draws further windows of 16 prompts from the data stream (at most
    ``--max-resample`` per step) until 16 useful groups are in the batch (DAPO's dynamic sampling).
 3. Compares the arms per optimizer step on two measures that selection cannot bias:
@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides = run_overrides(name, stage["data"], stage["export"], work, args.seed, args.rl_steps,
                                   args.rl_val_every)
         overrides["trainer"]["log_every_n_steps"] = 1
-        overrides["model"]["task"] = {"init_args": {"dynamic_sampling": arm, "max_resample": args.max_resample}}
+        overrides["model"]["task"] = {"init_args": {"batching": {"dynamic_sampling": arm,
+                                                                  "max_resample": args.max_resample}}}
         run, secs, _ = fit(name, "grpo.yaml", overrides, work, args.threads)
         s = series[arm] = arm_series(run, k)
         steps = len(s["reward_tried"])

@@ -54,7 +54,7 @@ SAMPLE = REPO / "grasp_lightning" / "assets" / "sample"
 TINY = REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl"
 sys.path.insert(0, str(REPO))  # benchmarks.fault_callbacks (class paths of the runs' callbacks)
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
-        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
+        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.source.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
@@ -185,7 +185,7 @@ def _finite_weights(path: Path) -> bool:
 def skip_faults(work: Path) -> dict[str, dict]:
     results = {}
     for name, rows, want_rc, want_text in [("corrupt_clip", [3], 0, None),
-                                            ("corrupt_many", [0, 1, 2, 3, 4], 1, "over data.max_skip_fraction")]:
+                                            ("corrupt_many", [0, 1, 2, 3, 4], 1, "over data.errors.max_skip_fraction")]:
         tmp = work / name
         root = tmp / "data"
         shutil.copytree(SAMPLE, root)
@@ -194,7 +194,7 @@ def skip_faults(work: Path) -> dict[str, dict]:
             video = next(s for s in json.loads(lines[n]) if s["type"] == "video")["path"]
             (root / "train" / "videos" / video).parent.mkdir(parents=True, exist_ok=True)
             (root / "train" / "videos" / video).write_bytes(b"\x00\x00\x00\x18ftypisom garbage")
-        rc, _, log = run(tmp, "a", [f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1"])
+        rc, _, log = run(tmp, "a", [f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1"])
         listed = list(tmp.rglob("skipped.jsonl"))
         uids = {json.loads(line)["uid"] for line in listed[0].open()} if listed else set()
         ok = rc == want_rc and (want_text in log if want_text else uids == {f"data_sft:{n + 1}" for n in rows})
@@ -270,8 +270,8 @@ def bad_inputs(work: Path) -> dict[str, bool]:
     # 2048 prompt and 512 target tokens), no bench, the two train files
     report_path = work / "check_data.json"
     with contextlib.redirect_stdout(sys.stderr):  # its printed report; the figures stay on stdout
-        check_data(["--config", "configs/sft.yaml", "--config", "configs/demo.yaml", f"--data.root={root}",
-                    "--data.bench=null", "--data.system_prompt=", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
+        check_data(["--config", "configs/sft.yaml", "--config", "configs/demo.yaml", f"--data.source.root={root}",
+                    "--data.source.bench=null", "--data.prompt.system_prompt=", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
                     "--progress=false", f"--report={report_path}"])
     report = json.loads(report_path.read_text())
     listed = {p["where"].split(" (")[0] for p in report["problems"]}

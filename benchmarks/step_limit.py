@@ -4,8 +4,8 @@
     python benchmarks/step_limit.py --smoke    # the tiny Qwen3-VL, seconds (tests/benchmarks/test_benchmark_scripts.py)
 
 Two parts, each comparing today's path (*before*: every forward runs the vision tower, scoring takes
-the model's ``(B*K, Lc, V)`` logits) with the new one (*after*: ``GRPOTask(encode_vision_once=True,
-logprob_chunk_size=256)``, the defaults) in the same process:
+the model's ``(B*K, Lc, V)`` logits) with the new one (*after*: ``GRPOTask(compute=ComputeConfig(encode_vision_once=True,
+logprob_chunk_size=256))``, the defaults) in the same process:
 
 1. **Step.** A stand-in of Qwen3-VL-2B (:func:`grasp_lightning.synthetic.standin.build_standin`:
    published widths, the real Qwen3 vocabulary of 151,936 logits, random weights) with its depths in
@@ -53,6 +53,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -141,8 +143,10 @@ def build(tmp: Path, sizes: dict) -> tuple[Path, object]:
                                   vision_layers=sizes["vision_layers"], dtype="bfloat16")
     build_dataset(tmp / "data", 1, sizes["clip_seconds"], sizes["clip_size"])
     frames = int(round(sizes["clip_seconds"] * 2))
-    dm = GraspDataModule(root=str(tmp / "data"), train_file="train/data_rl.jsonl", mode="rl", processor=str(model_dir),
-                         max_frames=frames, max_pixels=sizes["clip_size"] ** 2, batch_size=1, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(tmp / "data"), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=frames, max_pixels=sizes["clip_size"] ** 2),
+                         prompt=PromptConfig(processor=str(model_dir)),
+                         loader=LoaderConfig(mode="rl", batch_size=1, num_workers=0))
     dm.setup("fit")
     return model_dir, next(iter(dm.train_dataloader()))
 
@@ -152,7 +156,7 @@ def run_step(module, batch, once: bool, chunk: int | None) -> dict:
     from grasp_lightning.vision_features import VisionForwardCounter
 
     task = module.task
-    task.encode_vision_once, task.logprob_chunk_size = once, chunk
+    task.compute.encode_vision_once, task.compute.logprob_chunk_size = once, chunk
     module.policy.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with VisionForwardCounter(module.policy) as counter:
@@ -184,13 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result: dict = {"mode": "smoke" if args.smoke else "full", **{k: v for k, v in sizes.items()}}
     with tempfile.TemporaryDirectory(prefix="step_limit_") as tmp:
         model_dir, batch = build(Path(tmp), sizes)
-        module = GraspModule(GRPOTask(beta=0.05), policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",
+        module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05)), policy=PolicyConfig(name_or_path=str(model_dir), dtype="float32",
                                                                       freeze_vision=True),
                              lora=LoraConfig(enabled=True, r=16),
                              rollout=RolloutConfig(num_generations=sizes["k"], max_new_tokens=sizes["max_new_tokens"],

@@ -37,7 +37,7 @@ def output_head(model) -> torch.nn.Module:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         raise GraspConfigError(f"{type(model).__name__} has no LM head (get_output_embeddings); "
-                               "set model.task.init_args.logprob_chunk_size: null")
+                               "set model.task.init_args.compute.logprob_chunk_size: null")
     return head
 
 
@@ -95,7 +95,7 @@ def chunked_logps_and_entropy(hidden: torch.Tensor, head, completion_ids: torch.
     if temperature <= 0:
         raise GraspConfigError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
-        raise GraspConfigError(f"model.task.init_args.logprob_chunk_size must be >= 1 or null, got {chunk_size}")
+        raise GraspConfigError(f"model.task.init_args.compute.logprob_chunk_size must be >= 1 or null, got {chunk_size}")
     if hidden.dim() != 3 or completion_ids.shape != hidden.shape[:2]:
         raise ValueError(f"hidden (N, Lc, D) and completion_ids (N, Lc) expected, got {tuple(hidden.shape)} "
                          f"and {tuple(completion_ids.shape)}")

@@ -10,6 +10,7 @@ resumed run continues with the next unseen sample.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,8 +24,9 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
+from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
-from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION, encode_example
+from grasp_lightning.data.prompts import INSTRUCTION, encode_example
 from grasp_lightning.data.qa import decode_image, open_media, read_qa, store_for
 from grasp_lightning.data.readers import reader_for
 from grasp_lightning.data.records import DIFFICULTIES, GraspItem
@@ -32,7 +34,7 @@ from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.shards import ClipStore
 from grasp_lightning.data.video import decode_clip, resize_area, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.errors import GraspConfigError, GraspDataError, is_number
+from grasp_lightning.errors import GraspConfigError, GraspDataError
 from grasp_lightning.evaluation.base import EvalSuite
 from grasp_lightning.evaluation.protocol import resolve_resolution
 from grasp_lightning.predictions import item_key
@@ -155,139 +157,41 @@ class GraspDataset(Dataset):
             return Sample(index=index, item=item, skip=SkipRecord(item.origin, reason, item.uid), valid=valid)
 
 
-def validate_numbers(**values) -> None:
-    """Check the numeric ``data.*`` settings (``GraspDataModule`` arguments of the same names), so a
-    bad value stops the run at start-up naming its key instead of failing on every row.
-
-    Raises:
-        GraspConfigError: ``data.fps`` not > 0; ``data.max_frames``, ``max_pixels``, ``max_image_pixels``, ``batch_size``,
-            ``val_batch_size`` not integers >= 1; ``max_prompt_tokens``, ``max_target_tokens``, ``frame_max_tokens``,
-            ``train_limit``, ``val_limit``, ``predict_limit`` neither ``None`` nor integers >= 1; ``num_workers`` < 0;
-            ``max_skip_fraction`` outside [0, 1].
-    """
-    def fail(key: str, want: str) -> None:
-        raise GraspConfigError(f"data.{key} must be {want}, got {values[key]!r}")
-
-    def positive_int(key: str, optional: bool = False) -> None:
-        v = values.get(key)
-        if v is None and optional:
-            return
-        if not (is_number(v) and float(v).is_integer() and v >= 1):
-            fail(key, "an integer >= 1" + (" or null" if optional else ""))
-
-    if "fps" in values and not (is_number(values["fps"]) and values["fps"] > 0):
-        fail("fps", "a number > 0 (frames per second sampled from each clip)")
-    for key in ("max_frames", "max_pixels", "max_image_pixels", "batch_size", "val_batch_size"):
-        if key in values:
-            positive_int(key)
-    for key in ("max_prompt_tokens", "max_target_tokens", "frame_max_tokens", "train_limit", "val_limit",
-                "predict_limit"):
-        if key in values:
-            positive_int(key, optional=True)
-    if "num_workers" in values and not (is_number(values["num_workers"]) and values["num_workers"] >= 0
-                                        and float(values["num_workers"]).is_integer()):
-        fail("num_workers", "an integer >= 0")
-    if "max_skip_fraction" in values and not (is_number(values["max_skip_fraction"])
-                                              and 0 <= values["max_skip_fraction"] <= 1):
-        fail("max_skip_fraction", "a number in [0, 1]")
-
-
 class GraspDataModule(L.LightningDataModule):
     """GRASP train rows and GRASP-Bench for validation/test.
 
+    The settings come in groups (:mod:`grasp_lightning.data.datamodule_config`), each kept as the attribute of its
+    name (``datamodule.video.fps``) and saved in ``hparams`` as plain dicts.
+
     Args:
-        root: dataset root holding ``train/`` and ``test/`` (the GRASP download layout).
-        train_file: training rows relative to ``root``: ``train/data_sft.jsonl`` (SFT),
-            ``train/data_rl.jsonl`` (GRPO), ``train/annotations.jsonl``, or a generic QA file named
-            ``qa.jsonl`` / ``qa.<split>.jsonl`` (video and/or image rows, SFT and GRPO;
-            :mod:`grasp_lightning.data.qa`); the reader is chosen by the name up to its first dot.
-        videos: folder with ``<source>_partNNN.tar`` shards and/or extracted clips, relative to
-            ``root``.
-        bench: GRASP-Bench (``grasp_bench.tar`` or an extracted folder) relative to ``root``;
-            ``None`` for no validation.
-        mode: ``"sft"`` (prompt + target, right padding) or ``"rl"`` (prompts only, left padding).
-            ``None`` (default): the task's ``data_mode``, passed in by :meth:`connect` (``"sft"`` when
-            no task connects, e.g. the DataModule used on its own). The task owns the value: set it
-            only for that stand-alone use; a value that contradicts the task is an error.
-        processor: processor to load (set by the CLI from ``model.policy.name_or_path``).
-        trust_remote_code: passed to ``AutoProcessor``.
-        fps: frames per second sampled from each clip (GRASP: 2).
-        max_frames: cap on frames per clip (released code: 240).
-        max_pixels: cap on pixels per decoded frame (height × width).
-        max_image_pixels: cap on pixels per image (height × width) of a generic QA row with an ``image``
-            (``docs/data-format.md``), applied by the processor's image resize.
-        frame_max_tokens: ``None`` (ours): decoded frames are capped at ``max_pixels``. An integer:
-            the released GRASP training resolution rule (``resolve_resolution``,
-            ``socialmllm/utils/input_processing.py:154-173``; released value 256, ``arguments.py:29-31``):
-            each frame is shrunk to the largest grid of whole tokens (the processor's patch × merge
-            pixels, 32 for Qwen3-VL) with at most this many tokens per 2-frame temporal patch, aspect
-            kept, and ``max_pixels`` is not used.
-        max_prompt_tokens: prompt budget in tokens, video included; longer prompts are refused or
-            skipped, never truncated.
-        max_target_tokens: SFT target budget in tokens.
-        batch_size: training prompts (GRPO) or sequences (SFT) per device and micro-step.
-        val_batch_size: bench items per device and step.
-        num_workers: DataLoader worker processes (decoding happens there).
-        seed: base seed of the shuffling (order = f(seed, epoch)).
-        curriculum: SFT easy → medium → hard within each epoch: the training order visits the rows by
-            difficulty (``meta.difficulty`` of ``data_sft.jsonl``/``data_rl.jsonl`` rows, ``difficulty``
-            of annotation and generic QA rows), shuffled by seed and epoch inside each difficulty, and
-            resumes exactly (the order is a function of seed, epoch and the rows; checkpoints record the
-            setting). Every row must carry a difficulty. Source: the released GRASP SFT trainer
-            (``_get_train_sampler`` with ``curriculum=True``, ``socialmllm/utils/train_utils.py:285-298``;
-            ``docs/released-recipe.md``). ``False``: one seeded permutation (the paper's recipe, and GRPO).
-        on_bad_item: ``"raise"`` stops at the first unusable row or clip with an error naming it;
-            ``"skip"`` counts, logs and writes it to ``skipped.jsonl`` in the run directory.
-        max_skip_fraction: with ``"skip"``, stop with an error once more than this fraction of
-            the samples seen so far (after at least 20) was skipped.
-        system_prompt: the system turn of every prompt.
-        instruction: appended to every question that carries no instruction of its own (GRASP-Bench
-            and annotation items; SFT and RL rows carry theirs); ``""`` appends nothing.
-        repeat_batches: removed, kept only so saved run configs (``repeat_batches: null``) load:
-            rollout reuse is the task's ``num_iterations`` alone (passed in by :meth:`connect`);
-            any other value than ``None`` is an error.
-        train_limit: use only the first N training rows (quick runs).
-        val_limit: use only the first N bench items.
+        source: where the rows, clips and evaluation items are read from (``root``, ``train_file``,
+            ``videos``, ``bench``, ``predict_file``) and how many (``train_limit``, ...).
+        video: how clips and images are decoded into frames (``fps``, ``max_frames``, pixel caps, the
+            released resolution rule).
+        prompt: the processor, the system turn and instruction, and the token budgets.
+        loader: batch sizes, workers, the seeded shuffle, the SFT curriculum and the batch kind (``mode``).
+        errors: what happens to an unusable row or clip (``on_bad_item``, ``max_skip_fraction``).
         eval_suites: more evaluation suites (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
             and its own ``results.json`` section and table (``configs/eval_suites.yaml``).
-        predict_file: what ``predict`` answers, relative to ``root``: a GRASP-Bench tar or folder, a
-            GRASP file by its name (``data_sft``/``data_rl``/``annotations``), or a generic QA JSONL file of
-            any other name (``questions.jsonl``, :mod:`grasp_lightning.data.qa`). ``None``: every evaluation suite's items (``bench`` and
-            ``eval_suites``), each encoded as it is for validation.
-        predict_limit: answer only the first N items of ``predict_file`` (or of each suite).
     """
 
-    def __init__(self, root: str = "grasp_lightning/assets/sample", train_file: str = "train/data_sft.jsonl",
-                 videos: str = "train/videos", bench: str | None = "test/grasp_bench.tar", mode: str | None = None,
-                 processor: str | None = None, trust_remote_code: bool = False, fps: float = 2.0,
-                 max_frames: int = 240, max_pixels: int = 448 * 448, max_image_pixels: int = 1024 * 1024,
-                 frame_max_tokens: int | None = None,
-                 max_prompt_tokens: int | None = 16384,
-                 max_target_tokens: int | None = 2048, batch_size: int = 1, val_batch_size: int = 4,
-                 num_workers: int = 2, seed: int = 0, curriculum: bool = False, on_bad_item: str = "raise",
-                 max_skip_fraction: float = 0.01,
-                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, repeat_batches: int | None = None, train_limit: int | None = None,
-                 val_limit: int | None = None, eval_suites: list[EvalSuite] | None = None,
-                 instruction: str = INSTRUCTION, predict_file: str | None = None,
-                 predict_limit: int | None = None) -> None:
+    def __init__(self, source: SourceConfig = SourceConfig(), video: VideoConfig = VideoConfig(),  # noqa: B008
+                 prompt: PromptConfig = PromptConfig(), loader: LoaderConfig = LoaderConfig(),  # noqa: B008
+                 errors: ErrorConfig = ErrorConfig(),  # noqa: B008 (the groups are copied below)
+                 eval_suites: list[EvalSuite] | None = None) -> None:
         super().__init__()
-        if mode not in (None, "sft", "rl"):
-            raise GraspConfigError(f"data.mode must be 'sft', 'rl' or null (the task's), got {mode!r}")
-        if repeat_batches is not None:
-            raise GraspConfigError(f"data.repeat_batches={repeat_batches} was removed: rollout reuse is set once, "
-                                   f"by model.task.init_args.num_iterations; remove data.repeat_batches")
-        if on_bad_item not in ("raise", "skip"):
-            raise GraspConfigError(f"data.on_bad_item must be 'raise' or 'skip', got {on_bad_item!r}")
-        validate_numbers(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                         max_prompt_tokens=max_prompt_tokens, frame_max_tokens=frame_max_tokens,
-                         max_target_tokens=max_target_tokens, batch_size=batch_size, val_batch_size=val_batch_size,
-                         num_workers=num_workers, max_skip_fraction=max_skip_fraction, train_limit=train_limit,
-                         val_limit=val_limit, predict_limit=predict_limit)
-        self.save_hyperparameters(ignore=["eval_suites"])  # plugin objects stay out of checkpoints
+        self.source = dataclasses.replace(source)
+        self.video = dataclasses.replace(video)
+        self.prompt = dataclasses.replace(prompt)
+        self.loader = dataclasses.replace(loader)
+        self.errors = dataclasses.replace(errors)
+        # Plain dicts only, so checkpoints load with ``torch.load(weights_only=True)``; plugin objects stay out.
+        self.save_hyperparameters({name: dataclasses.asdict(getattr(self, name))
+                                   for name in ("source", "video", "prompt", "loader", "errors")})
         self.eval_suites: list[EvalSuite] = list(eval_suites or [])
-        self.val_suites: list[EvalSuite] = []  # GRASP-Bench (data.bench) first, then data.eval_suites, loaded
-        self.root = Path(root)
+        self.val_suites: list[EvalSuite] = []  # GRASP-Bench (data.source.bench) first, then data.eval_suites, loaded
+        self.root = Path(self.source.root)
         self._processor = None
         self.train_items: list[GraspItem] = []
         self.val_items: list[GraspItem] = []
@@ -299,7 +203,7 @@ class GraspDataModule(L.LightningDataModule):
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
         self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
-        self._mode = mode  # set by connect(): the task's data_mode (None: not connected, data.mode unset)
+        self._mode = self.loader.mode  # set by connect(): the task's data_mode (None: not connected, data.loader.mode unset)
         self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
         self._stream: tuple[int, int] | None = None  # resume: (stream index, draws) of the last window
         self._last_window = None  # the Window of the last consumed micro-batch (its draws grow in training_step)
@@ -312,23 +216,23 @@ class GraspDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ loading
     @property
     def mode(self) -> str:
-        """The training batch kind: the task's (:meth:`connect`), else ``data.mode``, else ``"sft"``."""
+        """The training batch kind: the task's (:meth:`connect`), else ``data.loader.mode``, else ``"sft"``."""
         return self._mode or "sft"
 
     @property
     def processor(self):
         """The processor, loaded on first use."""
         if self._processor is None:
-            name = self.hparams.processor
+            name = self.prompt.processor
             module = getattr(getattr(self, "trainer", None), "lightning_module", None)
             if name is None and getattr(module, "processor", None) is not None:
                 self._processor = module.processor  # Python API: share the module's processor
                 return self._processor
             if name is None:
-                raise GraspConfigError("data.processor is not set (the CLI links it to model.policy.name_or_path)")
+                raise GraspConfigError("data.prompt.processor is not set (the CLI links it to model.policy.name_or_path)")
             from grasp_lightning.policy import load_processor
 
-            self._processor = load_processor(name, trust_remote_code=self.hparams.trust_remote_code)
+            self._processor = load_processor(name, trust_remote_code=self.prompt.trust_remote_code)
         return self._processor
 
     def read_train_items(self) -> list[GraspItem]:
@@ -337,18 +241,18 @@ class GraspDataModule(L.LightningDataModule):
         Raises:
             GraspConfigError: the file name is not one of the GRASP training files.
         """
-        path = self.root / self.hparams.train_file
+        path = self.root / self.source.train_file
         reader = reader_for(path)
         if reader is None:
-            raise GraspConfigError(f"data.train_file {path}: expected data_sft.jsonl, data_rl.jsonl, annotations.jsonl "
+            raise GraspConfigError(f"data.source.train_file {path}: expected data_sft.jsonl, data_rl.jsonl, annotations.jsonl "
                                    f"or qa.jsonl (the generic QA format), the kind read from the name up to its first dot")
-        result = reader(path, on_error=self.hparams.on_bad_item)
+        result = reader(path, on_error=self.errors.on_bad_item)
         if result.skipped:
             self._record_skips(list(result.skipped))
             total = len(result.items) + len(result.skipped)
-            if len(result.skipped) / total > self.hparams.max_skip_fraction:
+            if len(result.skipped) / total > self.errors.max_skip_fraction:
                 raise GraspDataError(str(path), f"{len(result.skipped)} of {total} lines are unusable, over "
-                                                f"data.max_skip_fraction={self.hparams.max_skip_fraction}; the "
+                                                f"data.errors.max_skip_fraction={self.errors.max_skip_fraction}; the "
                                                 f"first: {result.skipped[0].where}: {result.skipped[0].reason}")
         return result.items
 
@@ -357,39 +261,39 @@ class GraspDataModule(L.LightningDataModule):
         self._open_skip_file()
         if stage == "fit" and not self.train_items:
             items = self.read_train_items()
-            self.train_items = items[: self.hparams.train_limit] if self.hparams.train_limit else items
-            log.info("train: %d rows from %s", len(self.train_items), self.hparams.train_file)
-        own_predict_file = stage == "predict" and self.hparams.predict_file
-        if stage in ("fit", "validate", "test", "predict") and self.hparams.bench and not self.val_items \
+            self.train_items = items[: self.source.train_limit] if self.source.train_limit else items
+            log.info("train: %d rows from %s", len(self.train_items), self.source.train_file)
+        own_predict_file = stage == "predict" and self.source.predict_file
+        if stage in ("fit", "validate", "test", "predict") and self.source.bench and not self.val_items \
                 and not own_predict_file:
-            result = read_bench(self.root / self.hparams.bench, on_error=self.hparams.on_bad_item)
+            result = read_bench(self.root / self.source.bench, on_error=self.errors.on_bad_item)
             items = result.items
-            self.val_items = items[: self.hparams.val_limit] if self.hparams.val_limit else items
-            log.info("bench: %d items from %s", len(self.val_items), self.hparams.bench)
-        if stage == "predict" and self.hparams.predict_file and not self.predict_items:
+            self.val_items = items[: self.source.val_limit] if self.source.val_limit else items
+            log.info("bench: %d items from %s", len(self.val_items), self.source.bench)
+        if stage == "predict" and self.source.predict_file and not self.predict_items:
             self.predict_items = self._read_predict_items()
-            log.info("predict: %d items from %s", len(self.predict_items), self.hparams.predict_file)
+            log.info("predict: %d items from %s", len(self.predict_items), self.source.predict_file)
         elif stage in ("fit", "validate", "test", "predict") and not self.val_suites:
             self.val_suites = self._load_suites()
 
     def _read_predict_items(self) -> list[GraspItem]:
-        """The items of ``data.predict_file``: a GRASP-Bench tar or folder, a GRASP file by its name
+        """The items of ``data.source.predict_file``: a GRASP-Bench tar or folder, a GRASP file by its name
         (:func:`~grasp_lightning.data.readers.reader_for`), or else a generic QA JSONL file of any name.
 
         Raises:
             GraspConfigError: no such file or folder.
-            GraspFormatError: (``data.on_bad_item: raise``) a bad row, naming its file and line.
+            GraspFormatError: (``data.errors.on_bad_item: raise``) a bad row, naming its file and line.
         """
-        path = self.root / self.hparams.predict_file
+        path = self.root / self.source.predict_file
         if not path.exists():
-            raise GraspConfigError(f"data.predict_file {path}: no such file or folder")
+            raise GraspConfigError(f"data.source.predict_file {path}: no such file or folder")
         if path.is_dir() or path.suffix == ".tar":
-            result = read_bench(path, on_error=self.hparams.on_bad_item)
+            result = read_bench(path, on_error=self.errors.on_bad_item)
         else:  # a GRASP file by its name; any other name (questions.jsonl) is the generic QA format
-            result = (reader_for(path) or read_qa)(path, on_error=self.hparams.on_bad_item)
+            result = (reader_for(path) or read_qa)(path, on_error=self.errors.on_bad_item)
         self._record_skips(list(result.skipped))
         items = result.items
-        return items[: self.hparams.predict_limit] if self.hparams.predict_limit else items
+        return items[: self.source.predict_limit] if self.source.predict_limit else items
 
     def _load_suites(self) -> list[EvalSuite]:
         """GRASP-Bench of ``bench`` (when it has items) then ``eval_suites``, loaded, each given the
@@ -401,10 +305,10 @@ class GraspDataModule(L.LightningDataModule):
         from grasp_lightning.evaluation.audio import audio_unavailable_reason
         from grasp_lightning.evaluation.grasp_bench import GraspBench
 
-        loaded = [GraspBench.from_items(str(self.root / self.hparams.bench), self.val_items)] if self.val_items else []
+        loaded = [GraspBench.from_items(str(self.root / self.source.bench), self.val_items)] if self.val_items else []
         reason = audio_unavailable_reason(self.processor) if self.eval_suites else None
         for suite in self.eval_suites:
-            suite.load(on_error=self.hparams.on_bad_item, audio_unavailable=reason)
+            suite.load(on_error=self.errors.on_bad_item, audio_unavailable=reason)
             loaded.append(suite)
         names = [s.name for s in loaded]
         if len(set(names)) != len(names):
@@ -425,15 +329,15 @@ class GraspDataModule(L.LightningDataModule):
             items: the records to encode.
             store: where their clips are read from.
             with_target: encode the SFT target (labels) too.
-            system_prompt: ``None``: ``data.system_prompt``; an evaluation suite passes its own.
+            system_prompt: ``None``: ``data.prompt.system_prompt``; an evaluation suite passes its own.
         """
-        h = self.hparams
-        return GraspDataset(items, store, self.processor, with_target=with_target, fps=h.fps,
-                            max_frames=h.max_frames, max_pixels=h.max_pixels, max_prompt_tokens=h.max_prompt_tokens,
-                            max_target_tokens=h.max_target_tokens,
-                            system_prompt=h.system_prompt if system_prompt is None else system_prompt,
-                            skip_bad=h.on_bad_item == "skip", instruction=h.instruction,
-                            max_image_pixels=h.get("max_image_pixels"), frame_max_tokens=h.get("frame_max_tokens"))
+        video, prompt = self.video, self.prompt
+        return GraspDataset(items, store, self.processor, with_target=with_target, fps=video.fps,
+                            max_frames=video.max_frames, max_pixels=video.max_pixels,
+                            max_prompt_tokens=prompt.max_prompt_tokens, max_target_tokens=prompt.max_target_tokens,
+                            system_prompt=prompt.system_prompt if system_prompt is None else system_prompt,
+                            skip_bad=self.errors.on_bad_item == "skip", instruction=prompt.instruction,
+                            max_image_pixels=video.max_image_pixels, frame_max_tokens=video.frame_max_tokens)
 
     def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
@@ -449,10 +353,10 @@ class GraspDataModule(L.LightningDataModule):
                 ``dynamic_sampling: refill``): batches come through a :class:`WindowLoader` even for
                 ``window = repeat = 1``, and checkpoints record the draws.
             mode: the batch kind the task consumes (``Task.data_mode``: ``"sft"`` or ``"rl"``);
-                ``None`` keeps ``data.mode``.
+                ``None`` keeps ``data.loader.mode``.
 
         Raises:
-            GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.mode`` set
+            GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.loader.mode`` set
                 explicitly to another kind than the task's.
         """
         if window < 1 or repeat < 1:
@@ -460,10 +364,10 @@ class GraspDataModule(L.LightningDataModule):
         if mode is not None:
             if mode not in ("sft", "rl"):
                 raise GraspConfigError(f"the task's data_mode must be 'sft' or 'rl', got {mode!r}")
-            given = self.hparams.mode
+            given = self.loader.mode
             if given is not None and given != mode:
-                raise GraspConfigError(f"data.mode={given!r} contradicts the task, which consumes {mode!r} batches; "
-                                       f"remove data.mode (the task sets it)")
+                raise GraspConfigError(f"data.loader.mode={given!r} contradicts the task, which consumes {mode!r} batches; "
+                                       f"remove data.loader.mode (the task sets it)")
             self._mode = mode
         self._window, self._repeat, self._draws = window, repeat, draws
 
@@ -477,9 +381,9 @@ class GraspDataModule(L.LightningDataModule):
         pad_id = self.processor.tokenizer.pad_token_id
         collate = partial(collate_samples, pad_token_id=pad_id, padding_side=padding_side)
         if windowed:
-            collate = WindowCollate(collate, self.hparams.batch_size)
-        return DataLoader(dataset, batch_sampler=batches, num_workers=self.hparams.num_workers,
-                          collate_fn=collate, persistent_workers=self.hparams.num_workers > 0,
+            collate = WindowCollate(collate, self.loader.batch_size)
+        return DataLoader(dataset, batch_sampler=batches, num_workers=self.loader.num_workers,
+                          collate_fn=collate, persistent_workers=self.loader.num_workers > 0,
                           worker_init_fn=ignore_stop_signals)
 
     def train_dataloader(self) -> DataLoader | WindowLoader:
@@ -495,11 +399,11 @@ class GraspDataModule(L.LightningDataModule):
         if self.mode == "rl":
             self._check_rl_answers()
         rank, world = self._rank()
-        sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.hparams.seed, rank=rank,
+        sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.loader.seed, rank=rank,
                                    world_size=world, pad="wrap", groups=self._curriculum_groups())
         windowed = self._window > 1 or self._repeat > 1 or self._draws
         per_item = self._window * self._repeat  # micro-batches Lightning sees per sampler item
-        batches = ResumableBatchSampler(sampler, self.hparams.batch_size, self._window)
+        batches = ResumableBatchSampler(sampler, self.loader.batch_size, self._window)
         skip = first = exclude = 0
         if self._resume is not None:
             epoch, consumed = self._resume
@@ -512,17 +416,17 @@ class GraspDataModule(L.LightningDataModule):
             batches.set_start(epoch, first, exclude)
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
-        dataset = self.dataset(self.train_items, store_for(self.train_items, self.root / self.hparams.videos),
+        dataset = self.dataset(self.train_items, store_for(self.train_items, self.root / self.source.videos),
                                self.mode == "sft")
         loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
         if not windowed:
             return loader
-        micro = -(-len(sampler) // self.hparams.batch_size)
+        micro = -(-len(sampler) // self.loader.batch_size)
         if micro < self._window:
-            raise GraspConfigError(f"train: {micro} micro-batches per epoch and rank (data.batch_size="
-                                   f"{self.hparams.batch_size}) fill no window of {self._window} "
+            raise GraspConfigError(f"train: {micro} micro-batches per epoch and rank (data.loader.batch_size="
+                                   f"{self.loader.batch_size}) fill no window of {self._window} "
                                    f"(trainer.accumulate_grad_batches): nothing would be trained; lower "
-                                   f"trainer.accumulate_grad_batches or data.batch_size, or add data")
+                                   f"trainer.accumulate_grad_batches or data.loader.batch_size, or add data")
         if micro % self._window:
             log.warning("train: %d micro-batches per epoch and rank do not fill windows of %d "
                         "(trainer.accumulate_grad_batches); the last %d are dropped each epoch",
@@ -531,21 +435,21 @@ class GraspDataModule(L.LightningDataModule):
                             on_draw=self._count_drawn)
 
     def _curriculum_groups(self) -> list[int] | None:
-        """``data.curriculum``: each training row's place in easy → medium → hard (0, 1, 2), else ``None``.
+        """``data.loader.curriculum``: each training row's place in easy → medium → hard (0, 1, 2), else ``None``.
 
         Raises:
             GraspDataError: naming the training file and the first row without a difficulty (the
                 released code would count such rows as ``medium``; here the curriculum needs every row's).
         """
-        if not self.hparams.get("curriculum"):
+        if not self.loader.curriculum:
             return None
         missing = [item for item in self.train_items if item.difficulty not in DIFFICULTIES]
         if missing:
-            raise GraspDataError(missing[0].origin, f"data.curriculum orders rows easy -> medium -> hard, but "
+            raise GraspDataError(missing[0].origin, f"data.loader.curriculum orders rows easy -> medium -> hard, but "
                                                     f"{len(missing)} of {len(self.train_items)} rows of "
-                                                    f"{self.hparams.train_file} carry no difficulty (a "
+                                                    f"{self.source.train_file} carry no difficulty (a "
                                                     f"`meta` spec with `difficulty`: easy, medium or hard); "
-                                                    f"add it or set data.curriculum=false")
+                                                    f"add it or set data.loader.curriculum=false")
         return [DIFFICULTIES.index(item.difficulty) for item in self.train_items]
 
     def _check_rl_answers(self) -> None:
@@ -555,20 +459,20 @@ class GraspDataModule(L.LightningDataModule):
 
         Raises:
             GraspDataError: the first row without an answer (``raise``), or (``skip``) more than
-                ``data.max_skip_fraction`` of the rows have none.
+                ``data.errors.max_skip_fraction`` of the rows have none.
         """
         missing = [item for item in self.train_items if not item.answer.strip()]
         if not missing:
             return
         reason = "GRPO needs an `answer` (the accuracy reward's target); this row has none"
-        if self.hparams.on_bad_item == "raise":
+        if self.errors.on_bad_item == "raise":
             raise GraspDataError(missing[0].origin, f"{reason} ({len(missing)} of {len(self.train_items)} rows "
-                                                    f"like it; data.on_bad_item=skip leaves them out)")
+                                                    f"like it; data.errors.on_bad_item=skip leaves them out)")
         self._record_skips([SkipRecord(item.origin, reason, item.uid) for item in missing])
-        if len(missing) / len(self.train_items) > self.hparams.max_skip_fraction:
+        if len(missing) / len(self.train_items) > self.errors.max_skip_fraction:
             raise GraspDataError(missing[0].origin, f"{len(missing)} of {len(self.train_items)} rows have no "
-                                                    f"`answer`, over data.max_skip_fraction="
-                                                    f"{self.hparams.max_skip_fraction}")
+                                                    f"`answer`, over data.errors.max_skip_fraction="
+                                                    f"{self.errors.max_skip_fraction}")
         log.warning("train: %d rows without an answer are left out of GRPO", len(missing))
         dropped = {id(item) for item in missing}
         self.train_items = [item for item in self.train_items if id(item) not in dropped]
@@ -578,7 +482,7 @@ class GraspDataModule(L.LightningDataModule):
         sampler = ResumableSampler(len(suite.items), shuffle=False, rank=rank, world_size=world, pad="mark")
         dataset = self.dataset(suite.items, suite.store(), False, system_prompt=suite.system_prompt)
         dataset.encoder = suite.encoder(self.processor)  # GRASP-Bench: its protocol's encoder, or None (ours)
-        return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
+        return self._loader(dataset, ResumableBatchSampler(sampler, self.loader.val_batch_size), "left")
 
     def val_dataloader(self) -> DataLoader | list:
         """Prompts of every evaluation suite with items, left-padded; ranks padded with ``valid=False``
@@ -594,26 +498,26 @@ class GraspDataModule(L.LightningDataModule):
         return self.val_dataloader()
 
     def predict_dataloader(self) -> DataLoader | list:
-        """Prompts to answer, left-padded, ``data.val_batch_size`` per step; ranks padded with
-        ``valid=False`` rows. ``data.predict_file``'s items (read from ``data.videos``; a bench file
+        """Prompts to answer, left-padded, ``data.loader.val_batch_size`` per step; ranks padded with
+        ``valid=False`` rows. ``data.source.predict_file``'s items (read from ``data.source.videos``; a bench file
         from its own archive), else one loader per evaluation suite as for validation. Items whose
         :func:`~grasp_lightning.predictions.item_key` is among :attr:`predict_done`'s (answered by an
         earlier run with the same model and decoding) are left out, said at WARNING with the count."""
         done = self.predict_done() if self.predict_done is not None else set()
-        if not self.hparams.predict_file:
+        if not self.source.predict_file:
             suites = [s for s in self.val_suites if s.items]
             for suite in suites:
-                suite.items = self._not_done(suite.items[: self.hparams.predict_limit or None], done, suite.name)
+                suite.items = self._not_done(suite.items[: self.source.predict_limit or None], done, suite.name)
             loaders = [self._suite_loader(s) for s in suites]
             return loaders[0] if len(loaders) == 1 else loaders
-        path = self.root / self.hparams.predict_file
+        path = self.root / self.source.predict_file
         items = self._not_done(self.predict_items, done, str(path))
         bench = path.is_dir() or path.suffix == ".tar"
-        store = bench_store(path) if bench else store_for(items, self.root / self.hparams.videos)
+        store = bench_store(path) if bench else store_for(items, self.root / self.source.videos)
         rank, world = self._rank()
         sampler = ResumableSampler(len(items), shuffle=False, rank=rank, world_size=world, pad="mark")
         dataset = self.dataset(items, store, False)
-        return self._loader(dataset, ResumableBatchSampler(sampler, self.hparams.val_batch_size), "left")
+        return self._loader(dataset, ResumableBatchSampler(sampler, self.loader.val_batch_size), "left")
 
     @staticmethod
     def _not_done(items: list[GraspItem], done: set[str], what: str) -> list[GraspItem]:
@@ -645,17 +549,17 @@ class GraspDataModule(L.LightningDataModule):
             self._count(batch)
 
     def _count(self, batch: Batch) -> None:
-        """Count a consumed micro-batch's samples and skips; stop the run over ``data.max_skip_fraction``."""
+        """Count a consumed micro-batch's samples and skips; stop the run over ``data.errors.max_skip_fraction``."""
         self.samples_seen += len(batch) + len(batch.skipped)
         if batch.skipped:
             self.samples_skipped += len(batch.skipped)
             self._record_skips(batch.skipped)
-        if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.hparams.max_skip_fraction:
+        if self.samples_seen >= 20 and self.samples_skipped / self.samples_seen > self.errors.max_skip_fraction:
             last = self.skipped[-1]
             raise GraspDataError(
-                self.hparams.train_file,
-                f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.max_skip_fraction="
-                f"{self.hparams.max_skip_fraction}; the last: {last.uid} ({last.where}: {last.reason}); "
+                self.source.train_file,
+                f"{self.samples_skipped} of {self.samples_seen} samples skipped, over data.errors.max_skip_fraction="
+                f"{self.errors.max_skip_fraction}; the last: {last.uid} ({last.where}: {last.reason}); "
                 f"every skip is listed in {self._skip_file or 'the log'}")
 
     def _open_skip_file(self) -> None:
@@ -689,7 +593,7 @@ class GraspDataModule(L.LightningDataModule):
         order's kind, checked on resume)."""
         w = self._last_window
         return {"epoch": self._epoch, "consumed": self._consumed, "samples_seen": self.samples_seen,
-                "curriculum": bool(self.hparams.get("curriculum")),
+                "curriculum": bool(self.loader.curriculum),
                 "samples_skipped": self.samples_skipped,
                 "stream_index": int(w.index) if w is not None else -1, "stream_draws": int(getattr(w, "draws", 0))}
 
@@ -697,14 +601,14 @@ class GraspDataModule(L.LightningDataModule):
         """Resume: the next train loader starts after the consumed batches.
 
         Raises:
-            GraspConfigError: the checkpoint was written with another ``data.curriculum`` (the consumed
+            GraspConfigError: the checkpoint was written with another ``data.loader.curriculum`` (the consumed
                 count would point into a different order).
         """
-        saved, now = bool(state.get("curriculum", False)), bool(self.hparams.get("curriculum"))
+        saved, now = bool(state.get("curriculum", False)), bool(self.loader.curriculum)
         if saved != now:
-            raise GraspConfigError(f"the checkpoint was trained with data.curriculum={str(saved).lower()}, this run "
+            raise GraspConfigError(f"the checkpoint was trained with data.loader.curriculum={str(saved).lower()}, this run "
                                    f"sets {str(now).lower()}: the rows already consumed belong to the other order; "
-                                   f"resume with data.curriculum={str(saved).lower()}")
+                                   f"resume with data.loader.curriculum={str(saved).lower()}")
         self._resume = (int(state["epoch"]), int(state["consumed"]))
         index = int(state.get("stream_index", -1))
         self._stream = (index, int(state.get("stream_draws", 0))) if index >= 0 else None

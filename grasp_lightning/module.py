@@ -100,7 +100,7 @@ class EvalConfig:
     """Validation and test: the decoding of every evaluation suite and GRASP-Bench's evaluation protocol.
 
     Attributes:
-        protocol: ``grasp`` (ours: the data module's prompts, ``data.fps`` frames with real
+        protocol: ``grasp`` (ours: the data module's prompts, ``data.video.fps`` frames with real
             timestamps, our answer parser) or ``released`` (the released GRASP evaluation, so scores
             compare with the paper: its prompts, frames, resizing, answer extraction and report;
             :mod:`grasp_lightning.evaluation.protocol`, ``configs/eval_released.yaml``).
@@ -114,7 +114,7 @@ class EvalConfig:
         model_type: ``released`` only: ``qwen3_vl`` (``<think>\n`` appended after the generation prompt)
             or ``qwen3_5`` (the chat template's ``enable_thinking``).
         max_frames: ``released`` only: at most this many frames, spread uniformly over the whole clip
-            (replaces ``data.fps``/``data.max_frames``/``data.max_pixels`` for GRASP-Bench).
+            (replaces ``data.video.fps``/``data.video.max_frames``/``data.video.max_pixels`` for GRASP-Bench).
         frame_max_tokens: ``released`` only: visual tokens per 2-frame temporal patch; frames are
             shrunk to the largest patch grid within it, aspect ratio kept.
         frame_spatial_patch: ``released`` only: pixels per token side; ``None``: the processor's patch
@@ -203,7 +203,7 @@ class GraspModule(L.LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference_model: torch.nn.Module | None = None
         self.processor = None
-        self.suites = SuiteRunner()  # the evaluation suites: GRASP-Bench (data.bench) and data.eval_suites
+        self.suites = SuiteRunner()  # the evaluation suites: GRASP-Bench (data.source.bench) and data.eval_suites
         self.last_task_output: TaskOutput | None = None
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
         self.step_metrics = StepMetrics()  # this rank's parts of the current optimizer step's metrics
@@ -373,7 +373,7 @@ class GraspModule(L.LightningModule):
         Raises:
             GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; a task that
                 draws prompts (``dynamic_sampling: refill``) with validation placed as a share of the epoch
-                (:meth:`_check_validation_in_steps`); from ``connect``: an explicit ``data.mode`` that
+                (:meth:`_check_validation_in_steps`); from ``connect``: an explicit ``data.loader.mode`` that
                 contradicts the task.
         """
         if stage != "fit" or self._trainer is None:
@@ -386,7 +386,7 @@ class GraspModule(L.LightningModule):
         connect = getattr(dm, "connect", None)
         if connect is None:
             if repeat > 1 or window > 1:
-                raise GraspConfigError(f"model.task.init_args.num_iterations={repeat} with "
+                raise GraspConfigError(f"model.task.init_args.loss.num_iterations={repeat} with "
                                        f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} "
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
@@ -409,10 +409,10 @@ class GraspModule(L.LightningModule):
         validates = trainer.limit_val_batches != 0 and getattr(trainer.datamodule, "hparams", {}).get("bench", 1)
         if validates and isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
             raise GraspConfigError(
-                f"model.task.init_args.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
+                f"model.task.init_args.batching.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
                 f"validation at trainer.val_check_interval={interval} (a share of the epoch's announced length) would "
                 "never run: give trainer.val_check_interval in micro-batches (an integer, as configs/sgr.yaml's 200), "
-                "or turn validation off (data.bench=null)")
+                "or turn validation off (data.source.bench=null)")
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).

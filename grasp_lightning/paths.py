@@ -69,7 +69,7 @@ def resolve_config_args(args: Sequence[str]) -> list[str]:
 
 def resolve_package_paths(config: Any, key: str = "") -> None:
     """Resolve, in place, every string value of a parsed configuration that starts with
-    ``grasp_lightning/`` (a shipped file: ``model.policy.name_or_path``, ``data.root``, an evaluation
+    ``grasp_lightning/`` (a shipped file: ``model.policy.name_or_path``, ``data.source.root``, an evaluation
     suite's ``path``) against the installation when the working directory has no such path.
 
     Args:

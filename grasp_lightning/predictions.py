@@ -8,7 +8,7 @@ A rerun leaves out an item only when an earlier line holds the same item *and* t
 
 - :func:`item_key`: the item as read (id, question with options, answer, category, the file names of
   its media and its clip window), never a path or line number, so a changed working directory or
-  ``data.root`` finds the same keys; an edited item is answered again.
+  ``data.source.root`` finds the same keys; an edited item is answered again.
 - :class:`PredictionSetup`: the model (``name_or_path`` and a signature of its files, or the Hub
   snapshot), the checkpoint ``predict`` restores (``--ckpt_path``), LoRA, dtype, attention, precision, the
   decoding and the prompt settings of the data (system prompt, instruction, frames); its
@@ -34,7 +34,8 @@ from grasp_lightning.parsing import answer_block, extract_answer, extract_partic
 __all__ = ["PROMPT_SETTINGS", "PredictionSetup", "files_signature", "item_key", "model_identity", "parsed_answer",
            "prediction_records", "prompt_settings"]
 
-#: The DataModule settings that shape every prompt (``data.*``): a change answers every item again.
+#: The DataModule settings that shape every prompt (``data.prompt.*``, ``data.video.*``): a change answers
+#: every item again.
 PROMPT_SETTINGS = ("system_prompt", "instruction", "fps", "max_frames", "max_pixels", "max_image_pixels")
 
 
@@ -50,7 +51,7 @@ def item_key(item: GraspItem) -> str:
     image's file name.
 
     No folder and no line number enters it (a clip or image path counts by its file name), so the same
-    file read from another working directory or ``data.root`` gives the same keys, while an item edited
+    file read from another working directory or ``data.source.root`` gives the same keys, while an item edited
     in any of these fields is answered again. Two rows identical in all of them share a key."""
     clip = None
     if item.clip is not None:
@@ -125,8 +126,10 @@ class PredictionSetup:
 
 
 def prompt_settings(hparams: Mapping[str, Any]) -> dict:
-    """The :data:`PROMPT_SETTINGS` of a DataModule's ``hparams`` (absent ones left out)."""
-    return {k: hparams[k] for k in PROMPT_SETTINGS if k in hparams}
+    """The :data:`PROMPT_SETTINGS` of a DataModule's ``hparams`` (absent ones left out), by their names
+    alone: the groups they sit in (``data.prompt``, ``data.video``) do not enter the key."""
+    groups = [group for group in hparams.values() if isinstance(group, Mapping)]
+    return {k: group[k] for k in PROMPT_SETTINGS for group in groups if k in group}
 
 
 def parsed_answer(completion: str, options: tuple[str, ...] | list[str]) -> str | None:

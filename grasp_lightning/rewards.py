@@ -8,7 +8,7 @@ starts inside the think block (``...</think><answer>B</answer>``) and the terms 
 block (``format_strict``, ``social_grounding``, ``social_grounding_by_modality``, ``temporal_grounding``)
 account for it.
 
-**Rewards of one's own.** A ``rewards:`` entry of ``GRPOTask`` (and an entry given to
+**Rewards of one's own.** A ``reward.terms`` entry of ``GRPOTask`` (and an entry given to
 :func:`compute_rewards`) is a registry name, an import path (``my_pkg.rewards:length_bonus``,
 ``my_pkg.rewards.length_bonus``, or a file ``rewards/mine.py:length_bonus``, relative to the working
 directory; :func:`grasp_lightning.plugins.load_object`), or, from Python, the callable itself. So a
@@ -29,7 +29,7 @@ The second (batched: its first parameter is named ``completions``, or the functi
 - ``opened_think`` (keyword, optional): the prompt ended with an opened ``<think>``; passed only
   when the function has a parameter of that name;
 - returns a finite float (batched: a sequence of one finite float per completion), the term's value
-  before its ``reward_weights`` weight.
+  before its ``reward.weights`` weight.
 
 Entries are checked when the task is built (the import, that the object is a function, that it
 takes ``(completion, item)``), and every value when it is returned (a finite number; batched: one per
@@ -38,8 +38,8 @@ term without any function being called (:func:`compute_rewards` checks once for 
 paper's recipe uses ``accuracy``, ``format``, ``grounding_presence`` and ``social_grounding`` with
 weights 1.0, 0.1, 0.05, 0.2 (GRASP, arXiv 2605.15764; ``docs/data-format.md``, Rewards). The
 project's own ``temporal_grounding`` (event time spans named in the reasoning against the events'
-``start_seconds``/``end_seconds``) composes with them by weight, e.g. ``rewards: [accuracy, format,
-grounding_presence, social_grounding, temporal_grounding]``, ``reward_weights: [1.0, 0.1, 0.05, 0.2, 0.2]``.
+``start_seconds``/``end_seconds``) composes with them by weight, e.g. ``reward.terms: [accuracy, format,
+grounding_presence, social_grounding, temporal_grounding]``, ``reward.weights: [1.0, 0.1, 0.05, 0.2, 0.2]``.
 ``social_grounding_by_modality`` is the SGR matched per modality, which a sentence naming the right people
 under the wrong relation does not satisfy (:func:`social_grounding_by_modality`).
 
@@ -207,7 +207,7 @@ def _register(name: str) -> Callable[[RewardFn], RewardFn]:
 
 
 def resolve_reward(entry: str | RewardFn, key: str = "rewards") -> Reward:
-    """The :class:`Reward` of a ``rewards:`` entry: a name in :data:`REWARDS`, an import path
+    """The :class:`Reward` of a ``reward.terms`` entry: a name in :data:`REWARDS`, an import path
     (``pkg.mod:fn``, ``pkg.mod.fn``, ``file.py:fn``; :func:`grasp_lightning.plugins.load_object`), or a
     callable (either signature of this module's docstring).
 

@@ -44,7 +44,7 @@ class RolloutRecord:
         rewards: ``(N,)`` weighted sum of the terms (plus the overlong penalty in ``reward`` mode).
         advantages: ``(N,)`` the advantages the loss used.
         kl_tokens: ``(M,)`` k3 KL to the reference model (nats) of the loss tokens, ``None`` without a
-            reference model (``beta: 0``).
+            reference model (GRPO ``loss.beta: 0``).
         entropy_tokens: ``(M,)`` policy entropy (nats) of the loss tokens, ``None`` if not computed.
     """
 
@@ -147,7 +147,7 @@ class Task:
         data_mode: the batch kind the task consumes: ``"sft"`` (prompt + target, labels) or
             ``"rl"`` (prompts with answers and ground-truth events). The task is its one owner: the
             module passes it to the DataModule (``GraspDataModule.connect(mode=...)``), so
-            ``data.mode`` need not be set.
+            ``data.loader.mode`` need not be set.
         num_iterations: optimizer steps each batch serves (GRPO's rollout reuse); the DataModule
             repeats every accumulation window this many times.
         window_batches: the task works on whole accumulation windows: each micro-batch arrives with

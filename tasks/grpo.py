@@ -10,17 +10,17 @@ Eq. for ``r_gnd``; DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option na
 per rank (``B·A`` prompts × K, each prompt prefilled once and its cache expanded K times), scored
 once (old/reference log-probs) and cached; the optimizer then runs over the ``A`` micro-batches of
 those rollouts (TRL 1.16 ``generation_batch_size``/``steps_per_generation``; verl's rollout batch vs
-PPO micro-batch). ``rollout_batch_prompts`` caps the prompts per generation call (whole
+PPO micro-batch). ``batching.rollout_batch_prompts`` caps the prompts per generation call (whole
 micro-batches per call; ``B`` gives the old per-micro-batch sampling). The ``dapo`` normaliser (loss
 tokens of the window over all ranks, TRL's ``num_items_in_batch``) and the ``batch`` advantage std
 (all ranks' rewards) are known before the first loss. The cache is checkpointed
 (:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples.
 
-**Dynamic sampling** (DAPO Sec. 3.2): ``off``; ``drop`` masks groups whose rewards are all equal out
+**Dynamic sampling** (DAPO Sec. 3.2, ``batching.dynamic_sampling``): ``off``; ``drop`` masks groups whose rewards are all equal out
 of the loss's numerator; ``refill`` also draws further windows of prompts from the data stream
 (``Window.draw``: the next windows the loader would have yielded, consumed) and samples them until the
 rollout batch holds as many groups with distinct rewards as the window has prompts, at most
-``max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
+``batching.max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
 the first useful groups in sampling order, then, if the budget ran out, masked degenerate groups
 (:func:`grasp_lightning.tasks.grpo_rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
 (never more than ``B`` prompts in one). Useful groups drawn beyond that are *drawn and unused*: sampled
@@ -31,7 +31,7 @@ Every rank draws when any rank is short, so the streams of all ranks stay aligne
 window was skipped draws too (its draws are all unused) and joins every collective. Drawn windows are
 not yielded again, so the epoch runs ``A·num_iterations`` micro-batches fewer per drawn window than
 ``len()`` of the loader (and the LR schedule) expects; the loader logs the count at the epoch's end (see
-:mod:`grasp_lightning.data.windows` for a schedule given in steps). ``num_iterations`` > 1 reuses a window's rollouts for that many optimizer
+:mod:`grasp_lightning.data.windows` for a schedule given in steps). ``loss.num_iterations`` > 1 reuses a window's rollouts for that many optimizer
 steps with the old log-probs of the sampling policy: the DataModule yields each window that many
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
@@ -41,12 +41,13 @@ sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per r
 (``docs/metrics.md`` lists every tag).
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
-and reference log-prob forwards) runs once per prompt (``share_prompt``, default; exact, see
-:mod:`grasp_lightning.shared_prompt`); ``share_prompt: false`` repeats each prompt K times like TRL.
+and reference log-prob forwards) runs once per prompt (``compute.share_prompt``, default; exact, see
+:mod:`grasp_lightning.shared_prompt`); ``false`` repeats each prompt K times like TRL.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -70,6 +71,17 @@ from grasp_lightning.shared_prompt import (
 )
 from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
+from grasp_lightning.tasks.grpo_config import (  # noqa: F401 (the value lists are re-exported)
+    ADVANTAGES,
+    DYNAMIC_SAMPLING,
+    KEY,
+    OVERLONG_MODES,
+    AdvantageConfig,
+    BatchingConfig,
+    ComputeConfig,
+    LossConfig,
+    RewardConfig,
+)
 from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
     TOKEN_TENSORS,
@@ -87,143 +99,49 @@ from grasp_lightning.vision_features import VisionFeatures, reuse_vision
 
 log = logging.getLogger(__name__)
 
-ADVANTAGES = ("group", "batch", "released", "none")
-OVERLONG_MODES = ("reward", "released")
-DYNAMIC_SAMPLING = ("off", "drop", "refill")
-
 
 class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
 
     Sampling settings (K, temperature, top-p, budget) are read, when needed, from the context's
     ``model.rollout`` (:class:`grasp_lightning.decoding.RolloutConfig`, ``ctx.rollout_cfg``), never
-    copied, so ``configs/demo.yaml`` can shrink them for any recipe.
+    copied, so ``configs/demo.yaml`` can shrink them for any recipe. The task's own settings come in
+    groups (:mod:`grasp_lightning.tasks.grpo_config`), each kept as the attribute of its name
+    (``task.loss.beta``).
 
     Args:
-        rewards: reward terms: names in :data:`grasp_lightning.rewards.REWARDS`, import paths of a reward
-            function of one's own (``my_pkg.rewards:length_bonus``, ``my_pkg.rewards.length_bonus`` or
-            ``path/to/file.py:length_bonus``; signatures in :mod:`grasp_lightning.rewards`) or, from Python,
-            the functions themselves; resolved and checked here (:func:`grasp_lightning.rewards.resolve_reward`).
-            Metrics name a term by its label: the registry name, or the function's name for an import path
-            (``train/rewards/length_bonus/mean``).
-        reward_weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2).
-        advantage: ``group`` (r − mean) / (std + eps) per group (paper); ``batch`` (std over every
-            rank's rewards); ``released`` (each term mean-centred per group, then weighted: released code);
-            ``none`` (centred, not scaled).
-        advantage_eps: the eps of the std division (TRL: 1e-4).
-        advantage_clip: clip advantages to ±this (released recipe: 5), ``None`` for no clip.
-        epsilon: lower clip range of the ratio.
-        epsilon_high: upper clip range (``None``: same as ``epsilon``).
-        beta: KL coefficient (recipe: 0.05); 0 skips the reference model entirely.
-        loss_type: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (see :func:`grasp_lightning.grpo_math.grpo_loss`);
-            ``dapo`` divides by the loss tokens of the whole accumulation window over all ranks.
-        num_iterations: optimizer steps per rollout; the DataModule repeats each accumulation window
-            this many times (passed to it by the module, see ``GraspDataModule.connect``).
-        drop_zero_variance_groups: the older key for ``dynamic_sampling: drop`` (``true`` = drop);
-            ``None`` leaves the choice to ``dynamic_sampling``.
-        dynamic_sampling: ``off``; ``drop``: the tokens of groups whose rewards are all equal are masked out
-            of the loss's numerator (their advantages are 0; with ``beta > 0`` they would still pull towards
-            the reference). Their rows stay in the normaliser where ``loss_type`` has one per sequence, as
-            TRL defines it: with ``grpo`` a dropped row counts as a sequence of loss 0 in the micro-batch's
-            mean, with ``dr_grpo`` in ``N * max_new_tokens``; ``bnpo`` and ``dapo`` count only loss tokens.
-            ``refill``: drop them, draw further prompts until the rollout batch has as many
-            non-degenerate groups as the window has prompts, and trim it to that size (DAPO dynamic
-            sampling; EasyR1 ``online_filtering``; see the module docstring). ``None``: ``drop`` if
-            ``drop_zero_variance_groups`` else ``off``.
-        max_resample: ``refill`` draws at most this many further windows of prompts per rollout batch;
-            each one shortens the epoch by one window (logged at the epoch's end).
-        rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one);
-            ``None``: the whole accumulation window in one call (TRL ``generation_batch_size``).
-        overlong_buffer: soft overlong penalty over the last this-many tokens of the budget
-            (released recipe: 256), ``None`` for none.
-        overlong_buffer_fraction: the same buffer given as a fraction in (0, 1] of
-            ``model.rollout.max_new_tokens`` (rounded down, at least 1 token): ``0.25`` is the released
-            256 of 1,024, and follows a budget shrunk by ``configs/demo.yaml``. Exclusive with
-            ``overlong_buffer``.
-        overlong_penalty: the penalty at the budget's end (linear from 0 at the buffer start).
-        overlong_mode: ``reward`` (DAPO: added to the reward before the group normalisation, so a group
-            where every rollout is equally long gets nothing from it) or ``released`` (released GRASP
-            code: the raw penalty added to the advantage, before the ±``advantage_clip`` clip).
-        share_prompt: encode each group's clip and prefill its prompt once for sampling and for the
-            policy/old/reference scoring (exact; :mod:`grasp_lightning.shared_prompt`). ``False`` repeats
-            every prompt K times as separate rows, like TRL (for ablations). Models or prompts
-            where sharing is not exact fall back to the naive rows with a warning.
-        importance_sampling_cap: with a rollout engine that reports its own log-probs (``model.rollout.engine:
-            vllm``), weight each token's loss by ``min(exp(logp_old − logp_sampler), cap)`` — TRL's
-            ``vllm_importance_sampling_correction`` (``token_truncate``, TRL's default cap 2.0), correcting
-            for the sampler's numerics differing from the trainer's. ``logp_old`` is the trainer's score of
-            the sampling policy, computed at the rollout (as for ``num_iterations > 1``). ``None``: off.
-        logprob_chunk_size: completion tokens per chunk of the LM head and log-softmax in every
-            scoring forward (policy, old policy, reference): the model returns hidden states and no
-            ``(B*K, Lc, V)`` logits exist (:mod:`grasp_lightning.chunked_logps`; exact to float
-            rounding). ``None``: the full logits, as before.
-        encode_vision_once: with a frozen vision tower (``model.policy.freeze_vision``), encode each
-            rollout batch's clips once, at sampling, and feed the kept outputs to the reference,
-            old-policy and training forwards and to every ``num_iterations`` reuse
-            (:mod:`grasp_lightning.vision_features`; exact). A trained tower is encoded at every forward
-            (logged once by name). ``False``: every forward runs the tower, as before.
+        reward: the reward: weighted reward terms, and DAPO's soft overlong penalty (off by default).
+        advantage: how rewards become advantages: the group normalisation and the clip.
+        loss: the clipped objective: loss type, clip range, KL coefficient, rollout reuse, sampler correction.
+        batching: dynamic sampling (groups whose rewards are all equal) and prompts per generation call.
+        compute: exact savings of time and memory: shared prompts, vision encoded once, chunked log-probs.
+
+    Raises:
+        GraspConfigError: two reward terms share a metric name; the groups' own checks (the message
+            names the key, e.g. ``model.task.init_args.loss.num_iterations``).
     """
 
     data_mode = "rl"
 
-    def __init__(self, rewards: list[str] | None = None, reward_weights: list[float] | None = None,
-                 advantage: str = "group", advantage_eps: float = 1e-4, advantage_clip: float | None = None,
-                 epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.05,
-                 loss_type: str = "grpo", num_iterations: int = 1, drop_zero_variance_groups: bool | None = None,
-                 overlong_buffer: int | None = None, overlong_buffer_fraction: float | None = None,
-                 overlong_penalty: float = 1.0,
-                 share_prompt: bool = True, overlong_mode: str = "reward", dynamic_sampling: str | None = None,
-                 max_resample: int = 4, rollout_batch_prompts: int | None = None,
-                 importance_sampling_cap: float | None = None, logprob_chunk_size: int | None = 256,
-                 encode_vision_once: bool = True) -> None:
-        self.rewards = list(rewards or ["accuracy", "format"])
-        self.reward_weights = list(reward_weights or [1.0] * len(self.rewards))
-        if len(self.rewards) != len(self.reward_weights):
-            raise GraspConfigError(f"{len(self.rewards)} rewards but {len(self.reward_weights)} reward_weights")
-        self.reward_terms = [resolve_reward(entry, key="model.task.init_args.rewards") for entry in self.rewards]
+    def __init__(self, reward: RewardConfig = RewardConfig(), advantage: AdvantageConfig = AdvantageConfig(),  # noqa: B008
+                 loss: LossConfig = LossConfig(), batching: BatchingConfig = BatchingConfig(),  # noqa: B008
+                 compute: ComputeConfig = ComputeConfig()) -> None:  # noqa: B008 (the groups are copied below)
+        _check_groups(reward=(reward, RewardConfig), advantage=(advantage, AdvantageConfig), loss=(loss, LossConfig),
+                      batching=(batching, BatchingConfig), compute=(compute, ComputeConfig))
+        self.reward = dataclasses.replace(reward)
+        self.advantage = dataclasses.replace(advantage)
+        self.loss = dataclasses.replace(loss)
+        self.batching = dataclasses.replace(batching)
+        self.compute = dataclasses.replace(compute)
+        # resolved and checked here (grasp_lightning.rewards.resolve_reward): a bad entry fails at start-up
+        self.reward_terms = [resolve_reward(entry, key=KEY + "reward.terms") for entry in self.reward.terms]
         labels = [term.label for term in self.reward_terms]
         if len(set(labels)) != len(labels):
-            raise GraspConfigError(f"model.task.init_args.rewards: two terms share a metric name in {labels} "
-                                   f"(entries {self.rewards}); give the functions distinct names")
+            raise GraspConfigError(f"{KEY}reward.terms: two terms share a metric name in {labels} "
+                                   f"(entries {self.reward.terms}); give the functions distinct names")
         self.reward_labels = labels
-        if advantage not in ADVANTAGES:
-            raise GraspConfigError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
-        if loss_type not in grpo_math.LOSS_TYPES:
-            raise GraspConfigError(f"loss_type must be one of {grpo_math.LOSS_TYPES}, got {loss_type!r}")
-        if num_iterations < 1:
-            raise GraspConfigError(f"model.task.init_args.num_iterations must be >= 1, got {num_iterations}")
-        _check_overlong(overlong_mode, overlong_buffer, overlong_buffer_fraction)
-        if dynamic_sampling is None:
-            dynamic_sampling = "drop" if drop_zero_variance_groups else "off"
-        if dynamic_sampling not in DYNAMIC_SAMPLING:
-            raise GraspConfigError(f"model.task.init_args.dynamic_sampling must be one of {DYNAMIC_SAMPLING}, "
-                                   f"got {dynamic_sampling!r}")
-        if drop_zero_variance_groups is not None and drop_zero_variance_groups != (dynamic_sampling != "off"):
-            raise GraspConfigError(f"model.task.init_args.drop_zero_variance_groups={drop_zero_variance_groups} "
-                                   f"contradicts dynamic_sampling={dynamic_sampling!r}; set only dynamic_sampling")
-        _check_batching(max_resample, rollout_batch_prompts, importance_sampling_cap)
-        self.importance_sampling_cap = importance_sampling_cap
-        if logprob_chunk_size is not None and logprob_chunk_size < 1:
-            raise GraspConfigError(f"model.task.init_args.logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
-        self.logprob_chunk_size = logprob_chunk_size
-        self.encode_vision_once = encode_vision_once
-        self.dynamic_sampling = dynamic_sampling
-        self.max_resample = max_resample
-        self.rollout_batch_prompts = rollout_batch_prompts
-        self.advantage = advantage
-        self.advantage_eps = advantage_eps
-        self.advantage_clip = advantage_clip
-        self.epsilon = epsilon
-        self.epsilon_high = epsilon_high
-        self.beta = beta
-        self.loss_type = loss_type
-        self.num_iterations = num_iterations
-        self.drop_zero_variance_groups = dynamic_sampling != "off"
-        self.overlong_buffer = overlong_buffer
-        self.overlong_buffer_fraction = overlong_buffer_fraction
-        self.overlong_penalty = overlong_penalty
-        self.overlong_mode = overlong_mode
-        self.share_prompt = share_prompt
+        self.reward_weights = self.reward.term_weights  # resolved: one per term
+        self.dynamic_sampling = self.batching.mode  # resolved: off, drop or refill
         self._warned_no_sharing = False
         self._window_rollouts: list[Rollout | None] = []  # the current window's rollouts, by position
         self._window_key: tuple | None = None  # (window index, dataset indices of its micro-batches)
@@ -239,8 +157,18 @@ class GRPOTask(Task):
 
     @property
     def shares_prompt(self) -> bool:
-        """``share_prompt``: each group's prompt is prefilled once (the memory planner reads this)."""
-        return self.share_prompt
+        """``compute.share_prompt``: each group's prompt is prefilled once (the memory planner reads this)."""
+        return self.compute.share_prompt
+
+    @property
+    def num_iterations(self) -> int:
+        """``loss.num_iterations``: optimizer steps per rollout batch (the module passes it to the DataModule)."""
+        return self.loss.num_iterations
+
+    @property
+    def logprob_chunk_size(self) -> int | None:
+        """``compute.logprob_chunk_size`` (the memory planner reads this)."""
+        return self.compute.logprob_chunk_size
 
     @property
     def draws_prompts(self) -> bool:
@@ -250,7 +178,7 @@ class GRPOTask(Task):
     @property
     def needs_reference(self) -> bool:
         """A reference model is only needed when the KL term is on."""
-        return self.beta != 0.0
+        return self.loss.beta != 0.0
 
     @override
     def check_settings(self, rollout_cfg: RolloutConfig) -> None:
@@ -264,10 +192,10 @@ class GRPOTask(Task):
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
         buffer = self.overlong_buffer_tokens(rollout_cfg.max_new_tokens)
         if buffer is not None and not 0 < buffer <= rollout_cfg.max_new_tokens:
-            raise GraspConfigError(f"model.task.init_args.overlong_buffer={buffer} must be in 1 … "
+            raise GraspConfigError(f"{KEY}reward.overlong_buffer={buffer} must be in 1 … "
                                    f"model.rollout.max_new_tokens={rollout_cfg.max_new_tokens} (a budget shrunk by "
-                                   f"an overlay, e.g. configs/demo.yaml, shrinks overlong_buffer_fraction's buffer "
-                                   f"with it)")
+                                   f"an overlay, e.g. configs/demo.yaml, shrinks reward.overlong_buffer_fraction's "
+                                   f"buffer with it)")
 
     @override
     def setup(self, ctx: TaskContext) -> None:
@@ -281,43 +209,43 @@ class GRPOTask(Task):
 
         Args:
             terms: ``(N, T)`` reward terms, ``N = B * k`` rows, group-major.
-            penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``overlong_mode: reward`` adds it to
-                the reward before the normalisation (with ``advantage: released``, which centres each
+            penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``reward.overlong_mode: reward`` adds it to
+                the reward before the normalisation (with ``advantage.kind: released``, which centres each
                 term, it is centred like a term of weight 1); ``released`` adds it, raw, to the advantage.
-            batch_std: the std of ``advantage: batch`` (over every rank's rewards), ``None``: local.
+            batch_std: the std of ``advantage.kind: batch`` (over every rank's rewards), ``None``: local.
             k: completions per prompt (``model.rollout.num_generations``).
 
         Returns:
             ``(rewards, advantages)``; rewards include the penalty in ``reward`` mode; advantages are
-            clipped to ±``advantage_clip`` last.
+            clipped to ±``advantage.clip`` last.
         """
         weights = torch.tensor(self.reward_weights, dtype=terms.dtype, device=terms.device)
         rewards = terms @ weights
-        dapo_penalty = penalty is not None and self.overlong_mode == "reward"
+        dapo_penalty = penalty is not None and self.reward.overlong_mode == "reward"
         if dapo_penalty:
             rewards = rewards + penalty
-        if self.advantage == "released":
+        if self.advantage.kind == "released":
             adv = grpo_math.released_advantages(terms, weights, k)
             if dapo_penalty:
                 adv = adv + grpo_math.released_advantages(penalty[:, None], weights.new_ones(1), k)
         else:
-            adv = grpo_math.group_advantages(rewards, k, scale=self.advantage, eps=self.advantage_eps, batch_std=batch_std)
-        if penalty is not None and self.overlong_mode == "released":
+            adv = grpo_math.group_advantages(rewards, k, scale=self.advantage.kind, eps=self.advantage.eps, batch_std=batch_std)
+        if penalty is not None and self.reward.overlong_mode == "released":
             adv = adv + penalty
-        return rewards, grpo_math.clip_advantages(adv, self.advantage_clip)
+        return rewards, grpo_math.clip_advantages(adv, self.advantage.clip)
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
         """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
         ``overlong_buffer_fraction`` of the budget (rounded down, at least 1), or ``None`` (no penalty)."""
-        if self.overlong_buffer_fraction is not None:
-            return max(1, int(self.overlong_buffer_fraction * max_new_tokens))
-        return self.overlong_buffer or None
+        if self.reward.overlong_buffer_fraction is not None:
+            return max(1, int(self.reward.overlong_buffer_fraction * max_new_tokens))
+        return self.reward.overlong_buffer or None
 
     def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
         budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
         return grpo_math.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
-                                     self.overlong_penalty)
+                                     self.reward.overlong_penalty)
 
     @torch.no_grad()
     def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
@@ -331,7 +259,7 @@ class GRPOTask(Task):
         prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
         share = self._share(policy, prompt)
         engine = engine_of(ctx)
-        vision = VisionFeatures.for_model(policy) if self.encode_vision_once else None
+        vision = VisionFeatures.for_model(policy) if self.compute.encode_vision_once else None
         with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
             completions = engine.sample(policy, ctx.tokenizer, prompt, cfg, share_prompt=share,
                                         policy_version=getattr(ctx, "policy_version", 0))
@@ -347,18 +275,18 @@ class GRPOTask(Task):
         zero_var = grpo_math.zero_variance_groups(rewards, k)
         t2 = time.perf_counter()
         loss_mask = completions.mask.clone()
-        if self.drop_zero_variance_groups:
+        if self.dynamic_sampling != "off":
             loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
         old_logp = None
-        if self.num_iterations > 1 or (self.importance_sampling_cap is not None and completions.sampled_logp is not None):
+        if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                            share, self.logprob_chunk_size, vision)
+                                            share, self.compute.logprob_chunk_size, vision)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         ref_logp = None
-        if self.beta != 0.0:
+        if self.loss.beta != 0.0:
             with ctx.reference() as ref:
                 ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                                share, self.logprob_chunk_size, vision)
+                                                share, self.compute.logprob_chunk_size, vision)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
                        advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
@@ -370,7 +298,7 @@ class GRPOTask(Task):
 
     def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
         """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
-        if not self.share_prompt:
+        if not self.compute.share_prompt:
             return False
         reason = sharing_unsupported_reason(model, prompt)
         if reason is not None and not self._warned_no_sharing:
@@ -417,7 +345,7 @@ class GRPOTask(Task):
         local = torch.cat([tokens.reshape(1).cpu(), grpo_math.reward_moments(rewards)]).to(device)
         total = ctx.cross_rank.sum(local).cpu()
         self._window_tokens = total[0]
-        if self.advantage == "batch":
+        if self.advantage.kind == "batch":
             std = grpo_math.std_from_moments(total[1:])
             for ro in rollouts:
                 ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
@@ -450,11 +378,11 @@ class GRPOTask(Task):
     def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
         """Micro-batches grouped into generation calls of at most ``rollout_batch_prompts`` prompts
         (whole micro-batches, at least one per call); all in one call when it is ``None``."""
-        if self.rollout_batch_prompts is None:
+        if self.batching.rollout_batch_prompts is None:
             return [batches] if batches else []
         chunks: list[list[Batch]] = []
         for b in batches:
-            if chunks and sum(len(x) for x in chunks[-1]) + len(b) <= self.rollout_batch_prompts:
+            if chunks and sum(len(x) for x in chunks[-1]) + len(b) <= self.batching.rollout_batch_prompts:
                 chunks[-1].append(b)
             else:
                 chunks.append([b])
@@ -483,7 +411,7 @@ class GRPOTask(Task):
         tries = 0
         if self.dynamic_sampling == "refill":
             device = ctx.device
-            while tries < self.max_resample:
+            while tries < self.batching.max_resample:
                 kept = sum(int((~ro.zero_variance).sum()) for ro in ros)
                 short = ctx.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
                 if float(short[0]) == 0:
@@ -516,7 +444,7 @@ class GRPOTask(Task):
             stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_useful - unused),
                          groups_unused=float(unused), reward_sum_tried=float(ro.rewards.double().sum()),
                          completions_tried=float(ro.rewards.numel()),
-                         groups_dropped=float(ro.num_groups - n_useful) if self.drop_zero_variance_groups else 0.0,
+                         groups_dropped=float(ro.num_groups - n_useful) if self.dynamic_sampling != "off" else 0.0,
                          generation_calls=float(ro.generation_calls), sequences=float(ro.completions.ids.shape[0]),
                          generation_s=ro.generation_seconds, rewards_s=ro.reward_seconds, logp_s=ro.logp_seconds,
                          rollout_s=time.perf_counter() - t0, generated_tokens=float(ro.completions.mask.sum()),
@@ -590,19 +518,19 @@ class GRPOTask(Task):
         t0 = time.perf_counter()
         mask = ro.loss_mask
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          k, cfg.temperature, ro.shared, self.logprob_chunk_size, ro.vision)
+                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
         num_items = None
-        if self.loss_type == "dapo":
+        if self.loss.type == "dapo":
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
         sampler = self._sampler_correction(logp, ro, mask)
-        loss, lm = grpo_math.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.epsilon,
-                                  epsilon_high=self.epsilon_high, beta=self.beta, loss_type=self.loss_type,
+        loss, lm = grpo_math.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
+                                  epsilon_high=self.loss.epsilon_high, beta=self.loss.beta, loss_type=self.loss.type,
                                   max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
                                   token_weights=sampler.pop("weights", None))
         metrics = self.metrics(batch, ro, lm, entropy, mask)
         metrics.update(sampler)
-        if self.dynamic_sampling != "off" or self.num_iterations > 1:  # else every generated token is a loss token
+        if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
             metrics["tokens/loss"] = Sum(mask.sum())
         metrics["rollout/iteration"] = float(iteration)
         metrics["rollout/shared_prompt"] = float(ro.shared)
@@ -635,8 +563,8 @@ class GRPOTask(Task):
         out = {"sampling/logp_difference/mean": Mean(diff.abs().sum(), n), "sampling/logp_difference/max": Max.of(diff.abs()),
                "sampling/importance_ratio/min": Min.of(ratio), "sampling/importance_ratio/mean": Mean(ratio.sum(), n),
                "sampling/importance_ratio/max": Max.of(ratio)}
-        if self.importance_sampling_cap is not None:
-            out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.importance_sampling_cap)
+        if self.loss.importance_sampling_cap is not None:
+            out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.loss.importance_sampling_cap)
         return out
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -699,7 +627,7 @@ class GRPOTask(Task):
                        f"{ctx.rollout_cfg.num_generations} completions: every advantage is 0, so the policy "
                        "gradient is 0 (only the KL term acts). Make the completions differ (model.rollout.temperature, "
                        "model.rollout.num_generations, model.rollout.max_new_tokens if they are cut off) or the "
-                       "rewards (model.task.init_args.rewards / reward_weights), or start from a policy that can "
+                       "rewards (model.task.init_args.reward.terms / .weights), or start from a policy that can "
                        "earn them (model.policy.name_or_path)")
         return out
 
@@ -736,35 +664,18 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
     return out, no_gt
 
 
-def _check_overlong(mode: str, buffer: int | None, fraction: float | None) -> None:
-    """``GRPOTask``'s overlong-penalty settings.
+def _check_groups(**groups: tuple[object, type]) -> None:
+    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python: ``GRPOTask(advantage="group")``
+    of the older flat layout is refused here, naming the group's keys).
 
     Raises:
-        GraspConfigError: an unknown ``overlong_mode``, both ``overlong_buffer`` and
-            ``overlong_buffer_fraction`` set, or a fraction outside (0, 1].
+        GraspConfigError: naming the group, its keys and the value given.
     """
-    if mode not in OVERLONG_MODES:
-        raise GraspConfigError(f"model.task.init_args.overlong_mode must be one of {OVERLONG_MODES}, got {mode!r}")
-    if buffer is not None and fraction is not None:
-        raise GraspConfigError("model.task.init_args: set overlong_buffer (tokens) or overlong_buffer_fraction "
-                               "(of model.rollout.max_new_tokens), not both")
-    if fraction is not None and not 0 < fraction <= 1:
-        raise GraspConfigError(f"model.task.init_args.overlong_buffer_fraction must be in (0, 1], got {fraction}")
-
-
-def _check_batching(max_resample: int, rollout_batch_prompts: int | None, importance_sampling_cap: float | None) -> None:
-    """``GRPOTask``'s refill, rollout-batch and importance-sampling settings.
-
-    Raises:
-        GraspConfigError: a value out of range (the message names the key).
-    """
-    key = "model.task.init_args."
-    if max_resample < 0:
-        raise GraspConfigError(f"{key}max_resample must be >= 0, got {max_resample}")
-    if rollout_batch_prompts is not None and rollout_batch_prompts < 1:
-        raise GraspConfigError(f"{key}rollout_batch_prompts must be >= 1 or null, got {rollout_batch_prompts}")
-    if importance_sampling_cap is not None and not importance_sampling_cap >= 1.0:
-        raise GraspConfigError(f"{key}importance_sampling_cap must be >= 1 or null, got {importance_sampling_cap}")
+    for name, (value, cls) in groups.items():
+        if not isinstance(value, cls):
+            keys = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise GraspConfigError(f"{KEY}{name} is a group of settings ({keys}), got {value!r}; set its keys, "
+                                   f"e.g. {KEY}{name}.{dataclasses.fields(cls)[0].name}")
 
 
 def _pad_id(ctx: TaskContext) -> int:

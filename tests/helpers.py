@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.records import ClipRef, GraspItem, SocialEvent
 from grasp_lightning.evaluation.grasp_score import score_completion
 from grasp_lightning.synthetic.mp4 import Mp4Settings, encode_mp4
@@ -84,7 +85,7 @@ def event_tags(log_dir: str | Path) -> dict[str, list[str]]:
     return acc.Tags()
 
 
-FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+FAST = ["--data.loader.num_workers=0", "--trainer.enable_progress_bar=false"]
 
 
 def find_callback(cli, cls):
@@ -628,15 +629,15 @@ def half_degenerate_reward(completion: str, item) -> float:
 
 
 #: The SGR recipe plus :func:`checksum_reward` (non-zero advantages on the tiny models).
-SGR_REWARDS = ["--model.task.init_args.rewards=[accuracy, format, grounding_presence, social_grounding, "
+SGR_REWARDS = ["--model.task.init_args.reward.terms=[accuracy, format, grounding_presence, social_grounding, "
                "tests.helpers.checksum_reward]",
-               "--model.task.init_args.reward_weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
+               "--model.task.init_args.reward.weights=[1.0, 0.1, 0.05, 0.2, 1.0]"]
 
 
 def one_sgr_step_args(*configs: str) -> list[str]:
     """``fit`` of one SGR step (K = 4, 16 new tokens, lr without warm-up) over ``configs/<name>.yaml``."""
     return ["fit", *[a for name in configs for a in ("--config", f"configs/{name}.yaml")], *FAST, *SGR_REWARDS,
-            "--trainer.max_steps=1", "--data.bench=null", "--model.rollout.num_generations=4",
+            "--trainer.max_steps=1", "--data.source.bench=null", "--model.rollout.num_generations=4",
             "--model.rollout.max_new_tokens=16", "--model.optim.warmup_steps=0"]
 
 
@@ -656,8 +657,9 @@ def sample_rl_datamodule(path):
     """The sample data's RL DataModule (8 frames, 4096 pixels, batches of 2) for the model at ``path``, set up."""
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(path),
-                         max_frames=8, max_pixels=4096, batch_size=2, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(path)),
+                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm
 
@@ -802,8 +804,8 @@ def write_dataset(root: Path) -> Path:
 def standin_args(model: Path, root: Path, dtype: str = "float32") -> list[str]:
     """Overrides that point a recipe at a stand-in and keep its runs small (see the module docstring)."""
     return [f"--model.policy.name_or_path={model}", f"--model.policy.dtype={dtype}", "--trainer.precision=32-true",
-            "--model.policy.gradient_checkpointing=false", f"--data.root={root}", "--data.system_prompt=",
-            "--data.max_frames=4", "--data.max_pixels=8192", "--data.num_workers=0",
+            "--model.policy.gradient_checkpointing=false", f"--data.source.root={root}", "--data.prompt.system_prompt=",
+            "--data.video.max_frames=4", "--data.video.max_pixels=8192", "--data.loader.num_workers=0",
             "--trainer.enable_progress_bar=false", "--trainer.max_epochs=-1"]
 
 
@@ -821,12 +823,14 @@ def scratch(tmp_path_factory, name: str, need_gib: float) -> Path:
     return path
 
 
-def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", **kw):
-    """The first training batch of ``train_file`` under ``root`` with the processor of ``model`` (``kw``: DataModule settings)."""
+def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl", mode: str | None = None, **prompt):
+    """The first training batch of ``train_file`` under ``root`` with the processor of ``model`` (``mode``: the
+    loader's mode; ``prompt``: more ``data.prompt`` settings)."""
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(root), train_file=train_file, processor=str(model), bench=None, batch_size=2,
-                         num_workers=0, max_frames=4, max_pixels=8192, **kw)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), train_file=train_file, bench=None),
+                         video=VideoConfig(max_frames=4, max_pixels=8192), prompt=PromptConfig(processor=str(model), **prompt),
+                         loader=LoaderConfig(mode=mode, batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm.processor, next(iter(dm.train_dataloader()))
 
@@ -873,9 +877,9 @@ def check_data_counts_prompt_tokens(family: str, standin: Path, data_root: Path,
     assert len(set(lengths)) == 2, lengths
     report = tmp_path / "report.json"
     start = time.perf_counter()
-    code = check_data_main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", f"--data.root={data_root}",
-                            f"--model.policy.name_or_path={standin}", "--data.system_prompt=", "--data.max_frames=4",
-                            "--data.max_pixels=8192", f"--data.max_prompt_tokens={max(lengths) - 1}",
+    code = check_data_main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", f"--data.source.root={data_root}",
+                            f"--model.policy.name_or_path={standin}", "--data.prompt.system_prompt=", "--data.video.max_frames=4",
+                            "--data.video.max_pixels=8192", f"--data.prompt.max_prompt_tokens={max(lengths) - 1}",
                             "--files=[train/data_rl.jsonl]", "--workers=0", "--progress=false", f"--report={report}"])
     TIMES[f"check-data, 2 RL rows ({family})"] = time.perf_counter() - start
     problems = json.loads(report.read_text())["problems"]

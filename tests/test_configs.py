@@ -160,10 +160,10 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
     sgr = _plain(load_run(config_args([CONFIGS / "sgr.yaml"])).config)
     run = load_run(config_args([CONFIGS / "sgr.yaml", CONFIGS / "grpo.yaml"]))
     grpo = _plain(run.config)
-    assert (run.task.rewards, run.task.reward_weights) == (["accuracy", "format"], [1.0, 0.1])
+    assert (run.task.reward.terms, run.task.reward.weights) == (["accuracy", "format"], [1.0, 0.1])
     assert grpo["trainer"]["logger"]["init_args"]["name"] == "grpo"
     task, logger = grpo["model"]["task"]["init_args"], grpo["trainer"]["logger"]["init_args"]
-    sgr["model"]["task"]["init_args"].update(rewards=task["rewards"], reward_weights=task["reward_weights"])
+    sgr["model"]["task"]["init_args"]["reward"].update(terms=task["reward"]["terms"], weights=task["reward"]["weights"])
     sgr["trainer"]["logger"]["init_args"]["name"] = logger["name"]
     assert {k: v for k, v in grpo.items() if k != "config"} == {k: v for k, v in sgr.items() if k != "config"}
     assert run.config.weights_only is True
@@ -171,9 +171,9 @@ def test_grpo_is_sgr_with_its_rewards_and_run_name(in_repo) -> None:
 
 @pytest.mark.parametrize("combo", [("sgr", "eval_released"), ("sgr", "demo", "eval_released")], ids="+".join)
 def test_eval_released_decodes_one_item_at_a_time(combo, in_repo) -> None:
-    """The released script generates one item at a time; exact parity needs data.val_batch_size 1."""
+    """The released script generates one item at a time; exact parity needs data.loader.val_batch_size 1."""
     run = load_run(config_args([CONFIGS / f"{n}.yaml" for n in combo]))
-    assert run.datamodule.hparams["val_batch_size"] == 1
+    assert run.datamodule.loader.val_batch_size == 1
     assert run.module.eval_cfg.protocol == "released"
 
 
@@ -242,12 +242,12 @@ def test_fit_from_another_directory_reads_the_shipped_recipe_and_demo_files(tmp_
 
     monkeypatch.chdir(tmp_path)
     cli = run_cli(["fit", "--config", "sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
-                   "--trainer.limit_val_batches=0", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
-                   "--data.bench=null"], tmp_path)
+                   "--trainer.limit_val_batches=0", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "--data.source.bench=null"], tmp_path)
     config = cli.config.fit
     assert config.model.policy.name_or_path == str(REPO / "grasp_lightning" / "assets" / "tiny-qwen3vl")
-    assert config.data.processor == config.model.policy.name_or_path
-    assert config.data.root == str(REPO / "grasp_lightning" / "assets" / "sample")
+    assert config.data.prompt.processor == config.model.policy.name_or_path
+    assert config.data.source.root == str(REPO / "grasp_lightning" / "assets" / "sample")
     assert type(cli.model.task).__module__ == "grasp_lightning.tasks.sft"
     assert cli.trainer.global_step == 1
 
@@ -261,3 +261,150 @@ def test_a_shipped_path_found_nowhere_names_itself_and_both_folders(tmp_path, mo
                              {"model.policy.name_or_path": "grasp_lightning/assets/no-such-model"}))
     assert str(e.value) == (f"model.policy.name_or_path: 'grasp_lightning/assets/no-such-model' exists neither "
                             f"relative to the working directory ({tmp_path}) nor in the installation ({REPO})")
+
+
+# ------------------------------------------------------------------ grouped options: --help, --print_config
+#: ``GRPOTask``'s groups (``model.task.init_args.<group>``) and ``GraspDataModule``'s (``data.<group>``).
+TASK_GROUPS = ("reward", "advantage", "loss", "batching", "compute")
+DATA_GROUPS = ("source", "video", "prompt", "loader", "errors")
+#: Filled by the CLI from ``model.policy`` (``link_arguments``): listed as links, not as options.
+LINKED = {"data.prompt.processor", "data.prompt.trust_remote_code"}
+#: Every flat key of the layout before the groups, with a value of its old type.
+OLD_TASK_KEYS = {"rewards": "[accuracy]", "reward_weights": "[1.0]", "advantage": "group", "advantage_eps": "0.1",
+                 "advantage_clip": "5", "epsilon": "0.2", "epsilon_high": "0.3", "beta": "0", "loss_type": "grpo",
+                 "num_iterations": "1", "drop_zero_variance_groups": "true", "overlong_buffer": "4",
+                 "overlong_buffer_fraction": "0.5", "overlong_penalty": "1", "overlong_mode": "reward",
+                 "share_prompt": "true", "dynamic_sampling": "off", "max_resample": "1", "rollout_batch_prompts": "1",
+                 "importance_sampling_cap": "2", "logprob_chunk_size": "8", "encode_vision_once": "true"}
+OLD_DATA_KEYS = ("root train_file videos bench mode processor trust_remote_code fps max_frames max_pixels max_image_pixels "
+                 "frame_max_tokens max_prompt_tokens max_target_tokens batch_size val_batch_size num_workers seed "
+                 "curriculum on_bad_item max_skip_fraction system_prompt repeat_batches train_limit val_limit "
+                 "instruction predict_file predict_limit").split()
+
+
+def _group_classes() -> dict[str, type]:
+    """``"model.task.init_args.loss"`` / ``"data.video"`` -> the group's dataclass."""
+    import typing
+
+    from grasp_lightning.datamodule import GraspDataModule
+    from grasp_lightning.tasks.grpo import GRPOTask
+
+    task, data = typing.get_type_hints(GRPOTask.__init__), typing.get_type_hints(GraspDataModule.__init__)
+    return {**{f"model.task.init_args.{g}": task[g] for g in TASK_GROUPS}, **{f"data.{g}": data[g] for g in DATA_GROUPS}}
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """``--key`` -> its help text (without the ``(type: ..., default: ...)`` tail) from an argparse ``--help``."""
+    import re
+
+    entries: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        match = re.match(r"^  (--[\w.]+)", line)
+        if match:
+            key = match.group(1)
+            rest = re.split(r"\s{2,}", line.strip(), maxsplit=1)  # the option (and metavar), then the help, if short
+            entries[key] = rest[1] if len(rest) > 1 and not rest[1].startswith("--") else ""
+        elif key is not None and line.startswith(" " * 8):
+            entries[key] += " " + line.strip()
+        else:
+            key = None
+    return {k: re.sub(r"\(type: .*", "", v, flags=re.S).strip() for k, v in entries.items()}
+
+
+def test_help_documents_every_grouped_option(in_repo, capsys) -> None:
+    """``fit --help`` lists every key of the DataModule's groups and ``fit --model.task.help GRPOTask`` every key of
+    the task's, each with a help line of its own (the dataclasses' ``Attributes:``), and nothing outside a group."""
+    import dataclasses
+
+    from grasp_lightning.__main__ import main as dispatch
+
+    for args, prefix in ((["fit", "--help"], "data."),
+                         (["fit", "--model.task.help", "GRPOTask"], "model.task.init_args.")):
+        with pytest.raises(SystemExit) as done:
+            dispatch(args)
+        assert done.value.code == 0
+        entries = _help_entries(capsys.readouterr().out)
+        entries = {k.replace("--model.task.", "--model.task.init_args."): v for k, v in entries.items()}  # the task's help
+        listed = {k[2:] for k in entries if k.startswith("--" + prefix) and k.count(".") > prefix.count(".")
+                  and not k.startswith("--data.eval_suites")}  # the plugin list (and its .help)
+        expected = {f"{group}.{f.name}" for group, cls in _group_classes().items() if group.startswith(prefix)
+                    for f in dataclasses.fields(cls)} - LINKED
+        assert listed == expected, (listed ^ expected)
+        undocumented = sorted(k for k in expected if len(entries["--" + k].split()) < 3)
+        assert not undocumented, undocumented
+        if prefix == "data.":
+            assert {k.split(".")[1] for k in listed} == set(DATA_GROUPS)
+            assert "--data.eval_suites" in entries  # the one plugin list outside the groups
+
+
+def test_print_config_of_sgr_shows_the_groups_with_the_recipe_values(in_repo, capsys) -> None:
+    """``fit --config configs/sgr.yaml --print_config``: the task's and the DataModule's settings by group, with
+    every key of each group (but the two linked from ``model.policy``) and the recipe's values in their groups."""
+    import dataclasses
+
+    from grasp_lightning.__main__ import main as dispatch
+
+    with pytest.raises(SystemExit) as done:
+        dispatch(["fit", "--config", str(CONFIGS / "sgr.yaml"), "--print_config"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out  # DeepSpeed's accelerator line may come first: the YAML starts at the first key
+    printed = yaml.safe_load(out[out.index("seed_everything:"):])
+    task, data = printed["model"]["task"]["init_args"], printed["data"]
+    assert list(task) == list(TASK_GROUPS) and list(data) == [*DATA_GROUPS, "eval_suites"]
+    for group, cls in _group_classes().items():
+        section = task if group.startswith("model.") else data
+        keys = [f.name for f in dataclasses.fields(cls) if f"{group}.{f.name}" not in LINKED]  # links: not printed
+        assert list(section[group.rsplit(".", 1)[1]]) == keys, group
+    recipe = _yaml("sgr")
+    for group in recipe["model"]["task"]["init_args"]:
+        for key, value in recipe["model"]["task"]["init_args"][group].items():
+            assert task[group][key] == value, (group, key)
+    for group in recipe["data"]:
+        for key, value in recipe["data"][group].items():
+            assert data[group][key] == value, (group, key)
+    assert task["loss"]["beta"] == 0.05 and data["video"]["max_frames"] == 512  # spot values of configs/sgr.yaml
+
+
+@pytest.fixture(scope="module")
+def fit_parser():
+    """The ``fit`` parser (configs/sgr.yaml), raising instead of exiting on a bad argument."""
+    from grasp_lightning.commands.train import build_cli
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        parser = build_cli(["--config", str(CONFIGS / "sgr.yaml")], run=False, build_trainer=False).parser
+    parser.exit_on_error = False
+    return parser
+
+
+@pytest.mark.parametrize("key", [f"model.task.init_args.{k}" for k in OLD_TASK_KEYS] + [f"data.{k}" for k in OLD_DATA_KEYS])
+def test_an_old_flat_key_is_refused_naming_it(fit_parser, key) -> None:
+    """Every key of the flat layout is an error naming it, on the command line and in a YAML file, never ignored."""
+    from jsonargparse import ArgumentError
+
+    name = key.rsplit(".", 1)[1]
+    value = OLD_TASK_KEYS.get(name, "1") if key.startswith("model.") else "1"
+    with pytest.raises(ArgumentError, match=name):
+        fit_parser.parse_args(["--config", str(CONFIGS / "sgr.yaml"), f"--{key}={value}"])
+    head, leaf = key.rsplit(".", 1)
+    tree: dict = {leaf: yaml.safe_load(value)}
+    for part in reversed(head.split(".")):
+        tree = {part: tree}
+    with pytest.raises(ArgumentError, match=name):
+        fit_parser.parse_args(["--config", str(CONFIGS / "sgr.yaml"), "--config", yaml.safe_dump(tree)])
+
+
+def test_a_grouped_key_parses_and_a_group_given_a_flat_value_is_refused(fit_parser) -> None:
+    """The grouped keys take values (the parser's result holds them where the groups say); from Python, a group
+    given anything but its dataclass is a GraspConfigError naming the group and its keys."""
+    from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.tasks.grpo import GRPOTask
+
+    cfg = fit_parser.parse_args(["--config", str(CONFIGS / "sgr.yaml"), "--model.task.init_args.loss.beta=0",
+                                 "--model.task.init_args.reward.terms=[accuracy]", "--data.video.fps=1.5"])
+    assert (cfg.model.task.init_args.loss.beta, cfg.model.task.init_args.reward.terms) == (0.0, ["accuracy"])
+    assert cfg.data.video.fps == 1.5 and cfg.data.loader.batch_size == 1  # the rest of the group: the recipe's
+    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a group of settings \(kind, eps, "
+                                                r"clip\), got 'group'"):
+        GRPOTask(advantage="group")

@@ -151,7 +151,7 @@ def run_overrides(name: str, world: Path, policy: Path, work: Path, seed: int, s
     if callbacks is not None:
         trainer["callbacks"] = callbacks
     return {"seed_everything": seed, "trainer": trainer, "model": {"policy": {"name_or_path": str(policy)}},
-            "data": {"root": str(world), "seed": seed}}
+            "data": {"source": {"root": str(world)}, "loader": {"seed": seed}}}
 
 
 def states_prior(text: str) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from experiments.world import world
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.formats import bench_store, read_annotations, read_bench, read_rl, read_sft
 from grasp_lightning.data.prompts import user_text
 from grasp_lightning.data.shards import ClipStore
@@ -194,15 +195,15 @@ def test_generation_is_deterministic(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["sft.yaml", "grpo.yaml", "sgr.yaml"])
 def test_world_recipes_carry_the_colour_key(name: str) -> None:
     config = yaml.safe_load((CONFIGS / name).read_text())
-    assert config["data"]["system_prompt"] == world.SYSTEM_PROMPT
-    assert config["data"]["instruction"] == world.INSTRUCTION
+    assert config["data"]["prompt"]["system_prompt"] == world.SYSTEM_PROMPT
+    assert config["data"]["prompt"]["instruction"] == world.INSTRUCTION
     assert all(f"Person {i} is {c}" in world.SYSTEM_PROMPT for i, c in enumerate(world.COLOUR_NAMES))
-    assert config["data"]["max_pixels"] == world.WIDTH * world.HEIGHT
+    assert config["data"]["video"]["max_pixels"] == world.WIDTH * world.HEIGHT
     assert config["model"]["policy"]["freeze_vision"] is False
 
 
 def test_every_prompt_ends_with_the_world_instruction(out: Path) -> None:
-    """Train rows carry the world's short instruction; bench items get it from ``data.instruction``
+    """Train rows carry the world's short instruction; bench items get it from ``data.prompt.instruction``
     (the generic GRASP instruction would double the prompt of a model trained from scratch)."""
     for item in list(read_sft(out / "train" / "data_sft.jsonl")) + list(read_rl(out / "train" / "data_rl.jsonl")):
         assert item.question.endswith(world.INSTRUCTION) and user_text(item, "") == item.question
@@ -295,14 +296,14 @@ def test_gestures_differ_in_shape_and_place() -> None:
 
 
 def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Path) -> None:
-    """``data.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
+    """``data.prompt.instruction`` reaches the encoded bench prompts (and the GRASP instruction does not)."""
     from grasp_lightning.data.prompts import INSTRUCTION
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(out), processor=str(TINY), mode="rl", max_frames=4,
-                         max_pixels=world.WIDTH * world.HEIGHT,
-                         val_batch_size=2, num_workers=0, system_prompt=world.SYSTEM_PROMPT,
-                         instruction=world.INSTRUCTION)
+    dm = GraspDataModule(source=SourceConfig(root=str(out)),
+                         video=VideoConfig(max_frames=4, max_pixels=world.WIDTH * world.HEIGHT),
+                         prompt=PromptConfig(processor=str(TINY), system_prompt=world.SYSTEM_PROMPT, instruction=world.INSTRUCTION),
+                         loader=LoaderConfig(mode="rl", val_batch_size=2, num_workers=0))
     dm.setup("validate")
     loader = dm.val_dataloader()
     batch = next(iter(loader[0] if isinstance(loader, list) else loader))

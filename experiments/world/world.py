@@ -137,10 +137,10 @@ CATEGORIES = ("T1", "T4", "T6", "G1", "G2")  #: the base world's categories (no 
 TRAIN_MIX = ("T1", "T4", "G2", "T4", "T1", "T6", "T4", "G2", "G1")
 TEMPORAL_DURATION = 4.0  #: length of a ``T3`` clip in seconds (8 frames: four 1-s temporal patches)
 TEMPORAL_SWITCH = (1.0, 2.0, 3.0)  #: the seconds at which a ``T3`` gazer may switch targets
-#: The system prompt of every world recipe (``data.system_prompt`` in ``experiments/world/configs/*.yaml``).
+#: The system prompt of every world recipe (``data.prompt.system_prompt`` in ``experiments/world/configs/*.yaml``).
 #: Short on purpose (24 tokens of the world's tokenizer): every prompt token costs CPU time and attention.
 SYSTEM_PROMPT = "Person 0 is red, Person 1 is green, Person 2 is blue, Person 3 is yellow."
-#: The world's instruction, ending every question (``data.instruction`` in the recipes, so the bench's
+#: The world's instruction, ending every question (``data.prompt.instruction`` in the recipes, so the bench's
 #: questions end with it too). Short on purpose: a language model trained from scratch must learn to
 #: find the few video tokens that matter among the prompt's tokens.
 INSTRUCTION = "Name who is involved in <gaze> or <gesture> tags, then give the letter in <answer> tags."

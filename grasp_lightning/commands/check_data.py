@@ -1,6 +1,6 @@
 """``python -m grasp_lightning check-data``: find everything wrong with a GRASP dataset before training.
 
-Checks, over every GRASP file present under ``data.root`` (``train/data_sft.jsonl``,
+Checks, over every GRASP file present under ``data.source.root`` (``train/data_sft.jsonl``,
 ``train/data_rl.jsonl``, ``train/annotations.jsonl``, ``test/annotations.jsonl`` and the bench), or
 only those named with ``--files``:
 
@@ -9,8 +9,8 @@ only those named with ``--files``:
 - every JSONL line parses and follows the schema; every MCQ answer is one of its option letters
   (the readers of :mod:`grasp_lightning.data.formats`, with ``on_error="skip"``);
 - every RL row has ground-truth participants (``meta.gt_events`` naming at least one person);
-- every generic QA row of a GRPO run's ``data.train_file`` has an ``answer``;
-- ``data.train_file`` (as ``GraspDataModule`` resolves it) exists and is a GRASP training file or a
+- every generic QA row of a GRPO run's ``data.source.train_file`` has an ``answer``;
+- ``data.source.train_file`` (as ``GraspDataModule`` resolves it) exists and is a GRASP training file or a
   generic QA file (``qa.jsonl``: video and/or image rows, :mod:`grasp_lightning.data.qa`; its images
   are decoded and encoded like its clips, with ``max_image_pixels``);
 - every clip window ends within its clip (``end_seconds`` at most 0.5 s past the clip's end);
@@ -30,7 +30,7 @@ replaced every 256 clips so native decoder memory cannot accumulate.
 
 The run's configuration is read as ``fit`` reads it (:func:`grasp_lightning.commands.config.load_run`):
 the same ``--config`` files and overrides (``--config configs/sft.yaml --config configs/demo.yaml
---data.root /data/GRASP``); the DataModule it instantiates does the checking, with the processor of
+--data.source.root /data/GRASP``); the DataModule it instantiates does the checking, with the processor of
 ``model.policy.name_or_path`` and the task's batch kind (an SFT task encodes the train file's targets).
 """
 
@@ -267,8 +267,8 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
     under ``"unreadable"``, so each adds up to ``rows``.
 
     Args:
-        data: the run's DataModule (``load_run``): its ``hparams`` (root, train_file, videos, bench,
-            fps, budgets, prompts), its batch kind (``mode``: ``"sft"`` encodes the train file's
+        data: the run's DataModule (``load_run``): its settings (``source``: root, train_file, videos,
+            bench; ``video``, ``prompt``: fps, budgets, prompts), its batch kind (``mode``: ``"sft"`` encodes the train file's
             targets) and its processor.
         files: files relative to the root to check (default: every known file present, and the bench).
         workers: processes for decoding and archive scans (default: all CPU cores; 0: this process).
@@ -277,7 +277,7 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
         progress: show a progress bar on stderr.
     """
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
-    h, root = data.hparams, data.root
+    h, root = data.source, data.root
     problems: list[Problem] = []
     warnings: list[Problem] = []
     wanted = [f for f in files if f != h.bench] if files is not None else \
@@ -351,12 +351,12 @@ def _file_kind(rel: str, is_train: bool) -> tuple[str | None, str]:
 
 def _file_problem(root: Path, rel: str, kind: str | None, is_train: bool) -> Problem | None:
     """Why the file cannot be read at all (not a GRASP file, or missing), else ``None``."""
-    what = "data.train_file " if is_train else ""
+    what = "data.source.train_file " if is_train else ""
     if kind is None:
         return Problem(str(root / rel), f"{what}not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
                                         "annotations.jsonl, qa.jsonl or the bench)", check="file")
     if not (root / rel).is_file():
-        return Problem(str(root / rel), "data.train_file: no such file" if is_train else "no such file", check="file")
+        return Problem(str(root / rel), "data.source.train_file: no such file" if is_train else "no such file", check="file")
     return None
 
 
@@ -406,8 +406,8 @@ def _bench_store(path: Path | None, bad_shards: set, problems: list[Problem]):
 
 
 def _decode_all(data: GraspDataModule, stores: dict, jobs: list, workers: int, progress: bool) -> list[Problem]:
-    if data.hparams.processor is None:
-        raise GraspDataError("data.processor", "check-data needs a processor to count prompt tokens: pass "
+    if data.prompt.processor is None:
+        raise GraspDataError("data.prompt.processor", "check-data needs a processor to count prompt tokens: pass "
                                                "--config with model.policy.name_or_path")
     data.processor  # loaded once here (the property loads it); the forked workers inherit it
     _STATE.update(data=data, stores=stores)
@@ -429,7 +429,7 @@ def add_arguments(parser) -> None:
     """The command's own arguments, beside the run's configuration (``--config``, ``--data.*``, ...):
     ``--files``, ``--workers``, ``--decode``, ``--progress``, ``--report``."""
     parser.add_argument("--files", type=list[str] | None, default=None,
-                        help="files relative to data.root to check (default: every GRASP file present and the bench)")
+                        help="files relative to data.source.root to check (default: every GRASP file present and the bench)")
     parser.add_argument("--workers", type=int | None, default=None, help="processes (default: all CPU cores)")
     parser.add_argument("--decode", type=bool, default=True, help="decode clips and check token budgets")
     parser.add_argument("--progress", type=bool, default=True, help="progress bar on stderr")

@@ -34,7 +34,7 @@ class Run:
     Attributes:
         module: the :class:`GraspModule` (``task``, ``policy_cfg``, ``lora_cfg``, ``rollout_cfg``,
             ``optim``, ...), policy not loaded.
-        datamodule: the :class:`GraspDataModule` (``hparams``: root, fps, max_frames, ...).
+        datamodule: the :class:`GraspDataModule` (its settings: ``source.root``, ``video.fps``, ...).
         trainer: the ``Trainer``'s arguments (``precision``, ``devices``, ``num_nodes``,
             ``accumulate_grad_batches``, ``strategy`` / ``logger`` / ``callbacks`` instantiated).
         config: the parsed configuration (a command's own arguments are read from it).

@@ -334,7 +334,7 @@ class Pipeline:
         """Copy the report of stage ``name`` (``results.json`` and its tables) into the run folder."""
         results = self.state()["stages"].get(name, {}).get("results")
         if not results:
-            log.warning("pipeline: the last stage wrote no evaluation report (no data.bench?); no results.json")
+            log.warning("pipeline: the last stage wrote no evaluation report (no data.source.bench?); no results.json")
             return None
         source = Path(results).parent
         for file in [source / "results.json", *sorted(source.glob("table*.md"))]:

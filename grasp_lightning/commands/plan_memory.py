@@ -57,9 +57,9 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
             the most, 14,637, is at 250 s: the processor shrinks frames of longer clips).
         text_tokens: tokens of the rendered prompt with its one video placeholder (system prompt,
             question, options, chat markers).
-        response_tokens: SFT target tokens (default: ``data.max_target_tokens``).
+        response_tokens: SFT target tokens (default: ``data.prompt.max_target_tokens``).
         frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
-            ``data.max_pixels``). source_fps: its frame rate (frames/s).
+            ``data.video.max_pixels``). source_fps: its frame rate (frames/s).
         args: further command-line overrides, after ``overrides`` (``["--model.lora.r=8"]``).
 
     Raises:
@@ -91,7 +91,7 @@ def candidate_changes(spec: RunSpec) -> list[dict[str, Any]]:
     checkpointing (if off); more GPUs with DeepSpeed ZeRO-2 (full fine-tune only: it shards gradients and
     optimizer states, which LoRA hardly has); LoRA adapters; a 4-bit base (QLoRA, no DeepSpeed); half the
     rollout's K (down to 2) and completion budget (down to 128 tokens); half the clip's frames
-    (``data.max_frames``, down to 8). Which of them fits is for :func:`suggest_fit` to plan.
+    (``data.video.max_frames``, down to 8). Which of them fits is for :func:`suggest_fit` to plan.
     """
     changes: list[dict[str, Any]] = []
     if not spec.gradient_checkpointing:
@@ -114,7 +114,7 @@ def candidate_changes(spec: RunSpec) -> list[dict[str, Any]]:
             n //= 2
     frames = min(spec.max_frames, max(1, int(spec.video_seconds * spec.fps))) // 2
     while frames >= 8:
-        changes.append({"data.max_frames": frames})
+        changes.append({"data.video.max_frames": frames})
         frames //= 2
     return changes
 

@@ -59,8 +59,8 @@ class GraspCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.policy.name_or_path", "data.processor")
-        parser.link_arguments("model.policy.trust_remote_code", "data.trust_remote_code")
+        parser.link_arguments("model.policy.name_or_path", "data.prompt.processor")
+        parser.link_arguments("model.policy.trust_remote_code", "data.prompt.trust_remote_code")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
         """LightningCLI's subcommand parser; ``predict`` defaults to ``return_predictions: false``: the

@@ -171,7 +171,7 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
             Qwen2-VL/Qwen3-VL image processor, whose ``size`` bounds the total pixels); ``None``: the
             processor's own cap.
         resize_frames: let the video processor resize the frames (its pixel bounds, per-frame cap);
-            ``False``: the frames are already sized to whole tokens (``data.frame_max_tokens``, the
+            ``False``: the frames are already sized to whole tokens (``data.video.frame_max_tokens``, the
             released rule) and go in as they are (``do_resize=False``, as the released code passes them).
 
     Raises:
@@ -195,13 +195,13 @@ def encode_example(processor, item: GraspItem, frames, metadata: dict | None, *,
     enc = processor(text=[prompt], **media, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     if max_prompt_tokens is not None and prompt_ids.numel() > max_prompt_tokens:
-        knobs = "/".join(k for k, on in (("data.fps", frames is not None), ("data.max_pixels", frames is not None),
-                                         ("data.max_image_pixels", image is not None)) if on)
+        knobs = "/".join(k for k, on in (("data.video.fps", frames is not None), ("data.video.max_pixels", frames is not None),
+                                         ("data.video.max_image_pixels", image is not None)) if on)
         media_in = " and ".join(m for m, on in (("image", image is not None), ("video", frames is not None)) if on)
         what = f"{media_in} included" if media_in else "text only"
         raise TokenBudgetError(item.origin, f"prompt has {prompt_ids.numel()} tokens ({what}), over the "
                                             f"budget of {max_prompt_tokens}; lower {knobs or 'the question'} or raise "
-                                            f"data.max_prompt_tokens")
+                                            f"data.prompt.max_prompt_tokens")
     mm_types = enc.get("mm_token_type_ids")
     mm_types = mm_types[0] if mm_types is not None else torch.zeros_like(prompt_ids)
     labels = None

@@ -219,7 +219,7 @@ def media_present(store, path: str) -> bool:
 def decode_image(data: bytes, where: str) -> np.ndarray:
     """Decode an image file's bytes with PIL into ``(H, W, 3)`` uint8 RGB.
 
-    The pixel cap is applied by the processor (``data.max_image_pixels``,
+    The pixel cap is applied by the processor (``data.video.max_image_pixels``,
     :func:`~grasp_lightning.data.prompts.encode_example`), which resizes to its patch grid anyway.
 
     Raises:
@@ -258,7 +258,7 @@ class LocalFiles:
 
 def store_for(items, videos: Path):
     """Where ``items``' media are opened: :class:`LocalFiles` when every path is absolute (generic QA
-    rows, which need no ``data.videos`` folder), else a :class:`~grasp_lightning.data.shards.ClipStore`
+    rows, which need no ``data.source.videos`` folder), else a :class:`~grasp_lightning.data.shards.ClipStore`
     over ``videos``.
 
     Raises:

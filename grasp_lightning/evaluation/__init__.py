@@ -1,6 +1,6 @@
 """Evaluation suites as plugins: GRASP-Bench, MMSI, Online-MMSI, TVQA+, HumanSense and generic QA files.
 
-GRASP-Bench (``data.bench``) always runs; select the others in a config under ``data.eval_suites``
+GRASP-Bench (``data.source.bench``) always runs; select the others in a config under ``data.eval_suites``
 by ``class_path`` (``configs/eval_suites.yaml``). ``python -m grasp_lightning validate`` then writes
 one ``results.json`` section and one Markdown table per suite. Interface:
 :class:`~grasp_lightning.evaluation.base.EvalSuite`; per-epoch routing and scoring:

@@ -5,7 +5,7 @@ scoring under the run's evaluation protocol (:mod:`grasp_lightning.evaluation.pr
 (:func:`~grasp_lightning.evaluation.reports.markdown_table`), the category bar chart and, with the
 released protocol, the released ``metric_report`` printout.
 
-The DataModule wraps ``data.bench`` in this suite itself (first validation dataloader, name
+The DataModule wraps ``data.source.bench`` in this suite itself (first validation dataloader, name
 ``grasp_bench``, the top level of ``results.json``); list it under ``data.eval_suites`` only to
 validate on a second GRASP-Bench copy (give it another ``name``: it then gets a section of its own).
 """

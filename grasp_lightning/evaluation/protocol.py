@@ -8,7 +8,7 @@ The released protocol's frame settings are ``model.evaluation`` keys whose defau
 released values (``configs/demo.yaml`` shrinks them for the CPU).
 
 - ``grasp``: our recipes' prompts (:mod:`grasp_lightning.data.prompts`), clips sampled at
-  ``data.fps`` with real timestamps, answers by :func:`grasp_lightning.parsing.extract_answer`,
+  ``data.video.fps`` with real timestamps, answers by :func:`grasp_lightning.parsing.extract_answer`,
   MCQ items only.
 - ``released``: the evaluation of the GRASP repository (``Social-Reaoning/grasp``,
   ``eval/eval_social_qa.py`` and ``eval/metric_report.py``, commit 805d115), so a score compares

@@ -1,6 +1,6 @@
 """What the module keeps per validation/test epoch for the evaluation suites, GRASP-Bench included.
 
-The DataModule exposes ``val_suites`` (GRASP-Bench of ``data.bench`` first, then ``data.eval_suites``,
+The DataModule exposes ``val_suites`` (GRASP-Bench of ``data.source.bench`` first, then ``data.eval_suites``,
 loaded) whose entries with items each got one validation dataloader, in order (:func:`routes`).
 :class:`SuiteRunner` maps a ``dataloader_idx`` to its suite, scores that suite's completions with
 the suite's own :meth:`~grasp_lightning.evaluation.base.EvalSuite.score` into the suite's own metric

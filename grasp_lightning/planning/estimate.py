@@ -271,7 +271,7 @@ def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
     ``B`` targets of ``response_tokens`` (default: the ``max_target_tokens`` budget).
 
     Raises:
-        GraspConfigError: neither ``response_tokens`` nor ``data.max_target_tokens`` is set (SFT).
+        GraspConfigError: neither ``response_tokens`` nor ``data.prompt.max_target_tokens`` is set (SFT).
     """
     vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels, frame_size=spec.frame_size,
                       source_fps=spec.source_fps, settings=processor_video_settings(spec.model))
@@ -279,7 +279,7 @@ def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
     if not spec.samples_rollouts:
         completion = spec.response_tokens if spec.response_tokens is not None else spec.max_target_tokens
         if completion is None:
-            raise GraspConfigError("data.max_target_tokens is null (no target budget): give the target's tokens "
+            raise GraspConfigError("data.prompt.max_target_tokens is null (no target budget): give the target's tokens "
                                    "(--response-tokens)")
         return vt, prompt, completion, spec.micro_batch_size
     return vt, prompt, spec.max_new_tokens, spec.micro_batch_size * spec.num_generations
@@ -419,7 +419,7 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
     vt, prompt, completion, sequences = _tokens(spec)
     notes = []
     if spec.max_prompt_tokens is not None and prompt > spec.max_prompt_tokens:
-        notes.append(f"the prompt ({prompt} tokens) is over data.max_prompt_tokens={spec.max_prompt_tokens}: "
+        notes.append(f"the prompt ({prompt} tokens) is over data.prompt.max_prompt_tokens={spec.max_prompt_tokens}: "
                      "such items are skipped (TokenBudgetError)")
     return MemoryPlan(spec=spec, name=getattr(config, "name_or_path", "") or spec.model, params_total=counts.total,
                       params_vision=counts.vision, params_trainable=trainable, prompt_tokens=prompt,

@@ -3,8 +3,8 @@
 The objects are the run's own (``grasp_lightning.commands.config.load_run`` instantiates the
 ``--config`` files through the training CLI): the :class:`~grasp_lightning.module.GraspModule`
 (``policy_cfg``, ``reference_cfg``, ``lora_cfg``, ``rollout_cfg``), its task (``needs_reference``,
-``samples_rollouts``, ``shares_prompt``), the DataModule's ``hparams`` and the trainer's settings
-(``precision``, ``strategy``, ``devices``, ``num_nodes``). A key a config leaves out therefore has
+``samples_rollouts``, ``shares_prompt``), the DataModule's settings (``loader``, ``video``, ``prompt``)
+and the trainer's settings (``precision``, ``strategy``, ``devices``, ``num_nodes``). A key a config leaves out therefore has
 the value the run has; no default of the code is copied here.
 """
 
@@ -51,7 +51,7 @@ class RunSpec:
         lora: LoRA settings (``enabled`` turns LoRA on).
         separate_reference: ``model.reference.name_or_path`` names a checkpoint (a full copy even with LoRA).
         gradient_checkpointing, attn_implementation: as in ``model.policy``.
-        micro_batch_size: prompts per micro-batch per GPU (``data.batch_size``).
+        micro_batch_size: prompts per micro-batch per GPU (``data.loader.batch_size``).
         num_generations, max_new_tokens: the rollout's K and completion budget (tokens).
         fps, max_frames, max_pixels: the clip's decoding (frames/s, frames, pixels/frame).
         max_target_tokens, max_prompt_tokens: the data budgets (tokens).
@@ -193,7 +193,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
 
     Args:
         module: the run's ``GraspModule`` (its policy is not loaded; only its settings are read).
-        datamodule: the run's ``GraspDataModule`` (``hparams``).
+        datamodule: the run's ``GraspDataModule`` (its ``loader``, ``video`` and ``prompt`` settings).
         trainer: the ``Trainer``'s settings (``precision``, ``strategy``, ``devices``, ``num_nodes``
             attributes), e.g. the ``trainer`` section of a parsed config, or a ``Trainer``.
         extra: :class:`RunSpec` fields a config does not hold (``video_seconds``, ``text_tokens``,
@@ -206,7 +206,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         GraspConfigError: the strategy or precision is not modelled.
     """
     notes: list[str] = []
-    task, policy, data = module.task, module.policy_cfg, datamodule.hparams
+    task, policy, data = module.task, module.policy_cfg, datamodule
     name = str(policy.name_or_path)
     if not bundled_or_local(name):
         notes.append(f"model {name!r} is not on this machine and not a bundled architecture: planned as "
@@ -219,10 +219,11 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         precision=precision_of(trainer.precision), dtype=str(policy.dtype), freeze_vision=bool(policy.freeze_vision),
         lora=module.lora_cfg, separate_reference=module.reference_cfg.name_or_path is not None,
         gradient_checkpointing=bool(policy.gradient_checkpointing), attn_implementation=policy.attn_implementation,
-        micro_batch_size=int(data.batch_size), num_generations=int(module.rollout_cfg.num_generations),
-        max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.fps), max_frames=int(data.max_frames),
-        max_pixels=int(data.max_pixels), max_target_tokens=data.max_target_tokens,
-        max_prompt_tokens=data.max_prompt_tokens, **strategy_settings(trainer.strategy),
+        micro_batch_size=int(data.loader.batch_size), num_generations=int(module.rollout_cfg.num_generations),
+        max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.video.fps),
+        max_frames=int(data.video.max_frames), max_pixels=int(data.video.max_pixels),
+        max_target_tokens=data.prompt.max_target_tokens,
+        max_prompt_tokens=data.prompt.max_prompt_tokens, **strategy_settings(trainer.strategy),
         logprob_chunk_size=getattr(task, "logprob_chunk_size", None))
     rollout = module.rollout_cfg
     if task.samples_rollouts and rollout.engine == "vllm":

@@ -132,8 +132,8 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
        as ``Qwen3VLProcessor._calculate_timestamps`` computes it from ``video_metadata``.
 
     Args:
-        seconds: clip length (s). fps: decode rate (frames/s). max_frames: ``data.max_frames``.
-        max_pixels: ``data.max_pixels`` (pixels per decoded frame).
+        seconds: clip length (s). fps: decode rate (frames/s). max_frames: ``data.video.max_frames``.
+        max_pixels: ``data.video.max_pixels`` (pixels per decoded frame).
         frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
             ``max_pixels``, i.e. 448 x 448 for the recipes).
         source_fps: the video file's frame rate (frames/s); it only moves timestamps by a frame.

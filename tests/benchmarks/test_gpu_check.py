@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
+from grasp_lightning.tasks.grpo_config import ComputeConfig
 from tests.helpers import REPO
 
 
@@ -37,7 +38,7 @@ def test_gpu_and_smoke_configs_differ_in_sizes_device_and_strategy_only(phase: s
     cpu = _leaves(gpu_check.phase_overrides(phase, "smoke-cpu", gpu_check.SIZES["smoke-cpu"], *args))
     differ = {k for k in gpu.keys() | cpu.keys() if gpu.get(k) != cpu.get(k)}
     allowed = {"trainer.accelerator", "trainer.strategy.class_path", "trainer.precision", "model.policy.dtype",
-               "trainer.max_steps", "data.train_limit", "trainer.callbacks", "model.rollout.num_generations",
+               "trainer.max_steps", "data.source.train_limit", "trainer.callbacks", "model.rollout.num_generations",
                "model.rollout.max_new_tokens"}
     assert differ <= allowed, differ - allowed
     assert gpu["trainer.strategy.class_path"] == "grasp_lightning.strategies.GraspDeepSpeedStrategy"
@@ -109,27 +110,26 @@ def test_smoke_cpu_end_to_end() -> None:
 def test_split_arms_set_only_the_three_changes(tmp_path) -> None:
     """Every ``--split`` arm is the recipe plus ``encode_vision_once`` / ``logprob_chunk_size`` /
     ``compile_decode``: today's path has all three off, each change arm turns on exactly one, ``all`` all three;
-    the keys are real ``GRPOTask`` and ``RolloutConfig`` arguments."""
+    the keys are real ``GRPOTask`` compute (``ComputeConfig``) and ``RolloutConfig`` arguments."""
     import inspect
 
     from grasp_lightning.decoding import RolloutConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
 
-    task_args, rollout_args = set(inspect.signature(GRPOTask).parameters), set(inspect.signature(RolloutConfig).parameters)
-    on = {"vision_once": ("task", "encode_vision_once", True), "chunked_logps": ("task", "logprob_chunk_size", 256),
+    task_args, rollout_args = set(inspect.signature(ComputeConfig).parameters), set(inspect.signature(RolloutConfig).parameters)
+    on = {"vision_once": ("compute", "encode_vision_once", True), "chunked_logps": ("compute", "logprob_chunk_size", 256),
           "compiled_decode": ("rollout", "compile_decode", True)}
     today = gpu_check.ARMS["today"]
-    assert today == {"task": {"encode_vision_once": False, "logprob_chunk_size": None},
+    assert today == {"compute": {"encode_vision_once": False, "logprob_chunk_size": None},
                      "rollout": {"compile_decode": False}}
     for name, arm in gpu_check.ARMS.items():
-        assert set(arm["task"]) <= task_args and set(arm["rollout"]) <= rollout_args
+        assert set(arm["compute"]) <= task_args and set(arm["rollout"]) <= rollout_args
         changed = {(part, key) for part in arm for key in arm[part] if arm[part][key] != today[part][key]}
         expected = {on[name][:2]} if name in on else ({v[:2] for v in on.values()} if name == "all" else set())
         assert changed == expected, name
     args = (tmp_path / "model", tmp_path / "data", tmp_path / "r.json")
     for mode, backend in (("gpu", None), ("smoke-cpu", "aot_eager")):
         cfg = gpu_check.phase_overrides("sgr", mode, gpu_check.SIZES[mode], *args, arm=gpu_check.ARMS["all"])
-        assert cfg["model"]["task"] == {"init_args": {"encode_vision_once": True, "logprob_chunk_size": 256}}
+        assert cfg["model"]["task"] == {"init_args": {"compute": {"encode_vision_once": True, "logprob_chunk_size": 256}}}
         assert cfg["model"]["rollout"]["compile_decode"] is True
         assert cfg["model"]["rollout"].get("compile_backend") == backend  # GPU: the default, inductor
     plain = gpu_check.phase_overrides("sgr", "gpu", gpu_check.SIZES["gpu"], *args)

@@ -27,7 +27,7 @@ PROMPT_SEED = 10_000
 class PromptSeededGRPOTask(GRPOTask):
     """:class:`grasp_lightning.tasks.grpo.GRPOTask` whose rollouts of a prompt come from torch's RNG seeded with
     ``PROMPT_SEED + dataset index`` (forked: the run's own RNG stream is untouched). Needs one
-    prompt per generation call (``rollout_batch_prompts: 1``), since one call draws from one stream.
+    prompt per generation call (``batching.rollout_batch_prompts: 1``), since one call draws from one stream.
 
     Raises:
         ValueError: a generation call holds more than one prompt.
@@ -37,7 +37,7 @@ class PromptSeededGRPOTask(GRPOTask):
         """:meth:`GRPOTask.rollout` under a generator seeded by the prompt's dataset index."""
         if len(batch.indices) != 1:
             raise ValueError(f"PromptSeededGRPOTask seeds one prompt per call, got indices {list(batch.indices)}: "
-                             f"set rollout_batch_prompts: 1")
+                             f"set batching.rollout_batch_prompts: 1")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(PROMPT_SEED + int(batch.indices[0]))
             return super().rollout(ctx, batch)

@@ -30,9 +30,9 @@ def accumulated_fit(tmp_path_factory):
     os.chdir(REPO)
     try:
         cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-                       "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--data.bench=null",
+                       "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false", "--data.source.bench=null",
                        f"--trainer.max_steps={STEPS}", f"--trainer.accumulate_grad_batches={ACCUMULATE}",
-                       "--data.batch_size=1", f"--model.rollout.num_generations={K}",
+                       "--data.loader.batch_size=1", f"--model.rollout.num_generations={K}",
                        "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
                        "--trainer.callbacks+=grasp_lightning.callbacks.rollout_samples.RolloutSamples",
                        "--trainer.callbacks.every_n_steps=1", "--trainer.callbacks.filename=every_step.jsonl",
@@ -123,8 +123,8 @@ def test_kl_logging_reduces_the_step_over_both_ranks(tmp_path):
     the histogram holds every rank's loss tokens (a collective every rank joins; a hang fails the timeout)."""
     record = tmp_path / "rows"
     cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--config",
-           "configs/demo.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--data.bench=null",
-           "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2", "--data.batch_size=1",
+           "configs/demo.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false", "--data.source.bench=null",
+           "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2", "--data.loader.batch_size=1",
            "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8", "--model.optim.warmup_steps=0",
            "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.logger.init_args.save_dir={tmp_path}",
            "--trainer.callbacks+=tests.helpers.WindowRecorder", f"--trainer.callbacks.path={record}"]

@@ -77,7 +77,7 @@ def test_injected_faults_are_listed_exactly(tiny_model_path, in_repo, tmp_path, 
     shutil.copytree(SAMPLE, root)
     expected = _inject(root)
     report_path = tmp_path / "report.json"
-    rc = main([*CONFIGS, f"--data.root={root}", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
+    rc = main([*CONFIGS, f"--data.source.root={root}", "--files=[train/data_sft.jsonl, train/data_rl.jsonl]",
                f"--model.policy.name_or_path={tiny_model_path}", "--workers=0", "--progress=false",
                f"--report={report_path}"])
     assert rc == 1
@@ -123,18 +123,18 @@ def _report(tmp_path, *args) -> tuple[int, dict]:
 
 
 def test_misnamed_train_file_is_reported(in_repo, tmp_path):
-    rc, report = _report(tmp_path, "--data.train_file=train/typo.jsonl", "--decode=false")
+    rc, report = _report(tmp_path, "--data.source.train_file=train/typo.jsonl", "--decode=false")
     assert rc == 1
     assert [(p["where"], p["reason"]) for p in report["problems"]] == [
-        ("grasp_lightning/assets/sample/train/typo.jsonl", "data.train_file not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
+        ("grasp_lightning/assets/sample/train/typo.jsonl", "data.source.train_file not a GRASP file (expected data_sft.jsonl, data_rl.jsonl, "
                                        "annotations.jsonl, qa.jsonl or the bench)")]
 
 
 def test_missing_root_reports_the_training_file(in_repo, tmp_path):
-    rc, report = _report(tmp_path, "--data.root=/nonexistent", "--decode=false")
+    rc, report = _report(tmp_path, "--data.source.root=/nonexistent", "--decode=false")
     assert rc == 1
     reasons = {p["where"]: p["reason"] for p in report["problems"]}
-    assert reasons["/nonexistent/train/data_sft.jsonl"] == "data.train_file: no such file"
+    assert reasons["/nonexistent/train/data_sft.jsonl"] == "data.source.train_file: no such file"
     assert reasons["/nonexistent/train/videos"] == "videos folder does not exist"
 
 
@@ -145,7 +145,7 @@ def test_empty_sft_target_is_reported_with_file_and_line(in_repo, tmp_path):
     rows = _rows(sft)
     next(x for x in rows[20] if x["type"] == "text" and x.get("output"))["content"] = ""
     write_jsonl(sft, rows)
-    rc, report = _report(tmp_path, f"--data.root={root}", "--files=[train/data_sft.jsonl]", "--decode=false")
+    rc, report = _report(tmp_path, f"--data.source.root={root}", "--files=[train/data_sft.jsonl]", "--decode=false")
     assert rc == 1
     assert [(p["where"], p["reason"]) for p in report["problems"]] == [
         (f"{sft}:21", "SFT needs an assistant target (an `output: true` text or `response`), this row's is empty")]
@@ -161,7 +161,7 @@ def test_rl_events_and_window_past_the_clip(in_repo, tmp_path):
     video = next(x for x in rows[1] if x["type"] == "video")
     video["end_seconds"] = 9999
     write_jsonl(rl, rows)
-    rc, report = _report(tmp_path, f"--data.root={root}", "--files=[train/data_rl.jsonl]")
+    rc, report = _report(tmp_path, f"--data.source.root={root}", "--files=[train/data_rl.jsonl]")
     assert rc == 1
     assert [(p["where"], p["check"]) for p in report["problems"]] == [(f"{rl}:2", "window")]
     assert report["problems"][0]["reason"].startswith("end_seconds 9999 is beyond the clip's duration of ")
@@ -172,27 +172,29 @@ def test_rl_events_and_window_past_the_clip(in_repo, tmp_path):
     assert report["files"]["train/data_rl.jsonl"]["warnings"] == 2
 
 
-@pytest.mark.parametrize("flag, key", [("--data.fps=0", "data.fps"), ("--data.max_frames=0", "data.max_frames"),
-                                       ("--data.max_pixels=-5", "data.max_pixels")])
+@pytest.mark.parametrize("flag, key", [("--data.video.fps=0", "data.video.fps"), ("--data.video.max_frames=0", "data.video.max_frames"),
+                                       ("--data.video.max_pixels=-5", "data.video.max_pixels")])
 def test_bad_numbers_stop_check_data_naming_the_key(in_repo, capsys, flag, key):
     assert main([*CONFIGS, flag, "--decode=false"]) == 2
     assert f"check-data: error: {key} must be " in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"fps": 0}, "data.fps must be a number > 0 (frames per second sampled from each clip), got 0"),
-    ({"fps": -2.0}, "data.fps must be a number > 0 (frames per second sampled from each clip), got -2.0"),
-    ({"max_frames": 0}, "data.max_frames must be an integer >= 1, got 0"),
-    ({"max_prompt_tokens": -1}, "data.max_prompt_tokens must be an integer >= 1 or null, got -1"),
-    ({"batch_size": 0}, "data.batch_size must be an integer >= 1, got 0"),
-    ({"max_skip_fraction": 2}, "data.max_skip_fraction must be a number in [0, 1], got 2"),
+@pytest.mark.parametrize("group, kwargs, message", [
+    ("video", {"fps": 0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got 0"),
+    ("video", {"fps": -2.0}, "data.video.fps must be a number > 0 (frames per second sampled from each clip), got -2.0"),
+    ("video", {"max_frames": 0}, "data.video.max_frames must be an integer >= 1, got 0"),
+    ("prompt", {"max_prompt_tokens": -1}, "data.prompt.max_prompt_tokens must be an integer >= 1 or null, got -1"),
+    ("loader", {"batch_size": 0}, "data.loader.batch_size must be an integer >= 1, got 0"),
+    ("errors", {"max_skip_fraction": 2}, "data.errors.max_skip_fraction must be a number in [0, 1], got 2"),
 ])
-def test_datamodule_numbers(kwargs, message):
-    from grasp_lightning.datamodule import GraspDataModule
+def test_datamodule_numbers(group, kwargs, message):
+    from grasp_lightning.data import config
     from grasp_lightning.errors import GraspConfigError
 
+    cls = {"video": config.VideoConfig, "prompt": config.PromptConfig, "loader": config.LoaderConfig,
+           "errors": config.ErrorConfig}[group]
     with pytest.raises(GraspConfigError) as err:
-        GraspDataModule(**kwargs)
+        cls(**kwargs)
     assert str(err.value) == message
 
 
@@ -226,7 +228,7 @@ def test_counts_of_a_bad_file_add_up(in_repo, tmp_path, capsys):
     rl = root / "train" / "data_rl.jsonl"
     write_jsonl(rl, [*rows, "{not json", [], [{"type": "text", "content": "q"}]])
     sources = Counter(next(x for x in r if x["type"] == "video")["path"].split("/")[0] for r in rows)
-    rc, report = _report(tmp_path, f"--data.root={root}", "--data.bench=null", "--files=[train/data_rl.jsonl]",
+    rc, report = _report(tmp_path, f"--data.source.root={root}", "--data.source.bench=null", "--files=[train/data_rl.jsonl]",
                          "--decode=false")
     info = report["files"]["train/data_rl.jsonl"]
     assert rc == 1 and len(report["problems"]) == 5  # 3 unreadable + 2 on row 2

@@ -38,10 +38,10 @@ def test_a_configuration_error_on_the_command_line_is_its_message_alone() -> Non
     no traceback through LightningCLI; ``GRASP_TRACEBACK=1`` brings the traceback back."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-           "--model.task.init_args.max_resample=-1"]
+           "--model.task.init_args.batching.max_resample=-1"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
-    assert "error: GraspConfigError: model.task.init_args.max_resample must be >= 0, got -1" in proc.stderr
+    assert "error: GraspConfigError: model.task.init_args.batching.max_resample must be >= 0, got -1" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run(cmd, cwd=REPO, env={**env, "GRASP_TRACEBACK": "1"}, capture_output=True, text=True,
                           timeout=300)
@@ -66,7 +66,7 @@ def test_every_command_has_its_own_help(name, in_repo, capsys) -> None:
     out = capsys.readouterr().out
     assert "usage:" in out
     if COMMANDS[name].lightning:  # LightningCLI's subcommand parser: the trainer, model and data arguments
-        assert "--trainer.max_steps" in out and "--model.task" in out and "--data.fps" in out
+        assert "--trainer.max_steps" in out and "--model.task" in out and "--data.video.fps" in out
     if name in ("export", "check-data"):  # the run's configuration plus the command's own arguments
         assert "--model.policy.name_or_path" in out and ("--out" in out if name == "export" else "--files" in out)
 
@@ -83,8 +83,10 @@ def test_the_loader_instantiates_the_run_with_the_yaml_values(in_repo) -> None:
 
     task_args = sgr["model"]["task"]["init_args"]
     assert isinstance(run.task, GRPOTask) and run.task is run.module.task
-    assert (run.task.rewards, run.task.reward_weights) == (task_args["rewards"], task_args["reward_weights"])
-    assert (run.task.beta, run.task.share_prompt) == (task_args["beta"], task_args["share_prompt"])
+    assert (run.task.reward.terms, run.task.reward.weights) == (task_args["reward"]["terms"],
+                                                                  task_args["reward"]["weights"])
+    assert (run.task.loss.beta, run.task.compute.share_prompt) == (task_args["loss"]["beta"],
+                                                                   task_args["compute"]["share_prompt"])
     assert run.task.needs_reference and run.task.samples_rollouts and run.task.shares_prompt
     policy = {**sgr["model"]["policy"], **demo["model"]["policy"]}
     assert run.module.policy_cfg.name_or_path == policy["name_or_path"] == "grasp_lightning/assets/tiny-qwen3vl"
@@ -97,12 +99,12 @@ def test_the_loader_instantiates_the_run_with_the_yaml_values(in_repo) -> None:
     assert run.module.optim_cfg.lr == demo["model"]["optim"]["lr"]
     assert run.module.optim_cfg.scheduler == sgr["model"]["optim"]["scheduler"]
     assert not run.module.lora_cfg.enabled
-    data = {**sgr["data"], **demo["data"]}
     h = run.datamodule.hparams
-    for key in ("root", "train_file", "fps", "max_frames", "max_pixels", "max_prompt_tokens", "batch_size",
-                "on_bad_item"):
-        assert h[key] == data[key], key
-    assert h.processor == policy["name_or_path"]  # linked to the policy, as for fit
+    for group, key in (("source", "root"), ("source", "train_file"), ("video", "fps"), ("video", "max_frames"),
+                       ("video", "max_pixels"), ("prompt", "max_prompt_tokens"), ("loader", "batch_size"),
+                       ("errors", "on_bad_item")):
+        assert h[group][key] == {**sgr["data"][group], **demo["data"][group]}[key], key
+    assert run.datamodule.prompt.processor == policy["name_or_path"]  # linked to the policy, as for fit
     trainer = {**sgr["trainer"], **demo["trainer"]}
     for key in ("precision", "devices", "num_nodes", "accumulate_grad_batches", "max_steps", "strategy"):
         assert run.trainer[key] == trainer[key], key
@@ -130,7 +132,7 @@ def test_the_planner_asks_the_task_not_its_name(name, in_repo, tmp_path) -> None
     task = tmp_path / "task.yaml"
     task.write_text(yaml.safe_dump({"model": {"task": {"class_path": f"tests.cli.test_commands.{name}"}}}))
     plan = plan_from_config(["configs/demo.yaml", task], video_seconds=4)
-    k, batch = plan.spec.num_generations, _yaml("configs/demo.yaml")[0]["data"]["batch_size"]
+    k, batch = plan.spec.num_generations, _yaml("configs/demo.yaml")[0]["data"]["loader"]["batch_size"]
     if name == "SamplingObjective":
         assert plan.spec.task == "SamplingObjective" and plan.spec.samples_rollouts and not plan.spec.shares_prompt
         assert plan.rollout > 0 and plan.kv_cache > 0 and plan.how["rollout"].startswith("KV cache")

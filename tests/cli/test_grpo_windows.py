@@ -19,18 +19,20 @@ import torch
 
 from grasp_lightning import grpo as grpo_lib
 from grasp_lightning.data.collate import Batch
+from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig
 from grasp_lightning.data.windows import Window
 from grasp_lightning.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
+from grasp_lightning.tasks.grpo_config import AdvantageConfig, BatchingConfig, LossConfig, RewardConfig
 from tests.helpers import REPO, free_port, run_cli, scalars, spawn_two_ranks
 
 
 # ----------------------------------------------------------------------------------- overlong
 def _overlong_task(mode: str, advantage: str = "none", clip: float | None = None) -> GRPOTask:
-    task = GRPOTask(rewards=["accuracy"], advantage=advantage, overlong_buffer=4, overlong_penalty=1.0,
-                    overlong_mode=mode, advantage_clip=clip)
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer=4, overlong_penalty=1.0, overlong_mode=mode),
+                    advantage=AdvantageConfig(kind=advantage, clip=clip))
     return task  # K = 2, budget 8: passed to advantages()/overlong() below
 
 
@@ -58,22 +60,22 @@ def test_overlong_penalty_modes_by_hand():
     _, adv = _overlong_task("reward", "released").advantages(terms, penalty, k=2)
     assert adv.tolist() == [0.5, -0.5, -0.25, 0.25]
     with pytest.raises(GraspConfigError, match="overlong_mode"):
-        GRPOTask(overlong_mode="group")
+        GRPOTask(reward=RewardConfig(overlong_mode="group"))
 
 
 def test_overlong_buffer_fraction_follows_the_budget():
     # 0.25 of the released 1,024-token budget is the released 256-token buffer; of demo.yaml's 32, 8 tokens
-    task = GRPOTask(rewards=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released")
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released"))
     assert (task.overlong_buffer_tokens(1024), task.overlong_buffer_tokens(32), task.overlong_buffer_tokens(2)) == \
         (256, 8, 1)  # rounded down, at least one token
     # budget 8, fraction 0.5 -> buffer 4: the penalties of the hand-worked case above
-    half = GRPOTask(rewards=["accuracy"], overlong_buffer_fraction=0.5)
+    half = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.5))
     assert half.overlong(torch.tensor([8, 8, 6, 4]), 8).tolist() == [-1.0, -1.0, -0.5, 0.0]
-    assert GRPOTask(rewards=["accuracy"]).overlong_buffer_tokens(1024) is None
+    assert GRPOTask(reward=RewardConfig(terms=["accuracy"])).overlong_buffer_tokens(1024) is None
     with pytest.raises(GraspConfigError, match="not both"):
-        GRPOTask(overlong_buffer=256, overlong_buffer_fraction=0.25)
+        GRPOTask(reward=RewardConfig(overlong_buffer=256, overlong_buffer_fraction=0.25))
     with pytest.raises(GraspConfigError, match=r"overlong_buffer_fraction must be in \(0, 1\]"):
-        GRPOTask(overlong_buffer_fraction=1.5)
+        GRPOTask(reward=RewardConfig(overlong_buffer_fraction=1.5))
 
 
 def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
@@ -82,7 +84,7 @@ def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
     # a budget shrunk to 32 tokens (as configs/demo.yaml does): a 256-token buffer cannot fit (the fraction can)
     with pytest.raises(GraspConfigError, match="overlong_buffer=256 must be in 1 … model.rollout.max_new_tokens=32"):
         load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"],
-                             {"model.task.init_args.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
+                             {"model.task.init_args.reward.overlong_buffer": 256, "model.rollout.max_new_tokens": 32}))
 
 
 def _batch(indices: list[int]) -> Batch:
@@ -99,8 +101,9 @@ def _window(batches: list[Batch]) -> None:
 class _ScriptedTask(GRPOTask):
     """GRPOTask whose rollouts are given (rewards, completion lengths) instead of sampled."""
 
-    def __init__(self, script: dict, **kwargs):
-        super().__init__(rewards=["accuracy"], beta=0.0, rollout_batch_prompts=1, **kwargs)
+    def __init__(self, script: dict, loss: LossConfig | None = None, **kwargs):
+        super().__init__(reward=RewardConfig(terms=["accuracy"]), loss=loss or LossConfig(beta=0.0),
+                         batching=BatchingConfig(rollout_batch_prompts=1), **kwargs)
         self.script = script  # K = 2: the context's model.rollout.num_generations
 
     def rollout(self, module, batch):
@@ -120,7 +123,7 @@ BATCH_SCRIPT = {(0, 1): ([1.0, 0.0, 1.0, 1.0], [1, 1, 1, 1]), (2, 3): ([0.0, 0.0
 
 
 def _batch_std_rank(rank: int) -> None:
-    task = _ScriptedTask(BATCH_SCRIPT, advantage="batch", advantage_eps=0.0)
+    task = _ScriptedTask(BATCH_SCRIPT, advantage=AdvantageConfig(kind="batch", eps=0.0))
     module = SimpleNamespace(device=torch.device("cpu"), cross_rank=CrossRank(), tokenizer=None,
                              rollout_cfg=RolloutConfig(num_generations=2))
     batch = _batch([0, 1] if rank == 0 else [2, 3])
@@ -150,7 +153,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
         return logp, torch.zeros(ids.shape)
 
     grpo_task.score_completions = fake_score
-    task = _ScriptedTask(DAPO_SCRIPT, loss_type="dapo")
+    task = _ScriptedTask(DAPO_SCRIPT, loss=LossConfig(type="dapo", beta=0.0))
     module = GraspModule(task, rollout=RolloutConfig(num_generations=2))
     batches = [_batch([0]), _batch([1])] if rank == 0 else [_batch([]), _batch([3])]
     _window(batches)
@@ -204,12 +207,12 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
         return out
 
     monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
-    run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
              "--trainer.enable_progress_bar=false", "--trainer.max_steps=4", "--trainer.limit_val_batches=0",
-             "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
+             "--trainer.accumulate_grad_batches=2", "--model.task.init_args.loss.num_iterations=2",
              "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=8",
              "--model.optim.warmup_steps=0", "--model.optim.scheduler=constant_with_warmup",
-             "--data.train_limit=8"], tmp_path)
+             "--data.source.train_limit=8"], tmp_path)
     assert len(seen) == 8
     indices = [s[0] for s in seen]
     assert indices[0:2] == indices[2:4] and indices[4:6] == indices[6:8] and indices[0] != indices[4]
@@ -242,15 +245,14 @@ def test_the_module_is_a_task_context_and_the_task_reads_k_from_it():
 def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(bench=None)
+    dm = GraspDataModule(source=SourceConfig(bench=None))
     assert dm.mode == "sft"  # stand-alone: no task connected
     dm.connect(mode="rl")
     assert dm.mode == "rl"
-    GraspDataModule(bench=None, mode="rl").connect(mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.mode='sft' contradicts the task, which consumes 'rl'"):
-        GraspDataModule(bench=None, mode="sft").connect(mode="rl")
-    with pytest.raises(GraspConfigError, match="data.repeat_batches=2 was removed"):
-        GraspDataModule(bench=None, repeat_batches=2)
+    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="rl"))
+    agreeing.connect(mode="rl")  # an explicit, agreeing value is fine
+    with pytest.raises(GraspConfigError, match=r"data.loader.mode='sft' contradicts the task, which consumes 'rl'"):
+        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="sft")).connect(mode="rl")
 
 
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:
@@ -289,11 +291,11 @@ def test_logged_step_metrics_are_the_whole_step_on_both_ranks(tmp_path):
             "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={run}",
             f"--trainer.default_root_dir={run}", "--trainer.callbacks+=tests.helpers.StepMetricsRecorder",
-            f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.batch_size=1", "--data.num_workers=0",
-            "--data.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
-            "--model.task.init_args.rewards=[accuracy, tests.helpers.half_degenerate_reward]",
-            "--model.task.init_args.reward_weights=[1.0, 1.0]", "--model.task.init_args.dynamic_sampling=refill",
-            "--model.task.init_args.max_resample=0", "--model.optim.warmup_steps=0"]
+            f"--trainer.callbacks.init_args.out_dir={run / 'rec'}", "--data.loader.batch_size=1", "--data.loader.num_workers=0",
+            "--data.source.train_limit=16", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=6",
+            "--model.task.init_args.reward.terms=[accuracy, tests.helpers.half_degenerate_reward]",
+            "--model.task.init_args.reward.weights=[1.0, 1.0]", "--model.task.init_args.batching.dynamic_sampling=refill",
+            "--model.task.init_args.batching.max_resample=0", "--model.optim.warmup_steps=0"]
     _launch_ranks(args, run, timeout=240)
     rows = [json.loads(line) for r in range(2)
             for line in (run / "rec" / f"steps_rank{r}.jsonl").read_text().splitlines()]
@@ -335,7 +337,7 @@ class _TruncationTask(GRPOTask):
     """GRPOTask whose rollouts are given by dataset index: K = 2 rewards and whether each completion was cut off."""
 
     def __init__(self, script: dict):
-        super().__init__(rewards=["accuracy"], beta=0.0)
+        super().__init__(reward=RewardConfig(terms=["accuracy"]), loss=LossConfig(beta=0.0))
         self.script = script
 
     def rollout(self, module, batch):
@@ -380,6 +382,6 @@ def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, exp
             assert "Raise model.rollout.max_new_tokens" in m
             fired.add("truncated")
         if "every group of this step has equal rewards" in m:
-            assert "model.rollout.temperature" in m and "model.task.init_args.rewards" in m
+            assert "model.rollout.temperature" in m and "model.task.init_args.reward.terms" in m
             fired.add("zero variance")
     assert fired == expected and len(messages) == len(expected), messages

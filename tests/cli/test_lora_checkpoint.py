@@ -26,7 +26,7 @@ from tests.helpers import REPO, read_steps, run_cli
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 LORA_SFT = ["fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-            "--data.bench=null", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
+            "--data.source.bench=null", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.max_steps=4"]
 IDS = torch.arange(3, 35).reshape(2, 16)
 
@@ -187,8 +187,8 @@ def test_lora_checkpoint_of_the_2b_width_standin_is_below_5_percent(tmp_path_fac
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(REPO)
             cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config",
-                           "configs/demo.yaml", *standin_args(model, data, "bfloat16"), "--data.batch_size=1",
-                           "--trainer.max_steps=1", "--data.bench=null", "--trainer.enable_model_summary=false",
+                           "configs/demo.yaml", *standin_args(model, data, "bfloat16"), "--data.loader.batch_size=1",
+                           "--trainer.max_steps=1", "--data.source.bench=null", "--trainer.enable_model_summary=false",
                            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"],
                           tmp_path)
         (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")

@@ -30,7 +30,7 @@ def test_readme_reward_example_scores_and_trains(tmp_path, monkeypatch) -> None:
     (fit,) = blocks(text, "bash")
     args = command(fit)
     assert args[0] == "fit" and "my_rewards.py:brief_and_right]" in " ".join(args)
-    cli = run_cli([*args, "--trainer.max_steps=1", "--data.bench=null", "--data.num_workers=0",
+    cli = run_cli([*args, "--trainer.max_steps=1", "--data.source.bench=null", "--data.loader.num_workers=0",
                    "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8"], tmp_path)
     series = scalars(cli.trainer.log_dir)
     assert len(series["train/rewards/brief_and_right/mean"]) == 1  # the term is logged under its function's name
@@ -101,7 +101,7 @@ def test_docs_task_example_trains_through_the_cli(tmp_path, monkeypatch) -> None
     (fit,) = blocks(text, "bash")
     args = command(fit)
     assert args[0] == "fit" and "my_tasks.SmoothedSFT" in args
-    cli = run_cli([*args, "--trainer.max_steps=1", "--data.bench=null", "--data.num_workers=0"], tmp_path)
+    cli = run_cli([*args, "--trainer.max_steps=1", "--data.source.bench=null", "--data.loader.num_workers=0"], tmp_path)
     assert type(cli.model.task).__name__ == "SmoothedSFT" and cli.model.task.label_smoothing == 0.2
     series = scalars(cli.trainer.log_dir)
     assert [value for _, value in series["train/label_smoothing"]] == [pytest.approx(0.2)]
@@ -156,12 +156,12 @@ def test_docs_own_task_path_runs_as_written(tmp_path, monkeypatch) -> None:
              if "grasp_lightning" in block]
     assert [step[0] for step in steps] == ["check-data", "fit", "export", "fit", "export", "validate", "predict"]
     short = {"check-data": ["--progress=false", "--workers=1"],
-             "fit": ["--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--data.num_workers=0",
+             "fit": ["--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--data.loader.num_workers=0",
                      "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
                      "--trainer.enable_progress_bar=false"],
-             "validate": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+             "validate": ["--data.loader.num_workers=0", "--model.evaluation.max_new_tokens=8",
                           "--trainer.enable_progress_bar=false"],
-             "predict": ["--data.num_workers=0", "--model.evaluation.max_new_tokens=8",
+             "predict": ["--data.loader.num_workers=0", "--model.evaluation.max_new_tokens=8",
                          "--trainer.enable_progress_bar=false"],
              "export": []}
     for step in steps:
@@ -197,9 +197,9 @@ def test_docs_multi_gpu_lora_example_plans_and_trains(tmp_path, capsys) -> None:
     assert plan_memory.main([str(REPO / w) if w.startswith("configs/") else w for w in plan[1:]]) == 0
     out = capsys.readouterr().out
     assert "LoRA r=16" in out and "DDP on 4 GPU(s)" in out and "fits: yes" in out
-    args = [*_with_demo(fit), "--trainer.devices=2", "--data.root=grasp_lightning/assets/sample",
-            "--model.policy.name_or_path=grasp_lightning/assets/tiny-qwen3vl", "--data.bench=null",
-            "--data.num_workers=0", "--data.batch_size=1", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+    args = [*_with_demo(fit), "--trainer.devices=2", "--data.source.root=grasp_lightning/assets/sample",
+            "--model.policy.name_or_path=grasp_lightning/assets/tiny-qwen3vl", "--data.source.bench=null",
+            "--data.loader.num_workers=0", "--data.loader.batch_size=1", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=2",
             "--model.rollout.max_new_tokens=8", f"--trainer.logger.init_args.save_dir={tmp_path}",
             f"--trainer.default_root_dir={tmp_path}"]

@@ -28,14 +28,14 @@ def _pipeline(run: Path, model: Path, interrupt_at: int | None = None) -> Pipeli
     sgr_args = [] if interrupt_at is None else ["--trainer.callbacks+=tests.helpers.SigtermAt",
                                                 f"--trainer.callbacks.init_args.step={interrupt_at}"]
     stages = [
-        Stage("sft", ["configs/sft.yaml"], overrides={"trainer.max_steps": 2, "data.bench": None,
+        Stage("sft", ["configs/sft.yaml"], overrides={"trainer.max_steps": 2, "data.source.bench": None,
                                                       "model.policy.name_or_path": str(model)}),
         Stage("sgr", ["configs/sgr.yaml"], args=sgr_args,
-              overrides={"trainer.max_steps": 4, "model.rollout.num_generations": 2, "data.val_limit": 2,
-                         "data.val_batch_size": 2, "model.evaluation.max_new_tokens": 4}),
+              overrides={"trainer.max_steps": 4, "model.rollout.num_generations": 2, "data.source.val_limit": 2,
+                         "data.loader.val_batch_size": 2, "model.evaluation.max_new_tokens": 4}),
     ]
     return Pipeline(stages, run, common_configs=["configs/demo.yaml"], launcher="inprocess",
-                    common_overrides={"data.num_workers": 0, "trainer.enable_progress_bar": False,
+                    common_overrides={"data.loader.num_workers": 0, "trainer.enable_progress_bar": False,
                                       "model.rollout.max_new_tokens": 8})
 
 
@@ -94,7 +94,7 @@ def test_pipeline_config_demo_and_stage_arguments(in_repo, tmp_path):
     assert pipeline.launcher == "subprocess" and pipeline.final_validate == ["configs/eval_suites.yaml"]
     args = pipeline.stage_args(pipeline.stages[1], "runs/x/stages/sft/export")
     assert args[:4] == ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml"]
-    assert "--data.num_workers=0" in args and args[-1] == "--model.policy.name_or_path=runs/x/stages/sft/export"
+    assert "--data.loader.num_workers=0" in args and args[-1] == "--model.policy.name_or_path=runs/x/stages/sft/export"
     assert pipeline.stage_args(pipeline.stages[0], None)[-1] != "--model.policy.name_or_path=None"
     assert override_args({"a.b": None, "c": True, "d": [1, 2], "e": 0.5}) == ["--a.b=null", "--c=true", "--d=[1, 2]",
                                                                                "--e=0.5"]

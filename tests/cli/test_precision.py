@@ -17,13 +17,13 @@ from tests.helpers import UpdateRecorder, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-FAST = ["--data.num_workers=0", "--trainer.enable_progress_bar=false"]
+FAST = ["--data.loader.num_workers=0", "--trainer.enable_progress_bar=false"]
 # The SFT recipe on the tiny model with the recipes' bf16 weights and precision, one optimizer step at
 # the paper's SFT learning rate, no warm-up (the first step runs at lr 2e-6 exactly).
 BF16_STEP = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
              "--model.policy.dtype=bfloat16", "--trainer.precision=bf16-mixed", "--model.optim.lr=2e-6",
              "--model.optim.warmup_steps=0", "--model.optim.scheduler=constant", "--trainer.max_steps=1",
-             "--data.bench=null", "--data.train_limit=2", "--trainer.callbacks+=tests.helpers.UpdateRecorder"]
+             "--data.source.bench=null", "--data.source.train_limit=2", "--trainer.callbacks+=tests.helpers.UpdateRecorder"]
 ADAM_EPS = 1e-8  # OptimConfig.eps: a gradient above it gives an AdamW step of at least lr / 2
 
 

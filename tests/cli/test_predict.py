@@ -53,7 +53,7 @@ def test_readme_predict_answers_every_bench_item(tmp_path, in_repo) -> None:
 def predict_command(tmp_path: Path, output: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grasp_lightning", *README_PREDICT, "--config", "configs/predict.yaml",
             f"--trainer.callbacks.init_args.output={output}", f"--trainer.logger.init_args.save_dir={tmp_path}",
-            "--data.val_batch_size=1", "--model.evaluation.max_new_tokens=24", *extra]
+            "--data.loader.val_batch_size=1", "--model.evaluation.max_new_tokens=24", *extra]
 
 
 def test_a_killed_predict_keeps_its_lines_and_the_same_command_finishes_it(tmp_path, in_repo) -> None:
@@ -100,7 +100,7 @@ def test_predict_file_with_a_missing_clip_writes_the_skip(tmp_path, in_repo) -> 
     (root / "train" / "data_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "p.jsonl"
     run_cli([*README_PREDICT, "--config", "configs/predict.yaml", f"--trainer.callbacks.init_args.output={out}",
-             f"--data.root={root}", "--data.predict_file=train/data_rl.jsonl", "--data.on_bad_item=skip"], tmp_path)
+             f"--data.source.root={root}", "--data.source.predict_file=train/data_rl.jsonl", "--data.errors.on_bad_item=skip"], tmp_path)
     records = lines(out)
     assert len(records) == 3
     skipped = [r for r in records if "skipped" in r]
@@ -115,7 +115,7 @@ def test_predict_on_generic_qa_rows_with_images_and_a_rerun_after_the_end(tmp_pa
     make_qa_dataset(tmp_path / "mine")
     out = tmp_path / "qa_predictions.jsonl"
     args = [*README_PREDICT, "--config", "configs/predict.yaml", f"--trainer.callbacks.init_args.output={out}",
-            f"--data.root={tmp_path / 'mine'}", "--data.predict_file=qa.jsonl", "--data.val_batch_size=3"]
+            f"--data.source.root={tmp_path / 'mine'}", "--data.source.predict_file=qa.jsonl", "--data.loader.val_batch_size=3"]
     run_cli(args, tmp_path)
     records = lines(out)
     assert [r["id"] for r in records] == ["qa_0001", "qa_0002", "qa_0003", "qa_0004"]  # 3 + 1 rows, none lost
@@ -151,7 +151,7 @@ def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp
     more for each other model or decoding."""
     bench_cmd = readme_predict_commands()[0]
     assert bench_cmd == README_PREDICT
-    args = [*bench_cmd, "--data.predict_limit=4"]
+    args = [*bench_cmd, "--data.source.predict_limit=4"]
     out = tmp_path / "demo" / "predictions.jsonl"
     run_cli(args, tmp_path)
     first = out.read_text()
@@ -185,11 +185,11 @@ def test_readme_predict_twice_answers_each_item_once_and_another_model_again(tmp
 def test_readme_predict_on_your_own_questions_runs_as_written(tmp_path, in_repo, caplog) -> None:
     """The docs' second command (its own file name ``questions.jsonl``: refused before, as the reader
     wanted a name starting with ``qa``), made a CPU run by configs/demo.yaml after the recipe, twice; the
-    resume key does not depend on ``data.root``: the same file under another root is found again."""
+    resume key does not depend on ``data.source.root``: the same file under another root is found again."""
     from tests.helpers import make_qa_dataset
 
     cmd = readme_predict_commands()[1]
-    assert cmd[cmd.index("--data.predict_file") + 1] == "questions.jsonl"
+    assert cmd[cmd.index("--data.source.predict_file") + 1] == "questions.jsonl"
     mine = tmp_path / "mine"
     make_qa_dataset(mine, name="questions.jsonl")
     values = {"runs/sgr/export": "grasp_lightning/assets/tiny-qwen3_5", "/data/mine": str(mine)}
@@ -202,7 +202,7 @@ def test_readme_predict_on_your_own_questions_runs_as_written(tmp_path, in_repo,
     assert [r["id"] for r in records] == ["qa_0001", "qa_0002", "qa_0003", "qa_0004"]
     assert {r["model"] for r in records} == {"grasp_lightning/assets/tiny-qwen3_5"}
     moved = tmp_path / "elsewhere"
-    mine.rename(moved)  # another data.root (and working directory): the same items, found by their keys
+    mine.rename(moved)  # another data.source.root (and working directory): the same items, found by their keys
     args[args.index(str(mine))] = str(moved)
     run_cli(args, tmp_path)
     assert len(lines(out)) == 4
@@ -214,11 +214,11 @@ def test_a_checkpoint_is_part_of_the_setup(tmp_path, in_repo, caplog) -> None:
     """``predict --ckpt_path``: the restored checkpoint (known only after the restore, before the loader is
     built) keys the answers: the same model and decoding without it answers again; with it, once."""
     fit = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=1",
-           "--data.bench=null", "--data.train_limit=2", "--trainer.logger.init_args.name=ck"]
+           "--data.source.bench=null", "--data.source.train_limit=2", "--trainer.logger.init_args.name=ck"]
     cli = run_cli(fit, tmp_path)
     (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
     out = tmp_path / "p.jsonl"
-    args = ["predict", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.predict_limit=2",
+    args = ["predict", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.source.predict_limit=2",
             f"--trainer.callbacks=[{{class_path: grasp_lightning.callbacks.prediction_writer.PredictionWriter, init_args: {{output: {out}}}}}]"]
     run_cli(args, tmp_path)
     run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 #: The QLoRA SFT demo: two samples, float32 compute (so the export's dense logits match exactly).
 SFT_ARGS = ["fit", "--config", "configs/sft.yaml", "--config", "configs/qlora.yaml", "--config", "configs/demo.yaml",
-            *FAST, "--data.train_limit=2", "--data.batch_size=2", "--trainer.max_epochs=-1", "--data.bench=null",
+            *FAST, "--data.source.train_limit=2", "--data.loader.batch_size=2", "--trainer.max_epochs=-1", "--data.source.bench=null",
             "--model.lora.quant_compute_dtype=float32", "--model.optim.warmup_steps=0"]
 QLORA = LoraConfig(enabled=True, r=4, alpha=8, quantize="nf4", quant_compute_dtype="float32")
 

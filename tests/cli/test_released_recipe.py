@@ -19,35 +19,35 @@ DOC = REPO / "docs" / "released-recipe.md"
 # Each setting of the table: (config key in the table, what the loaded run says, released value, source).
 SFT_RELEASED = {
     "model.optim.weight_decay": (lambda r: r.module.optim_cfg.weight_decay, 1e-3),  # train_sft.sh:30
-    "data.curriculum": (lambda r: r.datamodule.hparams.curriculum, True),  # train_utils.py:297
-    "data.system_prompt": (lambda r: r.datamodule.hparams.system_prompt, ""),  # qwen3vl.py:137-145
-    "data.frame_max_tokens": (lambda r: r.datamodule.hparams.frame_max_tokens, 256),  # sft/arguments.py:31
+    "data.loader.curriculum": (lambda r: r.datamodule.loader.curriculum, True),  # train_utils.py:297
+    "data.prompt.system_prompt": (lambda r: r.datamodule.prompt.system_prompt, ""),  # qwen3vl.py:137-145
+    "data.video.frame_max_tokens": (lambda r: r.datamodule.video.frame_max_tokens, 256),  # sft/arguments.py:31
     # the same in the paper's recipe and the released script
     "model.optim.lr": (lambda r: r.module.optim_cfg.lr, 2e-6),  # train_sft.sh:29
     "model.optim.warmup_steps": (lambda r: r.module.optim_cfg.warmup_steps, 200),  # train_sft.sh:32
     "trainer.max_epochs": (lambda r: r.trainer.max_epochs, 2),  # train_sft.sh:26
-    "data.fps": (lambda r: r.datamodule.hparams.fps, 2.0),  # train_sft.sh:34
-    "data.max_frames": (lambda r: r.datamodule.hparams.max_frames, 512),  # sft/arguments.py:25
+    "data.video.fps": (lambda r: r.datamodule.video.fps, 2.0),  # train_sft.sh:34
+    "data.video.max_frames": (lambda r: r.datamodule.video.max_frames, 512),  # sft/arguments.py:25
 }
 SGR_RELEASED = {
     "model.optim.weight_decay": (lambda r: r.module.optim_cfg.weight_decay, 1e-3),  # train_sgr.sh:31
-    "model.task.init_args.advantage": (lambda r: r.task.advantage, "released"),  # trainer.py:298-309, 325-328
-    "model.task.init_args.advantage_clip": (lambda r: r.task.advantage_clip, 5.0),  # arguments.py:65
+    "model.task.init_args.advantage.kind": (lambda r: r.task.advantage.kind, "released"),  # trainer.py:298-309, 325-328
+    "model.task.init_args.advantage.clip": (lambda r: r.task.advantage.clip, 5.0),  # arguments.py:65
     # overlong buffer in tokens at the recipe's budget: 256 (arguments.py:70-71) of 1,024 (:56)
-    "model.task.init_args.overlong_buffer_fraction": (
+    "model.task.init_args.reward.overlong_buffer_fraction": (
         lambda r: r.task.overlong_buffer_tokens(r.module.rollout_cfg.max_new_tokens), 256),
-    "model.task.init_args.overlong_mode": (lambda r: r.task.overlong_mode, "released"),  # trainer.py:311-319
-    "model.task.init_args.overlong_penalty": (lambda r: r.task.overlong_penalty, 1.0),  # arguments.py:76-77
-    "model.task.init_args.rewards": (lambda r: list(zip(r.task.rewards, r.task.reward_weights)),  # :57-64
+    "model.task.init_args.reward.overlong_mode": (lambda r: r.task.reward.overlong_mode, "released"),  # trainer.py:311-319
+    "model.task.init_args.reward.overlong_penalty": (lambda r: r.task.reward.overlong_penalty, 1.0),  # arguments.py:76-77
+    "model.task.init_args.reward.terms": (lambda r: list(zip(r.task.reward.terms, r.task.reward_weights)),  # :57-64
                                      [("accuracy", 1.0), ("format", 0.1), ("grounding_presence", 0.05),
                                       ("social_grounding_released", 0.2)]),
     "model.rollout.max_new_tokens": (lambda r: r.module.rollout_cfg.max_new_tokens, 1024),  # arguments.py:56
     "model.rollout.stop_at_answer": (lambda r: r.module.rollout_cfg.stop_at_answer, False),  # trainer.py:108-119
-    "data.curriculum": (lambda r: r.datamodule.hparams.curriculum, False),  # reasoning/arguments.py:84-87
-    "data.system_prompt": (lambda r: r.datamodule.hparams.system_prompt, ""),  # qwen3vl.py:263-271
-    "data.frame_max_tokens": (lambda r: r.datamodule.hparams.frame_max_tokens, 256),  # arguments.py:29-31
+    "data.loader.curriculum": (lambda r: r.datamodule.loader.curriculum, False),  # reasoning/arguments.py:84-87
+    "data.prompt.system_prompt": (lambda r: r.datamodule.prompt.system_prompt, ""),  # qwen3vl.py:263-271
+    "data.video.frame_max_tokens": (lambda r: r.datamodule.video.frame_max_tokens, 256),  # arguments.py:29-31
     # the same in the paper's recipe and the released script
-    "model.task.init_args.beta": (lambda r: r.task.beta, 0.05),  # arguments.py:66-69
+    "model.task.init_args.loss.beta": (lambda r: r.task.loss.beta, 0.05),  # arguments.py:66-69
     "model.rollout.num_generations": (lambda r: r.module.rollout_cfg.num_generations, 8),  # arguments.py:52-55
     "model.rollout.temperature": (lambda r: r.module.rollout_cfg.temperature, 1.0),  # arguments.py:80-83
     "model.rollout.top_p": (lambda r: r.module.rollout_cfg.top_p, 1.0),  # trainer.py:113
@@ -55,10 +55,10 @@ SGR_RELEASED = {
     "model.optim.warmup_steps": (lambda r: r.module.optim_cfg.warmup_steps, 256),  # train_sgr.sh:33
 }
 # What our recipes (the paper's text) set instead, for the settings that differ.
-SFT_OURS = {"model.optim.weight_decay": 0.0, "data.curriculum": False, "data.frame_max_tokens": None}
-SGR_OURS = {"model.optim.weight_decay": 0.0, "model.task.init_args.advantage": "group",
-            "model.task.init_args.advantage_clip": None, "model.task.init_args.overlong_buffer_fraction": None,
-            "model.rollout.stop_at_answer": True, "data.frame_max_tokens": None}
+SFT_OURS = {"model.optim.weight_decay": 0.0, "data.loader.curriculum": False, "data.video.frame_max_tokens": None}
+SGR_OURS = {"model.optim.weight_decay": 0.0, "model.task.init_args.advantage.kind": "group",
+            "model.task.init_args.advantage.clip": None, "model.task.init_args.reward.overlong_buffer_fraction": None,
+            "model.rollout.stop_at_answer": True, "data.video.frame_max_tokens": None}
 
 
 @pytest.mark.parametrize("recipe, table, ours", [("sft", SFT_RELEASED, SFT_OURS), ("sgr", SGR_RELEASED, SGR_OURS)])
@@ -72,12 +72,12 @@ def test_the_released_overlays_load_with_every_released_value(in_repo, recipe, t
         if key in ours:  # a row of the table: named in the page, and really different in our recipe
             assert f"`{key}`" in doc, f"{key} is not in docs/released-recipe.md"
             assert read(paper) != got, key
-            if key != "model.task.init_args.overlong_buffer_fraction":
+            if key != "model.task.init_args.reward.overlong_buffer_fraction":
                 assert read(paper) == ours[key], key
-    assert paper.datamodule.hparams.system_prompt != ""  # ours: a system turn on every prompt
-    assert "`data.system_prompt`" in doc and "`social_grounding_released`" in doc
+    assert paper.datamodule.prompt.system_prompt != ""  # ours: a system turn on every prompt
+    assert "`data.prompt.system_prompt`" in doc and "`social_grounding_released`" in doc
     if recipe == "sgr":
-        assert paper.task.overlong_buffer_tokens(1024) is None and paper.task.rewards[3] == "social_grounding"
+        assert paper.task.overlong_buffer_tokens(1024) is None and paper.task.reward.terms[3] == "social_grounding"
 
 
 def test_the_released_stop_rule_samples_to_eos_and_keeps_the_suppression(in_repo) -> None:
@@ -110,7 +110,7 @@ def test_the_released_stop_rule_samples_to_eos_and_keeps_the_suppression(in_repo
 
 
 def test_the_released_resolution_rule_sizes_training_frames(processor) -> None:
-    """``data.frame_max_tokens: 256`` on the 360 x 640 sample clip with the tiny model's 16-pixel tokens
+    """``data.video.frame_max_tokens: 256`` on the 360 x 640 sample clip with the tiny model's 16-pixel tokens
     (patch 8 x merge 2): rows 22, cols 40; h = 12, w = floor(12 * 640 / 360) = 21 gives 252 <= 256 tokens
     (w = 22 would be 264; h = 13 needs w >= 23, 299 tokens) -> frames 192 x 336, grid 24 x 42 patches."""
     from grasp_lightning.data.formats import read_sft
@@ -141,7 +141,7 @@ def _fit(tmp_path, recipe: str, monkeypatch, task_class, steps: int):
 
     monkeypatch.setattr(task_class, "training_step", recording)
     cli = run_cli(["fit", "--config", f"configs/{recipe}.yaml", "--config", f"configs/released/{recipe}.yaml",
-                   "--config", "configs/demo.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "--config", "configs/demo.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
                    f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0"], tmp_path)
     return cli, seen
 
@@ -152,7 +152,7 @@ def test_released_sgr_trains_on_the_demo(in_repo, tmp_path, monkeypatch) -> None
     cli, seen = _fit(tmp_path, "sgr", monkeypatch, GRPOTask, steps=3)
     assert cli.trainer.global_step == 3 and len(seen) == 3
     task, rollout = cli.model.task, cli.model.rollout_cfg
-    assert task.rewards[3] == "social_grounding_released" and not rollout.stop_at_answer
+    assert task.reward.terms[3] == "social_grounding_released" and not rollout.stop_at_answer
     assert task.overlong_buffer_tokens(rollout.max_new_tokens) == rollout.max_new_tokens // 4  # 8 of demo's 32
 
 
@@ -163,4 +163,4 @@ def test_released_sft_trains_on_the_demo_in_curriculum_order(in_repo, tmp_path, 
     assert cli.trainer.global_step == 12 and len(seen) == 12
     order = [DIFFICULTIES.index(item.difficulty) for items in seen for item in items]
     assert order == sorted(order) and len(order) == 24 and set(order) == {0, 1, 2}  # easy, medium, hard
-    assert cli.model.optim_cfg.weight_decay == pytest.approx(1e-3) and cli.datamodule.hparams.system_prompt == ""
+    assert cli.model.optim_cfg.weight_decay == pytest.approx(1e-3) and cli.datamodule.prompt.system_prompt == ""

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from tests.helpers import REPO, run_cli, scalars
 
 # 24 SFT rows, batch 2, two micro-batches per optimizer step: 12 micro-batches (6 steps) per epoch;
 # 9 steps cross into epoch 2. Cosine schedule with warm-up (demo.yaml).
 BASE = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--trainer.max_steps=9",
-        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.bench=null",
+        "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=2", "--data.source.bench=null",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
@@ -176,8 +177,8 @@ def test_preempted_and_killed_runs_resume_exactly(full, tmp_path):
 
 
 # ---------------------------------------------------------------------- numerical guards
-FAST = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.bench=null",
-        "--data.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+FAST = ["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", "--data.source.bench=null",
+        "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
 def _callback(cli, name: str):
@@ -239,7 +240,7 @@ def test_unreadable_clips_and_lines_are_skipped_counted_and_listed(in_repo, tmp_
     broken = _break_clips(root, [3])
     sft = root / "train" / "data_sft.jsonl"
     sft.write_text(sft.read_text() + "{not json\n")  # line 25, read before the run directory exists
-    cli = run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+    cli = run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1",
                    "--trainer.max_steps=12"], tmp_path)
     rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "skipped.jsonl").open()]
     assert rows[0]["where"] == f"{sft}:25" and rows[1]["where"].startswith(f"{sft}:4 (")  # file:line (clip)
@@ -256,13 +257,13 @@ def test_too_many_skips_stop_the_run_with_a_clear_error(in_repo, tmp_path):
 
     root = _sample_copy(tmp_path)
     _break_clips(root, [0, 1, 2])
-    with pytest.raises(GraspDataError, match=r"3 of 2\d samples skipped, over data.max_skip_fraction=0.1"):
-        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1",
+    with pytest.raises(GraspDataError, match=r"3 of 2\d samples skipped, over data.errors.max_skip_fraction=0.1"):
+        run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1",
                  "--trainer.max_steps=12"], tmp_path)
     sft = root / "train" / "data_sft.jsonl"
     sft.write_text(sft.read_text() + "{not json\n[]\n[1]\n")  # 3 bad lines of 27: over 0.1 at setup
     with pytest.raises(GraspDataError, match=r"3 of 27 lines are unusable.*data_sft.jsonl:25"):
-        run_cli([*FAST, f"--data.root={root}", "--data.on_bad_item=skip", "--data.max_skip_fraction=0.1"], tmp_path)
+        run_cli([*FAST, f"--data.source.root={root}", "--data.errors.on_bad_item=skip", "--data.errors.max_skip_fraction=0.1"], tmp_path)
 
 
 # ---------------------------------------------------------------------- hostile input
@@ -285,8 +286,11 @@ def test_hostile_tar_members_are_never_followed_or_written(in_repo, tmp_path, ti
         rows.append(row)
     write_jsonl(root / "train" / "data_sft.jsonl", rows)
     before = {p for p in tmp_path.rglob("*")}
-    dm = GraspDataModule(root=str(root), bench=None, processor=str(tiny_path), batch_size=5, num_workers=0,
-                         max_frames=4, max_pixels=4096, on_bad_item="skip", max_skip_fraction=1.0)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), bench=None),
+                         video=VideoConfig(max_frames=4, max_pixels=4096),
+                         prompt=PromptConfig(processor=str(tiny_path)),
+                         loader=LoaderConfig(batch_size=5, num_workers=0),
+                         errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=1.0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert [item.clip.path for item in batch.items] == ["ok/video/good.mp4"]
@@ -338,7 +342,7 @@ def test_remote_code_never_runs_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     marker = tmp_path / "EXECUTED"
     model = _remote_code_model(tmp_path, marker)
-    assert PolicyConfig().trust_remote_code is False and GraspDataModule().hparams.trust_remote_code is False
+    assert PolicyConfig().trust_remote_code is False and GraspDataModule().prompt.trust_remote_code is False
     policy = load_policy(PolicyConfig(name_or_path=str(model), dtype="float32"), LoraConfig())
     load_processor(str(model))
     assert type(policy).__name__ == "Qwen3VLForConditionalGeneration" and not marker.exists()
@@ -375,14 +379,19 @@ def test_an_unexpected_error_on_one_item_is_a_skip_not_a_crash(in_repo, tiny_pat
         return real(processor, item, *args, **kwargs)
 
     monkeypatch.setattr(dm_module, "encode_example", flaky)
-    dm = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, batch_size=1, num_workers=0, max_frames=4,
-                                   max_pixels=4096, on_bad_item="skip", train_limit=3)
+    dm = dm_module.GraspDataModule(source=SourceConfig(bench=None, train_limit=3),
+                                   video=VideoConfig(max_frames=4, max_pixels=4096),
+                                   prompt=PromptConfig(processor=str(tiny_path)),
+                                   loader=LoaderConfig(batch_size=1, num_workers=0),
+                                   errors=ErrorConfig(on_bad_item="skip"))
     dm.setup("fit")
     dataset = dm.train_dataloader().dataset
     samples = [dataset[i] for i in range(3)]
     assert [s.skip is None for s in samples] == [True, False, True]
     assert samples[1].skip.uid == "data_sft:2" and "RuntimeError" in samples[1].skip.reason
-    dm_raise = dm_module.GraspDataModule(processor=str(tiny_path), bench=None, num_workers=0, train_limit=3)
+    dm_raise = dm_module.GraspDataModule(source=SourceConfig(bench=None, train_limit=3),
+                                         prompt=PromptConfig(processor=str(tiny_path)),
+                                         loader=LoaderConfig(num_workers=0))
     dm_raise.setup("fit")
     with pytest.raises(RuntimeError, match="decoder bug"):
         dm_raise.train_dataloader().dataset[1]  # on_bad_item=raise: the error is not hidden

@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from grasp_lightning.checkpointing import COMPLETE_MARKER, remove_partials, require_complete, save_checkpoint_atomic
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.errors import GraspConfigError
 from tests.helpers import REPO, SAMPLE, TINY, launch_ranks, read_meta, read_steps, run_cli, scalars, wait_ranks
 
@@ -73,7 +74,7 @@ def runs(tmp_path_factory):
     for d in (a, p, c, g):
         d.mkdir()
     t0 = time.monotonic()
-    data = {"batch_size": 1, "num_workers": 0}
+    data = {"loader": {"batch_size": 1, "num_workers": 0}}
     procs_a = launch_ranks(["fit", *SFT, *_config(a / "c.yaml", _sft_trainer(a, 2, 2, True, True), data)], a / "run")
     with ExitStack() as stack:
         mp = stack.enter_context(pytest.MonkeyPatch.context())
@@ -94,7 +95,7 @@ def runs(tmp_path_factory):
                     "logger": False, "callbacks": [{"class_path": "tests.helpers.StepRecorder",
                                                     "init_args": {"out_dir": str(g / "rec")}}]}
     procs_g = launch_ranks(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-                       *_config(g / "c.yaml", grpo_trainer, {"batch_size": 1, "num_workers": 0},
+                       *_config(g / "c.yaml", grpo_trainer, {"loader": {"batch_size": 1, "num_workers": 0}},
                                 {"policy": {"name_or_path": str(a / "export")},
                                  "rollout": {"num_generations": 4, "max_new_tokens": 16}})], g / "run")
     wait_ranks(procs_c, c / "run", RUN_TIMEOUT)
@@ -264,8 +265,9 @@ def test_atomic_directory_save_marker_and_crash(tmp_path):
 def _rl_batch():
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
-                         bench=None, batch_size=2, num_workers=0, max_frames=8, max_pixels=4096)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(TINY)),
+                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return next(iter(dm.train_dataloader()))
 
@@ -276,10 +278,10 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     model; either way the KL of the first step is exactly 0, and it is not once the adapters moved."""
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     torch.manual_seed(0)
-    module = GraspModule(GRPOTask(beta=0.05), policy=PolicyConfig(name_or_path=str(TINY), dtype="float32"),
+    module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05)), policy=PolicyConfig(name_or_path=str(TINY), dtype="float32"),
                          reference=ReferenceConfig(name_or_path=str(TINY) if separate_reference else None),
                          lora=LoraConfig(enabled=True), rollout=RolloutConfig(num_generations=4, max_new_tokens=16))
     module.configure_model()
@@ -341,7 +343,7 @@ def test_sgr_lora_demo_composes_and_runs_on_cpu(in_repo, tmp_path):
     GPU settings (bf16, accumulate 32, gradient checkpointing) are reset by demo.yaml, the LoRA flag
     stays, the reference is the adapter-disabled policy and the KL starts at exactly 0."""
     cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config",
-                   "configs/demo.yaml", "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--data.num_workers=0",
+                   "configs/demo.yaml", "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--data.loader.num_workers=0",
                    "--trainer.enable_progress_bar=false", "--model.rollout.num_generations=4"], tmp_path)
     trainer, module = cli.trainer, cli.model
     assert trainer.precision == "32-true" and trainer.accumulate_grad_batches == 1 and trainer.num_devices == 1
@@ -392,7 +394,7 @@ def lora_zero2(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lora-zero2")
     a, c = root / "a", root / "c"
-    data, model = {"batch_size": 1, "num_workers": 0}, {"lora": {"enabled": True, "dropout": 0.0}}
+    data, model = {"loader": {"batch_size": 1, "num_workers": 0}}, {"lora": {"enabled": True, "dropout": 0.0}}
     for run, resume in ((a, []), (c, ["--ckpt_path", str(a / "ckpt" / f"epoch=0-step={RESUME_AT}.ckpt")])):
         run.mkdir()
         trainer = {**_sft_trainer(run, 2, 2, True, True), "max_steps": LORA_STEPS}

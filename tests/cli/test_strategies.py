@@ -69,11 +69,12 @@ def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int) ->
     model: dict = {}
     if task == "sgr":
         model = {"task": {"class_path": "tests.cli.strategy_probe.PromptSeededGRPOTask", "init_args": {
-                     "rewards": ["accuracy", "format", "grounding_presence", "social_grounding",
-                                 "tests.cli.strategy_probe:completion_length"],
-                     "reward_weights": [1.0, 0.1, 0.05, 0.2, 0.01], "rollout_batch_prompts": 1}},
+                     "reward": {"terms": ["accuracy", "format", "grounding_presence", "social_grounding",
+                                           "tests.cli.strategy_probe:completion_length"],
+                                 "weights": [1.0, 0.1, 0.05, 0.2, 0.01]},
+                     "batching": {"rollout_batch_prompts": 1}}},
                  "rollout": {"num_generations": 4, "max_new_tokens": 16}}
-    return {"trainer": trainer, "model": model, "data": {"batch_size": 1, "num_workers": 0}}
+    return {"trainer": trainer, "model": model, "data": {"loader": {"batch_size": 1, "num_workers": 0}}}
 
 
 def _run(root: Path, name: str, task: str, devices: int, strategy, accumulate: int) -> Path:

@@ -17,6 +17,7 @@ import lightning as L
 import pytest
 import torch
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig, VideoConfig
 from tests.helpers import (
     FAMILIES,
     FAST,
@@ -62,9 +63,9 @@ def sft_run(tiny_model_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(REPO)
         cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST,
-                       f"--model.policy.name_or_path={tiny_model_path}", "--data.train_limit=2",
-                       "--data.batch_size=2", f"--trainer.max_steps={SFT_STEPS}", "--trainer.max_epochs=-1",
-                       "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.bench=null"],
+                       f"--model.policy.name_or_path={tiny_model_path}", "--data.source.train_limit=2",
+                       "--data.loader.batch_size=2", f"--trainer.max_steps={SFT_STEPS}", "--trainer.max_epochs=-1",
+                       "--model.optim.lr=3e-3", "--model.optim.scheduler=constant_with_warmup", "--data.source.bench=null"],
                       tmp)
     return cli
 
@@ -118,8 +119,8 @@ def test_sft_loss_covers_the_response_tokens_only(sft_run):
 def test_sft_logs_each_step_once_as_the_mean_over_its_micro_batches(in_repo, tmp_path):
     """Accumulate 3: ``train/loss`` is the mean of the step's 3 micro-batch losses (what the optimizer step
     averages), ``train/tokens/loss`` the sum of their response tokens; one point per step."""
-    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.bench=null",
-                   "--data.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
+    cli = run_cli(["fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, "--data.source.bench=null",
+                   "--data.loader.batch_size=1", "--trainer.accumulate_grad_batches=3", "--trainer.max_steps=2",
                    "--trainer.callbacks+=tests.helpers.MicroBatchLosses"], tmp_path)
     rows = find_callback(cli, MicroBatchLosses).rows
     series = scalars(_log_dir(cli))
@@ -172,7 +173,8 @@ def _sft_run(tmp_path, max_steps, ckpt=None, save=None):
     seen = _Seen()
     module = GraspModule(SFTTask(), policy=PolicyConfig(name_or_path="grasp_lightning/assets/tiny-qwen3vl",
                                                         dtype="float32"))
-    dm = GraspDataModule(bench=None, batch_size=2, num_workers=0, max_frames=8, max_pixels=4096, seed=0)
+    dm = GraspDataModule(source=SourceConfig(bench=None), video=VideoConfig(max_frames=8, max_pixels=4096),
+                         loader=LoaderConfig(batch_size=2, num_workers=0, seed=0))
     callbacks = [seen]
     if save:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=save, save_last=True, every_n_train_steps=1))
@@ -195,7 +197,7 @@ def test_resume_continues_with_the_next_unseen_samples(in_repo, tmp_path):
 
 #: The sections of docs/metrics.md whose tags a demo run of each recipe logs, every one of them.
 GLOSSARY_SECTIONS = {
-    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.bench=null)
+    "sft": ["Every training run", "SFT"],  # sft_run: no validation (data.source.bench=null)
     "grpo": ["Every training run", "GRPO", "Validation (GRASP-Bench)", "Callbacks of the GRPO recipe"],
 }
 
@@ -258,7 +260,7 @@ def test_sgr_step_is_the_same_with_the_shared_prompt_and_with_repeated_rows(fami
     with caplog.at_level(logging.WARNING, logger="grasp_lightning.tasks.grpo"):
         shared = run_cli(args, tmp_path / "shared")
     assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
-    naive = run_cli([*args, "--model.task.init_args.share_prompt=false"], tmp_path / "naive")
+    naive = run_cli([*args, "--model.task.init_args.compute.share_prompt=false"], tmp_path / "naive")
     s, n = scalars(_log_dir(shared)), scalars(_log_dir(naive))
     assert s["train/rollout/shared_prompt"] == [(0, 1.0)] and n["train/rollout/shared_prompt"] == [(0, 0.0)]
     assert _completions(shared) == _completions(naive) and len(set(_completions(shared))) == 2 * 4

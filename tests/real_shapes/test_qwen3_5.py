@@ -109,9 +109,9 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
 
     monkeypatch.setattr(grasp_lightning.tasks.grpo.GRPOTask, "rollout", rollout)
     run = load_run(["--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-                    *standin_args(standin35, data_root, dtype="bfloat16"), "--data.batch_size=1",
+                    *standin_args(standin35, data_root, dtype="bfloat16"), "--data.loader.batch_size=1",
                     f"--model.rollout.num_generations={K35}", f"--model.rollout.max_new_tokens={BUDGET35}",
-                    "--data.bench=null"])
+                    "--data.source.bench=null"])
     module, dm = run.module, run.datamodule
     start = time.perf_counter()
     module.configure_model()

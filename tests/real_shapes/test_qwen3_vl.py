@@ -117,9 +117,9 @@ def sft_export(standin, data_root, tmp_path_factory):
     tmp = scratch(tmp_path_factory, "sft", 2.5)  # checkpoint the adapters (a few MB), export 1.9 GiB
     cli = _timed(f"SFT LoRA fit, {SFT_STEPS} steps", [
         "fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-        *standin_args(standin, data_root), "--data.batch_size=4", f"--trainer.max_steps={SFT_STEPS}",  # A and B each step
+        *standin_args(standin, data_root), "--data.loader.batch_size=4", f"--trainer.max_steps={SFT_STEPS}",  # A and B each step
         "--model.lora.dropout=0.0", "--model.optim.lr=2e-3", "--model.optim.scheduler=cosine",  # decays to 0
-        "--model.optim.warmup_steps=0", "--data.bench=null"], tmp)
+        "--model.optim.warmup_steps=0", "--data.source.bench=null"], tmp)
     policy = cli.model.policy
     info = {"log_dir": Path(cli.trainer.log_dir), "losses": [v for _, v in scalars(cli.trainer.log_dir)["train/loss"]],
             "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad),
@@ -178,8 +178,8 @@ def test_sft_full_fine_tune_two_steps_sees_the_real_vocabulary(standin, data_roo
     is the log of its 151,936 logits, and a second step on the same batch lowers it."""
     cli = _timed("SFT full fit, 2 steps", [
         "fit", "--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *standin_args(standin, data_root),
-        "--data.train_limit=2", "--data.batch_size=2", "--trainer.max_steps=2", "--model.optim.lr=1e-4",
-        "--model.optim.warmup_steps=0", "--data.bench=null"], tmp_path)
+        "--data.source.train_limit=2", "--data.loader.batch_size=2", "--trainer.max_steps=2", "--model.optim.lr=1e-4",
+        "--model.optim.warmup_steps=0", "--data.source.bench=null"], tmp_path)
     loss = [v for _, v in scalars(cli.trainer.log_dir)["train/loss"]]
     trainable = sum(p.numel() for p in cli.model.policy.parameters() if p.requires_grad)
     steps = cli.trainer.global_step
@@ -241,16 +241,16 @@ def test_sgr_from_the_export_has_correct_answers_in_every_group(sft_export, data
 
     def rollout(self, module, batch):
         ro = real_rollout(self, module, batch)
-        rollouts.append((list(self.rewards), ro))
+        rollouts.append((list(self.reward.terms), ro))
         return ro
 
     monkeypatch.setattr(grasp_lightning.tasks.grpo.GRPOTask, "rollout", rollout)
     budget = 24
     cli = _timed("SGR LoRA fit from the export, 2 steps (K=8)", [
         "fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-        *standin_args(sft_export["export"], data_root), "--data.batch_size=1", "--trainer.max_steps=2",
+        *standin_args(sft_export["export"], data_root), "--data.loader.batch_size=1", "--trainer.max_steps=2",
         f"--model.rollout.num_generations={K}", f"--model.rollout.max_new_tokens={budget}",
-        "--model.optim.lr=1e-4", "--model.optim.warmup_steps=0", "--data.bench=null"], tmp_path)
+        "--model.optim.lr=1e-4", "--model.optim.warmup_steps=0", "--data.source.bench=null"], tmp_path)
     rollout_cfg = cli.model.rollout_cfg
     assert (rollout_cfg.temperature, rollout_cfg.top_p, rollout_cfg.top_k) == (1.0, 1.0, None)  # configs/sgr.yaml
     log_dir = Path(cli.trainer.log_dir)
@@ -315,8 +315,8 @@ def test_validate_the_export_scores_its_greedy_answers(sft_export, data_root, tm
 
     cli = _timed("validate the export, 4 bench items", [
         "validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
-        *standin_args(sft_export["export"], data_root), "--data.val_limit=4", "--model.evaluation.max_new_tokens=24",
-        "--data.instruction=Give the letter in <answer> tags."],
+        *standin_args(sft_export["export"], data_root), "--data.source.val_limit=4", "--model.evaluation.max_new_tokens=24",
+        "--data.prompt.instruction=Give the letter in <answer> tags."],
         tmp_path)
     bench = Path(cli.trainer.log_dir) / "bench" / "latest"
     del cli
@@ -354,7 +354,7 @@ def test_thinking_standin_sft_and_validate(data_root, tmp_path):
     assert target == "<gaze>Person 1</gaze>\n</think>\n\n<answer>A</answer><|im_end|>\n"
     cli = _timed("Thinking SFT LoRA fit, 2 steps", [
         "fit", "--config", "configs/sft.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
-        *standin_args(model, data_root), "--data.batch_size=2", "--trainer.max_steps=2", "--data.bench=null"],
+        *standin_args(model, data_root), "--data.loader.batch_size=2", "--trainer.max_steps=2", "--data.source.bench=null"],
         tmp_path / "fit")
     loss = [v for _, v in scalars(cli.trainer.log_dir)["train/loss"]]
     del cli
@@ -362,7 +362,7 @@ def test_thinking_standin_sft_and_validate(data_root, tmp_path):
     assert len(loss) == 2 and abs(loss[0] - math.log(VOCAB_LOGITS)) < 0.5, loss
     cli = _timed("Thinking validate, 2 bench items", [
         "validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *standin_args(model, data_root),
-        "--data.val_limit=2", "--model.evaluation.max_new_tokens=8"], tmp_path / "val")
+        "--data.source.val_limit=2", "--model.evaluation.max_new_tokens=8"], tmp_path / "val")
     results = json.loads((Path(cli.trainer.log_dir) / "bench" / "latest" / "results.json").read_text())
     del cli
     gc.collect()

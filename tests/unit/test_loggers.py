@@ -234,9 +234,9 @@ def _grpo_fit(logger_config: str, tmp_path: Path, *extra: str):
     """One GRPO-SGR step of the demo (K = 2) and a 4-item GRASP-Bench validation at its end, logged by
     ``configs/<logger_config>.yaml`` given last, as docs/training.md says."""
     return run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                    f"configs/{logger_config}.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
+                    f"configs/{logger_config}.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
                     "--trainer.max_steps=1", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
-                    "--data.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4",
+                    "--data.source.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4",
                     *extra], tmp_path)
 
 

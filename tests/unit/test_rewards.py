@@ -389,12 +389,12 @@ def test_a_reward_that_returns_no_finite_number_is_an_error_naming_it(text, show
     ("tests.unit.test_rewards.NOT_A_FUNCTION", "is a int, not a function"),
 ])
 def test_bad_reward_entries_fail_at_task_init_naming_the_entry(entry: str, says: str) -> None:
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
 
     with pytest.raises(GraspConfigError) as info:
-        GRPOTask(rewards=["accuracy", entry], reward_weights=[1.0, 1.0])
+        GRPOTask(reward=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
     msg = str(info.value)
-    assert "model.task.init_args.rewards" in msg and repr(entry) in msg and says in msg, msg
+    assert "model.task.init_args.reward.terms" in msg and repr(entry) in msg and says in msg, msg
     with pytest.raises(GraspConfigError, match="social_grounding"):
         compute_rewards(["x"], [make_item()], [entry])  # the known names are listed
 
@@ -422,8 +422,9 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
                           rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
                           reference=contextlib.nullcontext)
-    task = grpo_task.GRPOTask(rewards=["accuracy", PLUGIN], reward_weights=[1.0, 0.5], beta=0.0, share_prompt=False,
-                              advantage="none")
+    task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy", PLUGIN], weights=[1.0, 0.5]),
+                              loss=grpo_task.LossConfig(beta=0.0), compute=grpo_task.ComputeConfig(share_prompt=False),
+                              advantage=grpo_task.AdvantageConfig(kind="none"))
     task.setup(ctx)
     batch = Batch(inputs={"input_ids": torch.ones(1, 2, dtype=torch.long),
                           "attention_mask": torch.ones(1, 2, dtype=torch.long)},
@@ -499,25 +500,25 @@ def test_a_batched_reward_is_called_once_without_the_broken_rollouts() -> None:
     ("tests.unit.test_rewards:", "is not an import path"),
 ])
 def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_path, monkeypatch) -> None:
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
 
     (tmp_path / "broken.py").write_text("def fn(completion, item):\n    return (\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(GraspConfigError, match=says) as info:
-        GRPOTask(rewards=["accuracy", entry], reward_weights=[1.0, 1.0])
-    assert "model.task.init_args.rewards" in str(info.value) and entry in str(info.value)
+        GRPOTask(reward=RewardConfig(terms=["accuracy", entry], weights=[1.0, 1.0]))
+    assert "model.task.init_args.reward.terms" in str(info.value) and entry in str(info.value)
 
 
 def test_metric_labels_are_function_names_and_must_be_distinct(tmp_path, monkeypatch) -> None:
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
 
     (tmp_path / "a.py").write_text(FILE_REWARD)
     (tmp_path / "b.py").write_text(FILE_REWARD)
     monkeypatch.chdir(tmp_path)
-    task = GRPOTask(rewards=["accuracy", "a.py:brevity", answer_is_b], reward_weights=[1.0, 0.5, 0.5])
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy", "a.py:brevity", answer_is_b], weights=[1.0, 0.5, 0.5]))
     assert task.reward_labels == ["accuracy", "brevity", "answer_is_b"]
     with pytest.raises(GraspConfigError, match=r"share a metric name in \['brevity', 'brevity'\]"):
-        GRPOTask(rewards=["a.py:brevity", "b.py:brevity"], reward_weights=[1.0, 1.0])
+        GRPOTask(reward=RewardConfig(terms=["a.py:brevity", "b.py:brevity"], weights=[1.0, 1.0]))
 
 
 def numeric_string(completion: str, item: GraspItem) -> float:
@@ -676,7 +677,7 @@ def test_temporal_grounding_vision_placeholder_is_zero() -> None:
 
 def test_compute_rewards_with_the_temporal_term_and_the_task_weighting() -> None:
     """The five-term list through ``compute_rewards`` and ``GRPOTask.advantages``' weighted sum."""
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
 
     item = make_timed_item(((1.0, 3.0),), persons=(0, 1))
     completions = [
@@ -689,7 +690,7 @@ def test_compute_rewards_with_the_temporal_term_and_the_task_weighting() -> None
         # right, formatted, no tag; P = 1, R = 1/2 -> 1.5; half overlap (2,4) vs (1,3) -> 1/3
         think("Person 0 acts between 2s and 4s"),
     ]
-    task = GRPOTask(rewards=TEMPORAL_TERMS, reward_weights=TEMPORAL_WEIGHTS)
+    task = GRPOTask(reward=RewardConfig(terms=TEMPORAL_TERMS, weights=TEMPORAL_WEIGHTS))
     assert task.reward_labels == TEMPORAL_TERMS
     terms = compute_rewards(completions, [item] * 4, task.reward_terms)
     expected = torch.tensor([

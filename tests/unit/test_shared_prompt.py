@@ -169,9 +169,9 @@ def test_prompt_token_accounting_and_fallbacks(prompts, family):
 def _task_step(share: bool, prompts_batch, family: str):
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import ComputeConfig, GRPOTask, LossConfig
 
-    module = GraspModule(GRPOTask(beta=0.05, num_iterations=1, share_prompt=share),
+    module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05, num_iterations=1), compute=ComputeConfig(share_prompt=share)),
                          policy=PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32", freeze_vision=True),
                          rollout=RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False))
     module.configure_model()
@@ -198,8 +198,8 @@ def test_grpo_task_shared_step_equals_naive_step(prompts, family):
 
 def test_step_timing_logs_every_phase_each_step(in_repo, tmp_path):
     """The SGR demo (sgr.yaml lists grasp_lightning.callbacks.timing.StepTiming) logs the time accounting every step."""
-    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
-                   "--trainer.enable_progress_bar=false", "--trainer.max_steps=3", "--data.bench=null",
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+                   "--trainer.enable_progress_bar=false", "--trainer.max_steps=3", "--data.source.bench=null",
                    "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=32"], tmp_path)
     series = {k: [v for _, v in vals] for k, vals in scalars(cli.trainer.log_dir).items()}
     keys = ["time/data_wait_s", "time/step_s", "time/update_s", "time/model_s", "time/other_s",

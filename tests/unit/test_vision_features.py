@@ -113,10 +113,10 @@ def _task_step(family: str, batch, once: bool, num_iterations: int = 1, checkpoi
     """One GRPO step (sampling, reference and policy scoring); completions, loss, grads, grids encoded, task."""
     from grasp_lightning.module import GraspModule, RolloutConfig
     from grasp_lightning.policy import PolicyConfig
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import ComputeConfig, GRPOTask, LossConfig
 
-    module = GraspModule(GRPOTask(beta=0.05, num_iterations=num_iterations, encode_vision_once=once,
-                                  share_prompt=share),
+    module = GraspModule(GRPOTask(loss=LossConfig(beta=0.05, num_iterations=num_iterations),
+                                  compute=ComputeConfig(encode_vision_once=once, share_prompt=share)),
                          policy=PolicyConfig(name_or_path=str(TINY_MODELS[family]), dtype="float32",
                                              freeze_vision=True, gradient_checkpointing=checkpointing),
                          rollout=RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False))

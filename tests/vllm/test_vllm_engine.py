@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from tests.helpers import REPO, SAMPLE, SERVER_ENV, load_tiny_policy, perturb_weights, run_cli, scalars, vllm_cfg
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -65,8 +66,9 @@ def prompts(tiny32):
     """Two GRASP RL prompts of the bundled sample (real clips at 2 fps) through the DataModule."""
     from grasp_lightning.datamodule import GraspDataModule
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny32),
-                         bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(tiny32)),
+                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     return {k: v for k, v in batch.inputs.items() if k != "labels"}, dm.processor.tokenizer
@@ -161,8 +163,10 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
 
     folder = tmp_path_factory.mktemp("qa")
     make_qa_dataset(folder)
-    dm = GraspDataModule(root=str(folder), train_file="qa.jsonl", mode="rl", processor=str(tiny32), max_frames=8,
-                         max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
+    dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file="qa.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=2048),
+                         prompt=PromptConfig(processor=str(tiny32)),
+                         loader=LoaderConfig(mode="rl", batch_size=4, num_workers=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert [i.media for i in batch.items] == [("image",), ("video",), ("image", "video"), ("image",)]
@@ -215,8 +219,10 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.engines.vllm import VLLMEngine
 
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(tiny_qwen35),
-                         bench=None, num_workers=0, max_frames=8, max_pixels=4096, batch_size=2, seed=0)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096),
+                         prompt=PromptConfig(processor=str(tiny_qwen35)),
+                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer
@@ -298,15 +304,15 @@ def test_fit_grpo_sgr_with_the_vllm_engine_then_a_server_death_leaves_a_valid_ch
     monkeypatch.setattr(VLLMEngine, "sample", sample)
     ckpts = tmp_path / "ckpts"
     env = json.dumps(SERVER_ENV)
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
             f"--model.policy.name_or_path={tiny32}", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0", f"--model.rollout.num_generations={K}",
-            "--model.rollout.max_new_tokens=16", "--data.train_limit=8", "--model.optim.warmup_steps=0",
+            "--model.rollout.max_new_tokens=16", "--data.source.train_limit=8", "--model.optim.warmup_steps=0",
             "--trainer.max_steps=3"]
     vllm = ["--model.rollout.engine=vllm", f"--model.rollout.vllm.python={vllm_python}",
             "--model.rollout.vllm.dtype=float32", "--model.rollout.vllm.gpu_memory_utilization=0.05",
             f"--model.rollout.vllm.env={env}", '--model.rollout.vllm.engine_kwargs={"enforce_eager": true}',
-            "--model.task.init_args.importance_sampling_cap=2.0",
+            "--model.task.init_args.loss.importance_sampling_cap=2.0",
             "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
             "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
@@ -402,7 +408,7 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
     (each item once); ``validate`` logs the same metrics as with ``generate``."""
     import json
 
-    base = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+    base = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
             f"--model.policy.name_or_path={tiny32}", "--trainer.enable_progress_bar=false"]
     vllm = ["--model.evaluation.engine=vllm", *_vllm_flags(vllm_python)]
 
@@ -413,7 +419,7 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
 
     hf = {r["id"]: r for r in predict(tmp_path / "hf.jsonl")}
     assert len(hf) == 32
-    first = predict(tmp_path / "vllm.jsonl", *vllm, "--data.predict_limit=8")  # stopped after 8 items
+    first = predict(tmp_path / "vllm.jsonl", *vllm, "--data.source.predict_limit=8")  # stopped after 8 items
     records = predict(tmp_path / "vllm.jsonl", *vllm)  # the same command finishes the file
     assert records[:8] == first and len(first) == 8
     assert sorted(r["id"] for r in records) == sorted(hf)  # each item once: none lost, none repeated

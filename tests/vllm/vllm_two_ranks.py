@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from tests.helpers import SAMPLE, K, load_tiny_policy, perturb_weights, vllm_cfg
 
 
@@ -32,8 +33,9 @@ def main(model: str, out: str, sync_dir: str) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=model, bench=None,
-                         num_workers=0, max_frames=8, max_pixels=4096, batch_size=1, seed=0)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=model),
+                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=1, seed=0))
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer

@@ -161,7 +161,7 @@ def _maybe_shuffle(rng: random.Random, specs: list[dict]) -> list[dict]:
 
 def sft_row(rng: random.Random, e: Entry, instruction: str = INSTRUCTION) -> list[dict]:
     """A data_sft.jsonl row: video spec, user text (ending with ``instruction``), assistant reasoning + answer,
-    and a meta spec with the category's difficulty (what the SFT curriculum orders by, ``data.curriculum``)."""
+    and a meta spec with the category's difficulty (what the SFT curriculum orders by, ``data.loader.curriculum``)."""
     meta = {"type": "meta", "difficulty": CATEGORY_DIFFICULTY[e.question.category]}
     return _maybe_shuffle(rng, [video_spec(e.clip), {"type": "text", "content": user_text(e, instruction), "output": False},
                                 {"type": "text", "content": e.response, "output": True}, meta])

@@ -1,7 +1,7 @@
 """The generic QA format (grasp_lightning/data/qa.py) and mixed image/video batches.
 
 Reader errors name ``file:line`` and are counted in skip mode; images go through the processor's
-image path with ``data.max_image_pixels``; a batch mixing image rows, video rows and a row with both
+image path with ``data.video.max_image_pixels``; a batch mixing image rows, video rows and a row with both
 gives each row what it gives alone: SFT logits, greedy generation, and the group-shared prefill and
 scoring against the naive K repeated rows, on both tiny families. A GRPO fit through the CLI, a
 validation suite and ``check-data`` run on a generated QA file.
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.qa import read_qa
 from grasp_lightning.decoding import sample_completions
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
@@ -55,13 +56,14 @@ def qa_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def _datamodule(folder: Path, mode: str, model: Path = TINY, **over):
+def _datamodule(folder: Path, mode: str, model: Path = TINY, train_file: str = "qa.jsonl",
+                max_image_pixels: int = 2048, errors: ErrorConfig | None = None):
     from grasp_lightning.datamodule import GraspDataModule
 
-    args = dict(root=str(folder), train_file="qa.jsonl", mode=mode, processor=str(model), max_frames=8,
-                max_pixels=4096, max_image_pixels=2048, batch_size=4, num_workers=0, bench=None)
-    args.update(over)
-    dm = GraspDataModule(**args)
+    dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file=train_file, bench=None),
+                         video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=max_image_pixels),
+                         prompt=PromptConfig(processor=str(model)), loader=LoaderConfig(mode=mode, batch_size=4, num_workers=0),
+                         errors=errors or ErrorConfig())
     dm.setup("fit")
     return dm
 
@@ -153,7 +155,7 @@ def test_skip_mode_counts_bad_lines_and_unreadable_images(qa_dir, tmp_path):
     rows = [qa_row(), qa_row(image="media/none.png"), qa_row(id="bad_img", image="garbage.jpg"),
             qa_row(image=None), *[qa_row(id=f"ok{i}") for i in range(3)]]
     write_jsonl(tmp_path / "qa.jsonl", rows)
-    dm = _datamodule(tmp_path, "sft", on_bad_item="skip", max_skip_fraction=0.5)
+    dm = _datamodule(tmp_path, "sft", errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=0.5))
     assert len(dm.train_items) == 5 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2", "4"]
     assert [s.uid for s in dm.skipped] == ["qa_0001", "qa_0001"]  # a row's own id travels with its skip
     dataset = dm.dataset(dm.train_items, None, with_target=True)
@@ -292,17 +294,17 @@ def test_shared_prefill_and_scoring_on_a_mixed_batch_equal_the_naive_rows(qa_dir
 def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path, capsys):
     suite = json.dumps([{"class_path": "grasp_lightning.evaluation.QASuite",
                          "init_args": {"path": str(qa_dir / "qa.jsonl"), "name": "my_qa"}}])
-    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
-                   "--trainer.enable_progress_bar=false", f"--data.root={qa_dir}", "--data.train_file=qa.jsonl",
-                   "--data.bench=null", f"--data.eval_suites={suite}", "--data.max_image_pixels=2048",
-                   "--data.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+                   "--trainer.enable_progress_bar=false", f"--data.source.root={qa_dir}", "--data.source.train_file=qa.jsonl",
+                   "--data.source.bench=null", f"--data.eval_suites={suite}", "--data.video.max_image_pixels=2048",
+                   "--data.loader.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
                    "--model.evaluation.max_new_tokens=4", "--trainer.limit_val_batches=1"], tmp_path)
     series = scalars(cli.trainer.log_dir)
     assert len(series["train/loss"]) == 2 and series["train/rollout/shared_prompt"][0][1] == 1.0
     assert all(v == v for _, v in series["train/loss"])  # finite
     assert {"val/my_qa/acc/gaze", "val/my_qa/acc/gesture", "val/my_qa/acc/overall"} <= set(series)
     rows = [json.loads(line) for line in open(f"{cli.trainer.log_dir}/rollouts.jsonl")]
-    assert rows and "participants_named" in rows[0]  # data.batch_size=4: each step's batch mixes all four rows
+    assert rows and "participants_named" in rows[0]  # data.loader.batch_size=4: each step's batch mixes all four rows
     table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
     assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
 
@@ -317,7 +319,7 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
     path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
     report_path = tmp_path / "report.json"
     rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
-               f"--report={report_path}", f"--data.root={tmp_path}", "--data.train_file=qa.jsonl", "--data.bench=null"])
+               f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
     report = json.loads(report_path.read_text())
     assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 6 and report["files"]["qa.jsonl"]["bad"] == 5
     reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
@@ -395,7 +397,8 @@ def test_repeated_ids_and_rl_rows_without_answers_are_named_or_counted(qa_dir, t
     write_jsonl(tmp_path / "qa.noans.jsonl", [rows[0], {**rows[1], "answer": None, "options": None}, rows[2], rows[3]])
     with pytest.raises(GraspDataError, match=r"qa.noans.jsonl:2: GRPO needs an `answer`.*\(1 of 4 rows"):
         _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl").train_dataloader()
-    dm = _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl", on_bad_item="skip", max_skip_fraction=0.5)
+    dm = _datamodule(tmp_path, "rl", train_file="qa.noans.jsonl",
+                     errors=ErrorConfig(on_bad_item="skip", max_skip_fraction=0.5))
     dm.train_dataloader()
     assert len(dm.train_items) == 3 and [s.where.rsplit(":", 1)[1] for s in dm.skipped] == ["2"]
     assert len(_datamodule(tmp_path, "sft", train_file="qa.noans.jsonl").train_items) == 4  # SFT needs no answer

@@ -2,6 +2,7 @@
 
 import pytest
 
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 
 
@@ -121,7 +122,7 @@ def test_batch_sampler_resume_leaves_out_drawn_windows():
     assert list(batches) == full
 
 
-# ------------------------------------------------------------------------------- curriculum (data.curriculum)
+# ------------------------------------------------------------------------------- curriculum (data.loader.curriculum)
 def test_curriculum_visits_groups_in_order_shuffled_inside_each():
     groups = [2, 0, 1, 0, 2, 1, 0, 2, 1, 0]
     plain = ResumableSampler(10, seed=5).order()
@@ -152,12 +153,13 @@ def test_curriculum_resumes_exactly_after_consumed_batches():
     assert list(resumed) == full[2:]
 
 
-def _curriculum_dm(root, **kwargs):
+def _curriculum_dm(root):
     from grasp_lightning.datamodule import GraspDataModule
     from tests.helpers import TINY
 
-    dm = GraspDataModule(root=str(root), train_file="train/data_sft.jsonl", bench=None, processor=str(TINY),
-                         curriculum=True, num_workers=0, batch_size=2, **kwargs)
+    dm = GraspDataModule(source=SourceConfig(root=str(root), train_file="train/data_sft.jsonl", bench=None),
+                         prompt=PromptConfig(processor=str(TINY)),
+                         loader=LoaderConfig(curriculum=True, num_workers=0, batch_size=2))
     dm.setup("fit")
     return dm
 
@@ -179,8 +181,8 @@ def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
     from grasp_lightning.datamodule import GraspDataModule
     from grasp_lightning.errors import GraspConfigError
 
-    with pytest.raises(GraspConfigError, match="resume with data.curriculum=true"):  # the other order: refused
-        GraspDataModule(bench=None, curriculum=False).load_state_dict(state)
+    with pytest.raises(GraspConfigError, match="resume with data.loader.curriculum=true"):  # the other order: refused
+        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(curriculum=False)).load_state_dict(state)
 
 
 def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_path):
@@ -194,4 +196,4 @@ def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_
         dm.train_dataloader()
     assert err.value.where == f"{tmp_path / 'train' / 'data_sft.jsonl'}:1"
     assert "2 of 2 rows of train/data_sft.jsonl carry no difficulty" in err.value.reason
-    assert "data.curriculum=false" in str(err.value)
+    assert "data.loader.curriculum=false" in str(err.value)

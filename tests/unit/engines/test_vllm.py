@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from grasp_lightning.tasks.grpo_config import LossConfig
 from tests.helpers import TINY
 
 VIDEO = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
@@ -96,7 +97,7 @@ def test_truncated_importance_weights_scale_the_clipped_term_before_the_kl():
 
 
 def test_sampler_gap_metrics_and_the_capped_weights():
-    from grasp_lightning.tasks.grpo import GRPOTask
+    from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
@@ -108,7 +109,7 @@ def test_sampler_gap_metrics_and_the_capped_weights():
     assert float(out["sampling/importance_ratio/min"]) == pytest.approx(np.exp(-1.0))
     assert float(out["sampling/importance_ratio/max"]) == pytest.approx(np.exp(0.5))
     assert "weights" not in out
-    capped = GRPOTask(importance_sampling_cap=1.2)._sampler_correction(logp, ro, mask)["weights"]
+    capped = GRPOTask(loss=LossConfig(importance_sampling_cap=1.2))._sampler_correction(logp, ro, mask)["weights"]
     assert capped[0].tolist() == pytest.approx([1.2, np.exp(-1.0), 1.0])  # exp(0.5) = 1.65 capped at 1.2
     assert GRPOTask()._sampler_correction(logp, types.SimpleNamespace(sampled_logp=None, old_logp=None), mask) == {}
 
@@ -133,7 +134,7 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
         with pytest.raises(GraspConfigError, match=f"model.rollout.vllm.{match}"):
             VLLMConfig(**bad)
     with pytest.raises(GraspConfigError, match="importance_sampling_cap must be >= 1 or null, got 0.5"):
-        GRPOTask(importance_sampling_cap=0.5)
+        GRPOTask(loss=LossConfig(importance_sampling_cap=0.5))
     cfg = RolloutConfig(engine="vllm", vllm={"python": "/x", "dtype": "float32"})  # a checkpoint's plain dict
     assert isinstance(cfg.vllm, VLLMConfig) and cfg.vllm.dtype == "float32"
 
@@ -250,8 +251,8 @@ def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_pa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
     started = []
     monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
-            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.train_limit=4",
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.source.train_limit=4",
             "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
             f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
     with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "

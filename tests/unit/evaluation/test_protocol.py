@@ -221,8 +221,8 @@ def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp
 
     with caplog.at_level(logging.INFO, logger="grasp_lightning.module"):
         cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                       "configs/eval_released.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
-                       "--data.val_limit=2", "--model.evaluation.max_new_tokens=8",
+                       "configs/eval_released.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
+                       "--data.source.val_limit=2", "--model.evaluation.max_new_tokens=8",
                        "--trainer.callbacks+=tests.helpers.PromptRecorder"], tmp_path)
     module = cli.model
     assert module.eval_cfg.protocol == "released" and module.eval_cfg.max_frames == 8

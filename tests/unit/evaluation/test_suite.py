@@ -341,8 +341,8 @@ def test_read_sections_also_reads_the_old_benchmarks_key(tmp_path):
 # ------------------------------------------------------------------------------------ validate, all at once
 def test_validate_reports_grasp_bench_and_four_other_suites(in_repo, tmp_path, capsys):
     cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                   "configs/eval_suites.yaml", "--data.num_workers=0", "--trainer.enable_progress_bar=false",
-                   "--data.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4"],
+                   "configs/eval_suites.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
+                   "--data.source.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4"],
                   tmp_path)
     out = capsys.readouterr().out
     assert re.search(r"^\| T1 \| Gaze target identification \|", out, re.M)  # GRASP-Bench, Table 1 layout

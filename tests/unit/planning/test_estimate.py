@@ -448,8 +448,8 @@ def _processor_prompt_tokens(processor, seconds: float, size: tuple[int, int], s
 
 @pytest.fixture(scope="module")
 def sft_data() -> dict:
-    """The DataModule settings of configs/sft.yaml, as the run instantiates them."""
-    return dict(load_run(config_args([CONFIGS / "sft.yaml"])).datamodule.hparams)
+    """The DataModule's video settings of configs/sft.yaml, as the run instantiates them."""
+    return dict(load_run(config_args([CONFIGS / "sft.yaml"])).datamodule.hparams["video"])
 
 
 @pytest.mark.parametrize("size", [(448, 448), (360, 640)], ids=["448x448", "640x360"])
@@ -503,17 +503,18 @@ def test_run_spec_defaults_are_the_codes(tmp_path) -> None:
     minimal.write_text("model:\n  task:\n    class_path: grasp_lightning.tasks.grpo.GRPOTask\n")
     d, _ = load_spec(config_args([minimal]))
     policy, rollout = PolicyConfig(), RolloutConfig()
-    task = inspect.signature(GRPOTask).parameters
-    data = inspect.signature(GraspDataModule).parameters
+    task = {name: p.default for name, p in inspect.signature(GRPOTask).parameters.items()}  # the groups' defaults
+    data = {name: p.default for name, p in inspect.signature(GraspDataModule).parameters.items()}
     assert (d.gradient_checkpointing, d.attn_implementation, d.dtype, d.freeze_vision) == (
         policy.gradient_checkpointing, policy.attn_implementation, policy.dtype, policy.freeze_vision)
     assert (d.num_generations, d.max_new_tokens) == (rollout.num_generations, rollout.max_new_tokens)
-    assert (d.shares_prompt, d.needs_reference) == (task["share_prompt"].default, task["beta"].default != 0.0)
-    assert d.logprob_chunk_size == task["logprob_chunk_size"].default
+    assert (d.shares_prompt, d.needs_reference) == (task["compute"].share_prompt, task["loss"].beta != 0.0)
+    assert d.logprob_chunk_size == task["compute"].logprob_chunk_size
     assert d.precision == L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False).precision
-    assert (d.fps, d.max_frames, d.max_pixels, d.max_prompt_tokens, d.max_target_tokens, d.micro_batch_size) == tuple(
-        data[k].default for k in ("fps", "max_frames", "max_pixels", "max_prompt_tokens", "max_target_tokens",
-                                  "batch_size"))
+    video, prompt = data["video"], data["prompt"]
+    assert (d.fps, d.max_frames, d.max_pixels, d.max_prompt_tokens, d.max_target_tokens, d.micro_batch_size) == (
+        video.fps, video.max_frames, video.max_pixels, prompt.max_prompt_tokens, prompt.max_target_tokens,
+        data["loader"].batch_size)
 
 
 def test_float32_masters_without_deepspeed(tiny) -> None:
@@ -561,7 +562,7 @@ def test_plan_from_configs() -> None:
     assert lora.spec.lora.enabled and lora.spec.lora.r == 16 and lora.spec.zero_stage == 0 and lora.spec.world_size == 1
     assert lora.reference_model == 0 and lora.spec.gradient_checkpointing
     small = plan_from_config([CONFIGS / "sgr.yaml"], {"model.rollout.num_generations": 4,
-                                                      "model.task.init_args.share_prompt": True})
+                                                      "model.task.init_args.compute.share_prompt": True})
     assert small.spec.num_generations == 4 and small.sequences == 4 and small.spec.shares_prompt
     assert strategy_settings("deepspeed_stage_2_offload") == {"zero_stage": 2, "offload_optimizer": True,
                                                               "reduce_bucket_size": 200_000_000, "overlap_comm": True}
@@ -624,7 +625,7 @@ def test_cli_names_the_change_that_fits(capsys, caplog) -> None:
     assert command.main([*sgr, "--config", str(CONFIGS / "lora.yaml"), "--gpu-memory-gib", "4"]) == 1
     out = capsys.readouterr().out
     assert "even with all of these changes: --model.lora.enabled true --model.lora.quantize nf4" in out
-    assert "--model.rollout.num_generations 2" in out and "--data.max_frames 15" in out
+    assert "--model.rollout.num_generations 2" in out and "--data.video.max_frames 15" in out
 
 
 def test_cli_takes_fits_override_syntax(capsys, caplog) -> None:

@@ -18,6 +18,7 @@ import torch
 import grasp_lightning.engines.hf as engines_hf
 import grasp_lightning.tasks.grpo as grpo_task
 from grasp_lightning.data.collate import Batch
+from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.decoding import Completions
@@ -85,8 +86,9 @@ def world():
         for p in policy.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     reference = copy.deepcopy(policy).eval()
-    dm = GraspDataModule(root=str(SAMPLE), train_file="train/data_rl.jsonl", mode="rl", processor=str(TINY),
-                         max_frames=4, max_pixels=4096, batch_size=1, num_workers=0, bench=None, train_limit=12)
+    dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None, train_limit=12),
+                         video=VideoConfig(max_frames=4, max_pixels=4096), prompt=PromptConfig(processor=str(TINY)),
+                         loader=LoaderConfig(mode="rl", batch_size=1, num_workers=0))
     dm.setup("fit")
     return policy, reference, dm
 
@@ -102,7 +104,9 @@ def make_module(policy, reference, processor):
 
 
 def make_task(**kwargs) -> grpo_task.GRPOTask:
-    task = grpo_task.GRPOTask(rewards=["accuracy"], beta=0.05, loss_type="dapo", num_iterations=2, **kwargs)
+    task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]),
+                              loss=grpo_task.LossConfig(beta=0.05, type="dapo", num_iterations=2),
+                              batching=grpo_task.BatchingConfig(**kwargs))
     return task  # K and the budget come from the context (make_module)
 
 
@@ -154,12 +158,12 @@ def test_one_generation_call_per_rollout_batch_same_losses_and_gradients(world, 
 
 def test_config_errors_name_the_keys():
     with pytest.raises(GraspConfigError, match="dynamic_sampling"):
-        grpo_task.GRPOTask(dynamic_sampling="resample")
+        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling="resample"))
     with pytest.raises(GraspConfigError, match="drop_zero_variance_groups=True contradicts"):
-        grpo_task.GRPOTask(drop_zero_variance_groups=True, dynamic_sampling="off")
+        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(drop_zero_variance_groups=True, dynamic_sampling="off"))
     with pytest.raises(GraspConfigError, match="rollout_batch_prompts"):
-        grpo_task.GRPOTask(rollout_batch_prompts=0)
-    assert grpo_task.GRPOTask(drop_zero_variance_groups=True).dynamic_sampling == "drop"
+        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(rollout_batch_prompts=0))
+    assert grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(drop_zero_variance_groups=True)).dynamic_sampling == "drop"
     assert grpo_task.GRPOTask().dynamic_sampling == "off"
 
 
@@ -275,11 +279,11 @@ def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
 # ----------------------------------------------------------------------------------- CLI stop / resume
 # sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
 # num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
-CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.num_workers=0",
+CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
-       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.num_iterations=2",
-       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.train_limit=12",
-       "--model.task.init_args.loss_type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
+       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.loss.num_iterations=2",
+       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.source.train_limit=12",
+       "--model.task.init_args.loss.type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
 
 
 def cli_rewards(texts, items, names, **kwargs):
@@ -329,7 +333,7 @@ def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_
     every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                   f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
                   "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
-    args = [*CLI, f"--model.task.init_args.dynamic_sampling={mode}"]
+    args = [*CLI, f"--model.task.init_args.batching.dynamic_sampling={mode}"]
     run_cli([*args, *every_step], tmp_path / "full")
     full, full_calls = list(rows), list(calls)
     assert [r["step"] for r in full[:4]] == [0, 0, 1, 1] and [r["iteration"] for r in full[:4]] == [0, 0, 1, 1]
@@ -363,9 +367,9 @@ def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_p
 
     per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
     with pytest.raises(GraspConfigError, match=r"val_check_interval=1.0 .*would never run.*in micro-batches"):
-        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill"], tmp_path / "epoch")
+        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill"], tmp_path / "epoch")
     with pytest.raises(GraspConfigError, match=r"val_check_interval=0.5"):
-        run_cli([*per_epoch, "--model.task.init_args.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
+        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
                 tmp_path / "half")
 
 
@@ -374,9 +378,10 @@ class _IndexTask(grpo_task.GRPOTask):
     """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a
     degenerate group) for indices in ``degenerate``, else [1, 0]."""
 
-    def __init__(self, degenerate: set[int], num_iterations: int = 2, **kwargs):
-        super().__init__(rewards=["accuracy"], beta=0.0, num_iterations=num_iterations, dynamic_sampling="refill",
-                         **kwargs)
+    def __init__(self, degenerate: set[int], num_iterations: int = 2, max_resample: int = 4):
+        super().__init__(reward=grpo_task.RewardConfig(terms=["accuracy"]),
+                         loss=grpo_task.LossConfig(beta=0.0, num_iterations=num_iterations),
+                         batching=grpo_task.BatchingConfig(dynamic_sampling="refill", max_resample=max_resample))
         self.degenerate = degenerate  # K = 2: the context's model.rollout.num_generations
 
     def rollout(self, module, batch):

@@ -73,6 +73,8 @@ def _wandb_records(path: Path) -> list:
         if left < 7 or (kind == 0 and length == 0):  # block trailer / padding
             pos += left
             continue
+        if pos + 7 + length > len(data):  # a chunk still being written: the caller reads the file again
+            break
         chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         chunks = chunk if kind in (1, 2) else chunks + chunk  # FULL/FIRST start a record, MIDDLE/LAST continue it
         if kind in (1, 4):

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grasp_lightning import grpo as grpo_lib
+from grasp_lightning import grpo_math
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig
 from grasp_lightning.data.windows import Window
@@ -349,7 +349,7 @@ class _TruncationTask(GRPOTask):
         mask = torch.ones(n, 3, dtype=torch.bool)
         comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
-                       old_logp=None, ref_logp=None, zero_variance=grpo_lib.zero_variance_groups(r, 2),
+                       old_logp=None, ref_logp=None, zero_variance=grpo_math.zero_variance_groups(r, 2),
                        indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
 
 

@@ -394,6 +394,8 @@ class GraspModule(L.LightningModule):
         if getattr(self.task, "draws_prompts", False):
             self._check_validation_in_steps()
             shared["draws"] = True
+        if getattr(self.task, "samples_rollouts", False) and self.rollout_cfg.overlap:
+            shared["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
         connect(**shared)
 
     def _check_validation_in_steps(self) -> None:

@@ -23,11 +23,31 @@ On the CPU the server runs vLLM's engine core in its own process (``VLLM_ENABLE_
 
 Keys of the last JSON line: ``hf_tokens_per_s``, ``vllm_tokens_per_s``, ``vllm_vs_hf`` (their ratio),
 ``weight_sync_s`` (median), ``step_s`` (median), ``weight_sync_share`` and the settings.
+
+``--overlap``: seconds per optimizer step of GRPO with ``engine: vllm``, alternating (``model.rollout.overlap:
+0``) against overlapped (``1``), with a fixed thread budget on each side in both modes (``--threads``, default
+1: ``torch.set_num_threads`` in the trainer, ``OMP_NUM_THREADS`` in the server), one server for both runs
+(alternating first), the same prompts, K, budget, rewards and ``importance_sampling_cap`` (2.0, as overlap
+sets it); a step's seconds run from the end of the step before to its own end, the first step of each mode
+left out (overlap samples it on the spot). Keys: ``overlap_speedup`` (alternating / overlapped),
+``alternating_s_per_step``, ``overlapped_s_per_step``, per-step lists, the overlapped run's
+``rollout/overlap`` and staleness per step, and the settings.
+
+``--learning-check``: ``--steps`` GRPO steps of each mode on the tiny model (head dim 32) and the bundled
+sample prompts, the same seeds, lr 1e-3 (``configs/demo.yaml``'s), and a reward the random model can learn
+within a few steps (:func:`vowel_share`, the share of vowels among the completion's letters); keys
+``reward_last_mean`` per mode (the mean reward of the last ``--last`` steps), their std over those steps,
+the per-step rewards, and ``reward_gap`` (overlapped − alternating).
+
+    python benchmarks/rollout_engines.py --overlap                 # 2B widths, 1 + 1 threads
+    python benchmarks/rollout_engines.py --overlap --smoke         # tiny model, 3 steps each (CI)
+    python benchmarks/rollout_engines.py --learning-check          # tiny model, 24 steps each
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -112,6 +132,106 @@ def tokens_per_second(engine, policy, tokenizer, prompt, cfg: RolloutConfig, rep
     return statistics.median(rates), rates
 
 
+def vowel_share(completion: str, item, opened_think: bool = False) -> float:  # noqa: ARG001 (reward signature)
+    """The share of vowels (``aeiou``) among the completion's ASCII letters, 0 without letters: a reward a random
+    model's sampling already varies on, so GRPO moves it within a few steps (``--learning-check``)."""
+    letters = [c for c in completion.lower() if "a" <= c <= "z"]
+    return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0
+
+
+class StepLog(L.Callback):
+    """Per optimizer step (one micro-batch each): the wall seconds since the step before ended (since the fit
+    started, for the first) and the step's figures from ``last_task_output``."""
+
+    KEYS = ("reward/mean", "rollout/overlap", "rollout/staleness", "time/weight_sync_s", "time/generation_s",
+            "time/generation_wait_s", "sampling/importance_weight/mean")
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.figures: list[dict[str, float]] = []
+        self._t = 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        self.seconds.append(now - self._t)
+        self._t = now
+        out = pl_module.last_task_output
+        metrics = out.metrics if out is not None else {}
+        self.figures.append({k: round(float(metrics[k]), 4) for k in self.KEYS if k in metrics})
+
+
+def grpo_run(model: str, cfg: RolloutConfig, engine: VLLMEngine, args, *, overlap: int, rewards, weights,
+             lr: float) -> StepLog:
+    """``args.steps`` GRPO steps with ``engine`` (kept serving afterwards), ``model.rollout.overlap`` set."""
+    L.seed_everything(args.seed)
+    log = StepLog()
+    task = GRPOTask(rewards=rewards, reward_weights=weights, beta=0.0, loss_type="grpo", importance_sampling_cap=2.0)
+    rollout = dataclasses.replace(cfg, overlap=overlap)
+    module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),
+                         optim=OptimConfig(lr=lr, warmup_steps=0), rollout=rollout)
+    module._rollout_engine = engine
+    close, engine.close = engine.close, lambda: None  # one server for both modes
+    try:
+        trainer = L.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1, logger=False, callbacks=[log],
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            precision="32-true")
+        trainer.fit(module, GraspDataModule(batch_size=args.prompts, **DATA))
+        for request in task.prefetch._requests:  # the window submitted after the last step: let it finish
+            engine.collect(request.pending)
+    finally:
+        engine.close = close
+    return log
+
+
+def compare_modes(args) -> None:
+    """``--overlap`` and ``--learning-check``: both modes on one server, one JSON line."""
+    torch.set_num_threads(args.threads)
+    learning = args.learning_check
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_model(args, Path(tmp))
+        cfg = RolloutConfig(num_generations=args.k, max_new_tokens=args.tokens, stop_at_answer=False, engine="vllm",
+                            vllm=vllm_config(args))
+        engine = VLLMEngine(cfg.vllm, model_path=model)
+        if learning:
+            rewards, weights, lr = [vowel_share], [1.0], 1e-3
+        else:
+            rewards, weights, lr = ["accuracy", "format", "grounding_presence", "social_grounding"], [1.0, 0.1, 0.05, 0.2], 1e-5
+        try:
+            runs = {mode: grpo_run(model, cfg, engine, args, overlap=mode, rewards=rewards, weights=weights, lr=lr)
+                    for mode in (0, 1)}
+        finally:
+            engine.close()
+    settings = {"model": "tiny (head dim 32)" if args.smoke or learning else
+                (args.model or f"{args.like} widths, {args.layers} text layers"),
+                "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "max_new_tokens": args.tokens,
+                "steps": args.steps, "trainer_threads": args.threads, "server_threads": args.threads,
+                "seed": args.seed, "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    alt, ovl = runs[0], runs[1]
+    if learning:
+        last = min(args.last, args.steps)
+        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": lr, "last_steps": last}
+        for name, run in (("alternating", alt), ("overlapped", ovl)):
+            rs = [f["reward/mean"] for f in run.figures]
+            tail = rs[-last:]
+            out[f"{name}_rewards"] = rs
+            out[f"{name}_reward_last_mean"] = round(statistics.mean(tail), 4)
+            out[f"{name}_reward_last_std"] = round(statistics.stdev(tail), 4) if len(tail) > 1 else 0.0
+            out[f"{name}_reward_first_mean"] = round(statistics.mean(rs[:last]), 4)
+        out["reward_gap"] = round(out["overlapped_reward_last_mean"] - out["alternating_reward_last_mean"], 4)
+        out["overlapped_staleness"] = [f.get("rollout/staleness") for f in ovl.figures]
+        print(json.dumps(out))
+        return
+    a, o = statistics.mean(alt.seconds[1:]), statistics.mean(ovl.seconds[1:])
+    print(json.dumps({**settings, "alternating_s_per_step": round(a, 3), "overlapped_s_per_step": round(o, 3),
+                      "overlap_speedup": round(a / o, 3),
+                      "alternating_steps_s": [round(t, 3) for t in alt.seconds],
+                      "overlapped_steps_s": [round(t, 3) for t in ovl.seconds],
+                      "alternating_figures": alt.figures, "overlapped_figures": ovl.figures}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory (default: a stand-in built here)")
@@ -127,7 +247,26 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
     p.add_argument("--vllm-python", default=None, help="vLLM's environment (default $GRASP_VLLM_PYTHON)")
     p.add_argument("--vllm-memory", type=float, default=0.1, help="model.rollout.vllm.gpu_memory_utilization")
+    p.add_argument("--overlap", action="store_true", help="alternating against overlapped GRPO steps (s/step)")
+    p.add_argument("--learning-check", action="store_true", help="the reward of both modes after --steps steps")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps per mode (--overlap: 6, --learning-check: 24)")
+    p.add_argument("--last", type=int, default=8, help="--learning-check: steps the final reward is averaged over")
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.overlap or args.learning_check:
+        if args.smoke:
+            args.k, args.tokens = min(args.k, 2), min(args.tokens, 8)
+        if args.learning_check:
+            args.smoke, args.k, args.tokens = True, 4, min(args.tokens, 16)
+        args.steps = args.steps or (3 if args.smoke and not args.learning_check else 24 if args.learning_check else 6)
+        args.threads = 1 if "--threads" not in sys.argv else args.threads
+        args.dtype = args.dtype or "float32"
+        if not (args.vllm_python or os.environ.get("GRASP_VLLM_PYTHON")):
+            raise SystemExit("rollout_engines: give --vllm-python or set GRASP_VLLM_PYTHON (docs/rollout-engines.md)")
+        if args.steps < 2:
+            raise SystemExit("rollout_engines: --steps >= 2")
+        logging.basicConfig(level=logging.WARNING)
+        return compare_modes(args)
     if args.smoke:
         args.k, args.tokens, args.repeats, args.grpo_steps = min(args.k, 2), min(args.tokens, 8), 1, 2
     args.dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() and not args.smoke else "float32")

@@ -544,3 +544,19 @@ def test_overlap_resume_samples_the_batch_in_flight_again_and_sees_each_sample_o
     assert rows == full[2:]  # same steps, same samples
     assert submits == [2, 2]  # window 2 sampled again on the spot with the restored weights, window 3 ahead
     assert any("sampling it again now, with the restored weights" in r.getMessage() for r in caplog.records)
+
+
+def test_rollout_engines_overlap_smoke_prints_the_speedup_of_both_modes(vllm_python):
+    """``benchmarks/rollout_engines.py --overlap --smoke``: both modes ran 3 steps on one server with 1 + 1
+    threads; the overlapped run's steps after the first were sampled one step stale with part of the generation
+    hidden; ``overlap_speedup`` is the ratio of the two s/step."""
+    from .test_benchmark_scripts import run_script
+
+    out = run_script(["benchmarks/rollout_engines.py", "--overlap", "--smoke", "--vllm-python", vllm_python],
+                     timeout=900)
+    assert out["trainer_threads"] == out["server_threads"] == 1 and out["steps"] == 3
+    assert len(out["alternating_steps_s"]) == len(out["overlapped_steps_s"]) == 3
+    assert out["overlap_speedup"] == pytest.approx(out["alternating_s_per_step"] / out["overlapped_s_per_step"], rel=0.01)
+    assert [f["rollout/staleness"] for f in out["overlapped_figures"]] == [0.0, 1.0, 1.0]
+    assert all("rollout/overlap" not in f for f in out["alternating_figures"])
+    assert all(0.0 < f["rollout/overlap"] <= 1.0 for f in out["overlapped_figures"][1:])

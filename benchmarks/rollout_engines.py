@@ -26,8 +26,8 @@ Keys of the last JSON line: ``hf_tokens_per_s``, ``vllm_tokens_per_s``, ``vllm_v
 
 ``--overlap``: seconds per optimizer step of GRPO with ``engine: vllm``, alternating (``model.rollout.overlap:
 0``) against overlapped (``1``), with a fixed thread budget on each side in both modes (``--threads``, default
-1: ``torch.set_num_threads`` in the trainer, ``OMP_NUM_THREADS`` in the server), one server for both runs
-(alternating first), the same prompts, K, budget, rewards and ``importance_sampling_cap`` (2.0, as overlap
+1: ``torch.set_num_threads`` in the trainer, ``OMP_NUM_THREADS`` in the server), each mode in a process and
+with a server of its own (alternating first), the same prompts, K, budget, rewards and ``importance_sampling_cap`` (2.0, as overlap
 sets it); a step's seconds run from the end of the step before to its own end, the first step of each mode
 left out (overlap samples it on the spot). Keys: ``overlap_speedup`` (alternating / overlapped),
 ``alternating_s_per_step``, ``overlapped_s_per_step``, per-step lists, the overlapped run's
@@ -47,11 +47,11 @@ the per-step rewards, and ``reward_gap`` (overlapped − alternating).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -163,47 +163,42 @@ class StepLog(L.Callback):
         self.figures.append({k: round(float(metrics[k]), 4) for k in self.KEYS if k in metrics})
 
 
-def grpo_run(model: str, cfg: RolloutConfig, engine: VLLMEngine, args, *, overlap: int, rewards, weights,
-             lr: float) -> StepLog:
-    """``args.steps`` GRPO steps with ``engine`` (kept serving afterwards), ``model.rollout.overlap`` set."""
+def grpo_run(model: str, args) -> StepLog:
+    """``args.steps`` GRPO steps with ``engine: vllm`` and ``model.rollout.overlap: args.run_mode`` on a server of
+    its own (one process per mode, so neither inherits the other's memory)."""
+    torch.set_num_threads(args.threads)
     L.seed_everything(args.seed)
     log = StepLog()
+    if args.learning_check:
+        rewards, weights, lr = [vowel_share], [1.0], 1e-3
+    else:
+        rewards, weights, lr = ["accuracy", "format", "grounding_presence", "social_grounding"], [1.0, 0.1, 0.05, 0.2], 1e-5
     task = GRPOTask(rewards=rewards, reward_weights=weights, beta=0.0, loss_type="grpo", importance_sampling_cap=2.0)
-    rollout = dataclasses.replace(cfg, overlap=overlap)
+    rollout = RolloutConfig(num_generations=args.k, max_new_tokens=args.tokens, stop_at_answer=False, engine="vllm",
+                            vllm=vllm_config(args), overlap=args.run_mode)
     module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),
                          optim=OptimConfig(lr=lr, warmup_steps=0), rollout=rollout)
-    module._rollout_engine = engine
-    close, engine.close = engine.close, lambda: None  # one server for both modes
-    try:
-        trainer = L.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1, logger=False, callbacks=[log],
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            precision="32-true")
-        trainer.fit(module, GraspDataModule(batch_size=args.prompts, **DATA))
-        for request in task.prefetch._requests:  # the window submitted after the last step: let it finish
-            engine.collect(request.pending)
-    finally:
-        engine.close = close
+    trainer = L.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1, logger=False, callbacks=[log],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        precision="32-true")
+    trainer.fit(module, GraspDataModule(batch_size=args.prompts, **DATA))
     return log
 
 
 def compare_modes(args) -> None:
-    """``--overlap`` and ``--learning-check``: both modes on one server, one JSON line."""
-    torch.set_num_threads(args.threads)
+    """``--overlap`` and ``--learning-check``: each mode in a process of its own (``--run-mode``), alternating
+    first, on the same model directory; one JSON line."""
     learning = args.learning_check
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(args, Path(tmp))
-        cfg = RolloutConfig(num_generations=args.k, max_new_tokens=args.tokens, stop_at_answer=False, engine="vllm",
-                            vllm=vllm_config(args))
-        engine = VLLMEngine(cfg.vllm, model_path=model)
-        if learning:
-            rewards, weights, lr = [vowel_share], [1.0], 1e-3
-        else:
-            rewards, weights, lr = ["accuracy", "format", "grounding_presence", "social_grounding"], [1.0, 0.1, 0.05, 0.2], 1e-5
-        try:
-            runs = {mode: grpo_run(model, cfg, engine, args, overlap=mode, rewards=rewards, weights=weights, lr=lr)
-                    for mode in (0, 1)}
-        finally:
-            engine.close()
+        for mode in (0, 1):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--model", model, "--run-mode", str(mode)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            if proc.returncode or not lines:
+                raise SystemExit(f"rollout_engines: mode {mode} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+            runs[mode] = json.loads(lines[-1])
     settings = {"model": "tiny (head dim 32)" if args.smoke or learning else
                 (args.model or f"{args.like} widths, {args.layers} text layers"),
                 "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "max_new_tokens": args.tokens,
@@ -212,24 +207,23 @@ def compare_modes(args) -> None:
     alt, ovl = runs[0], runs[1]
     if learning:
         last = min(args.last, args.steps)
-        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": lr, "last_steps": last}
+        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": 1e-3, "last_steps": last}
         for name, run in (("alternating", alt), ("overlapped", ovl)):
-            rs = [f["reward/mean"] for f in run.figures]
+            rs = [f["reward/mean"] for f in run["figures"]]
             tail = rs[-last:]
             out[f"{name}_rewards"] = rs
+            out[f"{name}_reward_first_mean"] = round(statistics.mean(rs[:last]), 4)
             out[f"{name}_reward_last_mean"] = round(statistics.mean(tail), 4)
             out[f"{name}_reward_last_std"] = round(statistics.stdev(tail), 4) if len(tail) > 1 else 0.0
-            out[f"{name}_reward_first_mean"] = round(statistics.mean(rs[:last]), 4)
         out["reward_gap"] = round(out["overlapped_reward_last_mean"] - out["alternating_reward_last_mean"], 4)
-        out["overlapped_staleness"] = [f.get("rollout/staleness") for f in ovl.figures]
+        out["overlapped_staleness"] = [f.get("rollout/staleness") for f in ovl["figures"]]
         print(json.dumps(out))
         return
-    a, o = statistics.mean(alt.seconds[1:]), statistics.mean(ovl.seconds[1:])
+    a, o = statistics.mean(alt["steps_s"][1:]), statistics.mean(ovl["steps_s"][1:])
     print(json.dumps({**settings, "alternating_s_per_step": round(a, 3), "overlapped_s_per_step": round(o, 3),
                       "overlap_speedup": round(a / o, 3),
-                      "alternating_steps_s": [round(t, 3) for t in alt.seconds],
-                      "overlapped_steps_s": [round(t, 3) for t in ovl.seconds],
-                      "alternating_figures": alt.figures, "overlapped_figures": ovl.figures}))
+                      "alternating_steps_s": alt["steps_s"], "overlapped_steps_s": ovl["steps_s"],
+                      "alternating_figures": alt["figures"], "overlapped_figures": ovl["figures"]}))
 
 
 def main() -> None:
@@ -252,6 +246,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per mode (--overlap: 6, --learning-check: 24)")
     p.add_argument("--last", type=int, default=8, help="--learning-check: steps the final reward is averaged over")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-mode", type=int, default=None, help=argparse.SUPPRESS)  # one mode, in its own process
     args = p.parse_args()
     if args.overlap or args.learning_check:
         if args.smoke:
@@ -266,7 +261,12 @@ def main() -> None:
         if args.steps < 2:
             raise SystemExit("rollout_engines: --steps >= 2")
         logging.basicConfig(level=logging.WARNING)
-        return compare_modes(args)
+        if args.run_mode is None:
+            return compare_modes(args)
+        log = grpo_run(args.model, args)
+        print(json.dumps({"overlap": args.run_mode, "steps_s": [round(t, 3) for t in log.seconds],
+                          "figures": log.figures}))
+        return None
     if args.smoke:
         args.k, args.tokens, args.repeats, args.grpo_steps = min(args.k, 2), min(args.tokens, 8), 1, 2
     args.dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() and not args.smoke else "float32")

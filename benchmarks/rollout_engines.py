@@ -170,7 +170,7 @@ def grpo_run(model: str, args) -> StepLog:
     L.seed_everything(args.seed)
     log = StepLog()
     if args.learning_check:
-        rewards, weights, lr = [vowel_share], [1.0], 1e-3
+        rewards, weights, lr = [vowel_share], [1.0], args.lr
     else:
         rewards, weights, lr = ["accuracy", "format", "grounding_presence", "social_grounding"], [1.0, 0.1, 0.05, 0.2], 1e-5
     task = GRPOTask(rewards=rewards, reward_weights=weights, beta=0.0, loss_type="grpo", importance_sampling_cap=2.0)
@@ -199,6 +199,7 @@ def compare_modes(args) -> None:
             if proc.returncode or not lines:
                 raise SystemExit(f"rollout_engines: mode {mode} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
             runs[mode] = json.loads(lines[-1])
+            print(lines[-1], file=sys.stderr)  # each mode's figures as soon as it ends
     settings = {"model": "tiny (head dim 32)" if args.smoke or learning else
                 (args.model or f"{args.like} widths, {args.layers} text layers"),
                 "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "max_new_tokens": args.tokens,
@@ -207,7 +208,7 @@ def compare_modes(args) -> None:
     alt, ovl = runs[0], runs[1]
     if learning:
         last = min(args.last, args.steps)
-        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": 1e-3, "last_steps": last}
+        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": args.lr, "last_steps": last}
         for name, run in (("alternating", alt), ("overlapped", ovl)):
             rs = [f["reward/mean"] for f in run["figures"]]
             tail = rs[-last:]
@@ -246,13 +247,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per mode (--overlap: 6, --learning-check: 24)")
     p.add_argument("--last", type=int, default=8, help="--learning-check: steps the final reward is averaged over")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-2, help="--learning-check: the learning rate")
     p.add_argument("--run-mode", type=int, default=None, help=argparse.SUPPRESS)  # one mode, in its own process
     args = p.parse_args()
     if args.overlap or args.learning_check:
         if args.smoke:
             args.k, args.tokens = min(args.k, 2), min(args.tokens, 8)
         if args.learning_check:
-            args.smoke, args.k, args.tokens = True, 4, min(args.tokens, 16)
+            args.smoke, args.k, args.tokens = True, min(args.k, 8), min(args.tokens, 16)
         args.steps = args.steps or (3 if args.smoke and not args.learning_check else 24 if args.learning_check else 6)
         args.threads = 1 if "--threads" not in sys.argv else args.threads
         args.dtype = args.dtype or "float32"

@@ -35,6 +35,10 @@ not yielded again, so the epoch runs ``A·num_iterations`` micro-batches fewer p
 steps with the old log-probs of the sampling policy: the DataModule yields each window that many
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
+**Overlap** (``model.rollout.overlap: 1``, vLLM engine): the next window is sampled by the server while
+this one trains, one step stale (:mod:`grasp_lightning.tasks.grpo_overlap`); ``num_iterations > 1`` and
+``refill`` are refused with it, and the importance-sampling correction is always on.
+
 **Metrics** are the optimizer step's: each micro-batch returns its parts (means with their counts,
 sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per rollout batch from
 :meth:`GRPOTask.prepare`, and the module reduces them over the window and the ranks once per step
@@ -153,7 +157,8 @@ class GRPOTask(Task):
             vllm``), weight each token's loss by ``min(exp(logp_old − logp_sampler), cap)`` — TRL's
             ``vllm_importance_sampling_correction`` (``token_truncate``, TRL's default cap 2.0), correcting
             for the sampler's numerics differing from the trainer's. ``logp_old`` is the trainer's score of
-            the sampling policy, computed at the rollout (as for ``num_iterations > 1``). ``None``: off.
+            the sampling policy, computed at the rollout (as for ``num_iterations > 1``). ``None``: off, except
+            with ``model.rollout.overlap: 1``, which sets 2.0 (:meth:`check_settings`).
         logprob_chunk_size: completion tokens per chunk of the LM head and log-softmax in every
             scoring forward (policy, old policy, reference): the model returns hidden states and no
             ``(B*K, Lc, V)`` logits exist (:mod:`grasp_lightning.chunked_logps`; exact to float
@@ -339,7 +344,7 @@ class GRPOTask(Task):
         policy = ctx.policy
         was_training = policy.training
         policy.eval()
-        prompt, share, vision = self._prompt_of(ctx, batch)
+        prompt, share, vision = self.prompt_inputs(ctx, batch)
         engine = engine_of(ctx)
         with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
             completions = engine.sample(policy, ctx.tokenizer, prompt, ctx.rollout_cfg, share_prompt=share,
@@ -349,7 +354,7 @@ class GRPOTask(Task):
                                   generation_seconds=time.perf_counter() - t0,
                                   weight_sync_seconds=engine.weight_sync_seconds)
 
-    def _prompt_of(self, ctx: TaskContext, batch: Batch) -> tuple[dict, bool, VisionFeatures | None]:
+    def prompt_inputs(self, ctx: TaskContext, batch: Batch) -> tuple[dict, bool, VisionFeatures | None]:
         """The batch's prompt inputs, whether its group work is shared, and the store of its vision features."""
         prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
         vision = VisionFeatures.for_model(ctx.policy) if self.encode_vision_once else None

@@ -92,7 +92,7 @@ class RolloutPrefetch:
         requests, sync = [], 0.0
         try:
             for chunk in chunks:
-                prompt, share, vision = task._prompt_of(ctx, chunk)
+                prompt, share, vision = task.prompt_inputs(ctx, chunk)
                 with reuse_vision(policy, vision):  # the embeddings sent to the server are kept in ``vision``
                     pending = engine.submit(policy, ctx.tokenizer, prompt, ctx.rollout_cfg,
                                             policy_version=getattr(ctx, "policy_version", 0))

@@ -23,6 +23,25 @@ On the CPU the server runs vLLM's engine core in its own process (``VLLM_ENABLE_
 
 Keys of the last JSON line: ``hf_tokens_per_s``, ``vllm_tokens_per_s``, ``vllm_vs_hf`` (their ratio),
 ``weight_sync_s`` (median), ``step_s`` (median), ``weight_sync_share`` and the settings.
+
+``--overlap``: seconds per optimizer step of GRPO with ``engine: vllm``, alternating (``model.rollout.overlap:
+0``) against overlapped (``1``), with a fixed thread budget on each side in both modes (``--threads``, default
+1: ``torch.set_num_threads`` in the trainer, ``OMP_NUM_THREADS`` in the server), each mode in a process and
+with a server of its own (alternating first), the same prompts, K, budget, rewards and ``importance_sampling_cap`` (2.0, as overlap
+sets it); a step's seconds run from the end of the step before to its own end, the first step of each mode
+left out (overlap samples it on the spot). Keys: ``overlap_speedup`` (alternating / overlapped),
+``alternating_s_per_step``, ``overlapped_s_per_step``, per-step lists, the overlapped run's
+``rollout/overlap`` and staleness per step, and the settings.
+
+``--learning-check``: ``--steps`` GRPO steps of each mode on the tiny model (head dim 32) and the bundled
+sample prompts, the same seeds, lr 1e-3 (``configs/demo.yaml``'s), and a reward the random model can learn
+within a few steps (:func:`vowel_share`, the share of vowels among the completion's letters); keys
+``reward_last_mean`` per mode (the mean reward of the last ``--last`` steps), their std over those steps,
+the per-step rewards, and ``reward_gap`` (overlapped − alternating).
+
+    python benchmarks/rollout_engines.py --overlap                 # 2B widths, 1 + 1 threads
+    python benchmarks/rollout_engines.py --overlap --smoke         # tiny model, 3 steps each (CI)
+    python benchmarks/rollout_engines.py --learning-check          # tiny model, 24 steps each
 """
 
 from __future__ import annotations
@@ -32,6 +51,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,6 +139,102 @@ def tokens_per_second(engine, policy, tokenizer, prompt, cfg: RolloutConfig, rep
     return statistics.median(rates), rates
 
 
+def vowel_share(completion: str, item, opened_think: bool = False) -> float:  # noqa: ARG001 (reward signature)
+    """The share of vowels (``aeiou``) among the completion's ASCII letters, 0 without letters: a reward a random
+    model's sampling already varies on, so GRPO moves it within a few steps (``--learning-check``)."""
+    letters = [c for c in completion.lower() if "a" <= c <= "z"]
+    return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0
+
+
+class StepLog(L.Callback):
+    """Per optimizer step (one micro-batch each): the wall seconds since the step before ended (since the fit
+    started, for the first) and the step's figures from ``last_task_output``."""
+
+    KEYS = ("reward/mean", "rollout/overlap", "rollout/staleness", "time/weight_sync_s", "time/generation_s",
+            "time/generation_wait_s", "sampling/importance_weight/mean")
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.figures: list[dict[str, float]] = []
+        self._t = 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        self.seconds.append(now - self._t)
+        self._t = now
+        out = pl_module.last_task_output
+        metrics = out.metrics if out is not None else {}
+        self.figures.append({k: round(float(metrics[k]), 4) for k in self.KEYS if k in metrics})
+
+
+def grpo_run(model: str, args) -> StepLog:
+    """``args.steps`` GRPO steps with ``engine: vllm`` and ``model.rollout.overlap: args.run_mode`` on a server of
+    its own (one process per mode, so neither inherits the other's memory)."""
+    torch.set_num_threads(args.threads)
+    L.seed_everything(args.seed)
+    log = StepLog()
+    if args.learning_check:
+        rewards, weights, lr = [vowel_share], [1.0], args.lr
+    else:
+        rewards, weights, lr = ["accuracy", "format", "grounding_presence", "social_grounding"], [1.0, 0.1, 0.05, 0.2], 1e-5
+    task = GRPOTask(reward=RewardConfig(terms=rewards, weights=weights),
+                    loss=LossConfig(beta=0.0, type="grpo", importance_sampling_cap=2.0))
+    rollout = RolloutConfig(num_generations=args.k, max_new_tokens=args.tokens, stop_at_answer=False, engine="vllm",
+                            vllm=vllm_config(args), overlap=args.run_mode)
+    module = GraspModule(task, policy=PolicyConfig(name_or_path=model, dtype="float32", attn_implementation="sdpa"),
+                         optim=OptimConfig(lr=lr, warmup_steps=0), rollout=rollout)
+    trainer = L.Trainer(accelerator="cpu", max_steps=args.steps, max_epochs=-1, logger=False, callbacks=[log],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        precision="32-true")
+    trainer.fit(module, _data(args.prompts))
+    return log
+
+
+def compare_modes(args) -> None:
+    """``--overlap`` and ``--learning-check``: each mode in a process of its own (``--run-mode``), alternating
+    first, on the same model directory; one JSON line."""
+    learning = args.learning_check
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_model(args, Path(tmp))
+        for mode in (0, 1):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--model", model, "--run-mode", str(mode)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            if proc.returncode or not lines:
+                raise SystemExit(f"rollout_engines: mode {mode} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+            runs[mode] = json.loads(lines[-1])
+            print(lines[-1], file=sys.stderr)  # each mode's figures as soon as it ends
+    settings = {"model": "tiny (head dim 32)" if args.smoke or learning else
+                (args.model or f"{args.like} widths, {args.layers} text layers"),
+                "dtype": args.dtype, "prompts": args.prompts, "k": args.k, "max_new_tokens": args.tokens,
+                "steps": args.steps, "trainer_threads": args.threads, "server_threads": args.threads,
+                "seed": args.seed, "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    alt, ovl = runs[0], runs[1]
+    if learning:
+        last = min(args.last, args.steps)
+        out = {"learning_check": True, **settings, "reward": "vowel_share", "lr": args.lr, "last_steps": last}
+        for name, run in (("alternating", alt), ("overlapped", ovl)):
+            rs = [f["reward/mean"] for f in run["figures"]]
+            tail = rs[-last:]
+            out[f"{name}_rewards"] = rs
+            out[f"{name}_reward_first_mean"] = round(statistics.mean(rs[:last]), 4)
+            out[f"{name}_reward_last_mean"] = round(statistics.mean(tail), 4)
+            out[f"{name}_reward_last_std"] = round(statistics.stdev(tail), 4) if len(tail) > 1 else 0.0
+        out["reward_gap"] = round(out["overlapped_reward_last_mean"] - out["alternating_reward_last_mean"], 4)
+        out["overlapped_staleness"] = [f.get("rollout/staleness") for f in ovl["figures"]]
+        print(json.dumps(out))
+        return
+    a, o = statistics.mean(alt["steps_s"][1:]), statistics.mean(ovl["steps_s"][1:])
+    print(json.dumps({**settings, "alternating_s_per_step": round(a, 3), "overlapped_s_per_step": round(o, 3),
+                      "overlap_speedup": round(a / o, 3),
+                      "alternating_steps_s": alt["steps_s"], "overlapped_steps_s": ovl["steps_s"],
+                      "alternating_figures": alt["figures"], "overlapped_figures": ovl["figures"]}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory (default: a stand-in built here)")
@@ -134,7 +250,33 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
     p.add_argument("--vllm-python", default=None, help="vLLM's environment (default $GRASP_VLLM_PYTHON)")
     p.add_argument("--vllm-memory", type=float, default=0.1, help="model.rollout.vllm.gpu_memory_utilization")
+    p.add_argument("--overlap", action="store_true", help="alternating against overlapped GRPO steps (s/step)")
+    p.add_argument("--learning-check", action="store_true", help="the reward of both modes after --steps steps")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps per mode (--overlap: 6, --learning-check: 24)")
+    p.add_argument("--last", type=int, default=8, help="--learning-check: steps the final reward is averaged over")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-2, help="--learning-check: the learning rate")
+    p.add_argument("--run-mode", type=int, default=None, help=argparse.SUPPRESS)  # one mode, in its own process
     args = p.parse_args()
+    if args.overlap or args.learning_check:
+        if args.smoke:
+            args.k, args.tokens = min(args.k, 2), min(args.tokens, 8)
+        if args.learning_check:
+            args.smoke, args.k, args.tokens = True, min(args.k, 8), min(args.tokens, 16)
+        args.steps = args.steps or (3 if args.smoke and not args.learning_check else 24 if args.learning_check else 6)
+        args.threads = 1 if "--threads" not in sys.argv else args.threads
+        args.dtype = args.dtype or "float32"
+        if not (args.vllm_python or os.environ.get("GRASP_VLLM_PYTHON")):
+            raise SystemExit("rollout_engines: give --vllm-python or set GRASP_VLLM_PYTHON (docs/rollout-engines.md)")
+        if args.steps < 2:
+            raise SystemExit("rollout_engines: --steps >= 2")
+        logging.basicConfig(level=logging.WARNING)
+        if args.run_mode is None:
+            return compare_modes(args)
+        log = grpo_run(args.model, args)
+        print(json.dumps({"overlap": args.run_mode, "steps_s": [round(t, 3) for t in log.seconds],
+                          "figures": log.figures}))
+        return None
     if args.smoke:
         args.k, args.tokens, args.repeats, args.grpo_steps = min(args.k, 2), min(args.tokens, 8), 1, 2
     args.dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() and not args.smoke else "float32")

@@ -205,6 +205,7 @@ class GraspDataModule(L.LightningDataModule):
         self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
         self._mode = self.loader.mode  # set by connect(): the task's data_mode (None: not connected, data.loader.mode unset)
         self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
+        self._lookahead = False  # set by connect(): the task peeks at the next window (rollout overlap)
         self._stream: tuple[int, int] | None = None  # resume: (stream index, draws) of the last window
         self._last_window = None  # the Window of the last consumed micro-batch (its draws grow in training_step)
         self.samples_seen = 0
@@ -339,7 +340,8 @@ class GraspDataModule(L.LightningDataModule):
                             skip_bad=self.errors.on_bad_item == "skip", instruction=prompt.instruction,
                             max_image_pixels=video.max_image_pixels, frame_max_tokens=video.frame_max_tokens)
 
-    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None) -> None:
+    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None,
+                lookahead: bool = False) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
@@ -354,6 +356,8 @@ class GraspDataModule(L.LightningDataModule):
                 ``window = repeat = 1``, and checkpoints record the draws.
             mode: the batch kind the task consumes (``Task.data_mode``: ``"sft"`` or ``"rl"``);
                 ``None`` keeps ``data.loader.mode``.
+            lookahead: the task reads the next window ahead (``Window.peek``, ``model.rollout.overlap: 1``):
+                batches come through a :class:`WindowLoader` even for ``window = repeat = 1``.
 
         Raises:
             GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.loader.mode`` set
@@ -369,7 +373,7 @@ class GraspDataModule(L.LightningDataModule):
                 raise GraspConfigError(f"data.loader.mode={given!r} contradicts the task, which consumes {mode!r} batches; "
                                        f"remove data.loader.mode (the task sets it)")
             self._mode = mode
-        self._window, self._repeat, self._draws = window, repeat, draws
+        self._window, self._repeat, self._draws, self._lookahead = window, repeat, draws, lookahead
 
     def _rank(self) -> tuple[int, int]:
         trainer = self._trainer if hasattr(self, "_trainer") else None
@@ -401,7 +405,7 @@ class GraspDataModule(L.LightningDataModule):
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.loader.seed, rank=rank,
                                    world_size=world, pad="wrap", groups=self._curriculum_groups())
-        windowed = self._window > 1 or self._repeat > 1 or self._draws
+        windowed = self._window > 1 or self._repeat > 1 or self._draws or self._lookahead
         per_item = self._window * self._repeat  # micro-batches Lightning sees per sampler item
         batches = ResumableBatchSampler(sampler, self.loader.batch_size, self._window)
         skip = first = exclude = 0

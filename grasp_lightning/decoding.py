@@ -12,7 +12,7 @@ import torch
 
 from grasp_lightning.data.prompts import VISION_TOKENS
 from grasp_lightning.engines.vllm_config import ENGINES, VLLMConfig
-from grasp_lightning.errors import is_count, is_number, require
+from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.parsing import opens_think
 
 
@@ -69,9 +69,15 @@ class RolloutConfig:
             prompt length, and pays on a GPU.
         compile_backend: the ``torch.compile`` backend of ``compile_decode`` (``inductor``: CUDA graphs
             on a GPU; ``aot_eager`` where no C compiler is available).
+        overlap: ``1``: the vLLM server samples rollout batch ``t+1`` while the trainer updates on batch
+            ``t``, with the weights of the step before (one step stale, never more; NeMo-RL's and verl's
+            one-step off-policy GRPO). Needs ``engine: vllm``; the task turns the truncated
+            importance-sampling correction on with it (``GRPOTask.importance_sampling_cap``, 2.0 unless
+            set). ``0`` (default): sampling and the update alternate. See ``docs/rollout-engines.md``.
 
     Raises:
-        GraspConfigError: a value out of range (the message names ``model.rollout.<key>``).
+        GraspConfigError: a value out of range (the message names ``model.rollout.<key>``), or
+            ``overlap: 1`` with an engine other than ``vllm``.
     """
 
     num_generations: int = 8
@@ -84,6 +90,7 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     compile_decode: bool = False
     compile_backend: str = "inductor"
+    overlap: int = 0
 
     def __post_init__(self) -> None:
         k = "model.rollout."
@@ -98,6 +105,11 @@ class RolloutConfig:
         require(isinstance(self.compile_decode, bool), k + "compile_decode", "true or false", self.compile_decode)
         require(isinstance(self.compile_backend, str) and bool(self.compile_backend), k + "compile_backend",
                 "a torch.compile backend name", self.compile_backend)
+        require(type(self.overlap) is int and self.overlap in (0, 1), k + "overlap", "0 or 1", self.overlap)
+        if self.overlap and self.engine != "vllm":
+            raise GraspConfigError(f"model.rollout.overlap=1 needs model.rollout.engine=vllm (got "
+                                   f"{self.engine!r}): only a server in its own process can sample while the "
+                                   "trainer updates")
 
 
 def vision_token_ids(tokenizer) -> list[int]:

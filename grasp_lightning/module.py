@@ -368,7 +368,8 @@ class GraspModule(L.LightningModule):
         ``connect(window, repeat, mode)``: the accumulation window (``trainer.accumulate_grad_batches``)
         for tasks that work on whole windows, the task's ``num_iterations`` (each window is yielded
         that many times, so a rollout is reused only after an optimizer step) and the task's
-        ``data_mode`` (the batch kind; the task is its one owner).
+        ``data_mode`` (the batch kind; the task is its one owner); ``lookahead`` with ``model.rollout.overlap: 1``
+        (the task reads the next window ahead, ``Window.peek``).
 
         Raises:
             GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; a task that
@@ -394,6 +395,8 @@ class GraspModule(L.LightningModule):
         if getattr(self.task, "draws_prompts", False):
             self._check_validation_in_steps()
             shared["draws"] = True
+        if getattr(self.task, "samples_rollouts", False) and self.rollout_cfg.overlap:
+            shared["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
         connect(**shared)
 
     def _check_validation_in_steps(self) -> None:

@@ -35,6 +35,10 @@ not yielded again, so the epoch runs ``A·num_iterations`` micro-batches fewer p
 steps with the old log-probs of the sampling policy: the DataModule yields each window that many
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
+**Overlap** (``model.rollout.overlap: 1``, vLLM engine): the next window is sampled by the server while
+this one trains, one step stale (:mod:`grasp_lightning.tasks.grpo_overlap`); ``num_iterations > 1`` and
+``refill`` are refused with it, and the importance-sampling correction is always on.
+
 **Metrics** are the optimizer step's: each micro-batch returns its parts (means with their counts,
 sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per rollout batch from
 :meth:`GRPOTask.prepare`, and the module reduces them over the window and the ranks once per step
@@ -82,6 +86,7 @@ from grasp_lightning.tasks.grpo_config import (  # noqa: F401 (the value lists a
     LossConfig,
     RewardConfig,
 )
+from grasp_lightning.tasks.grpo_overlap import DEFAULT_OVERLAP_CAP, RolloutPrefetch, check_overlap
 from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
     TOKEN_TENSORS,
@@ -151,6 +156,7 @@ class GRPOTask(Task):
         self._restored = False  # the cache came from a checkpoint: prompts and items still to attach
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
+        self.prefetch = RolloutPrefetch()  # model.rollout.overlap: the next window's request in flight
 
     window_batches = True  # rollouts are sampled per accumulation window (batch.window)
     samples_rollouts = True
@@ -184,10 +190,21 @@ class GRPOTask(Task):
     def check_settings(self, rollout_cfg: RolloutConfig) -> None:
         """The rollout settings are read from the context wherever they are used, never copied.
 
+        With ``model.rollout.overlap: 1`` and no ``importance_sampling_cap``, the cap becomes
+        :data:`~grasp_lightning.tasks.grpo_overlap.DEFAULT_OVERLAP_CAP` (TRL's default, 2.0): the correction is
+        on whenever rollouts are a step stale.
+
         Raises:
             GraspConfigError: ``model.rollout.num_generations`` < 2; an overlong buffer longer than
-                ``model.rollout.max_new_tokens``.
+                ``model.rollout.max_new_tokens``; ``model.rollout.overlap: 1`` with ``num_iterations > 1`` or
+                ``dynamic_sampling: refill`` (:func:`~grasp_lightning.tasks.grpo_overlap.check_overlap`).
         """
+        if getattr(rollout_cfg, "overlap", 0):
+            check_overlap(self.num_iterations, self.dynamic_sampling)
+            if self.loss.importance_sampling_cap is None:
+                log.info("model.rollout.overlap=1: model.task.init_args.loss.importance_sampling_cap set to %g (unset)",
+                         DEFAULT_OVERLAP_CAP)
+                self.loss.importance_sampling_cap = DEFAULT_OVERLAP_CAP
         if rollout_cfg.num_generations < 2:
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
         buffer = self.overlong_buffer_tokens(rollout_cfg.max_new_tokens)
@@ -251,19 +268,33 @@ class GRPOTask(Task):
     def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
         """Sample K completions per prompt, score them and compute advantages and reference log-probs."""
         t0 = time.perf_counter()
-        cfg = ctx.rollout_cfg
-        k = cfg.num_generations
         policy = ctx.policy
         was_training = policy.training
         policy.eval()
-        prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
-        share = self._share(policy, prompt)
+        prompt, share, vision = self.prompt_inputs(ctx, batch)
         engine = engine_of(ctx)
-        vision = VisionFeatures.for_model(policy) if self.compute.encode_vision_once else None
         with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
-            completions = engine.sample(policy, ctx.tokenizer, prompt, cfg, share_prompt=share,
+            completions = engine.sample(policy, ctx.tokenizer, prompt, ctx.rollout_cfg, share_prompt=share,
                                         policy_version=getattr(ctx, "policy_version", 0))
         policy.train(was_training)
+        return self.score_rollout(ctx, batch, prompt, share, vision, completions, t0=t0,
+                                  generation_seconds=time.perf_counter() - t0,
+                                  weight_sync_seconds=engine.weight_sync_seconds)
+
+    def prompt_inputs(self, ctx: TaskContext, batch: Batch) -> tuple[dict, bool, VisionFeatures | None]:
+        """The batch's prompt inputs, whether its group work is shared, and the store of its vision features."""
+        prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
+        vision = VisionFeatures.for_model(ctx.policy) if self.compute.encode_vision_once else None
+        return prompt, self._share(ctx.policy, prompt), vision
+
+    @torch.no_grad()
+    def score_rollout(self, ctx: TaskContext, batch: Batch, prompt: dict, share: bool, vision, completions, *,
+                      t0: float, generation_seconds: float, weight_sync_seconds: float) -> Rollout:
+        """Rewards, advantages, and the old-policy (trainer's own, now) and reference log-probs of sampled
+        ``completions`` of ``batch``'s prompts; ``t0`` is when the rollout started (``perf_counter``)."""
+        cfg = ctx.rollout_cfg
+        k = cfg.num_generations
+        policy = ctx.policy
         t1 = time.perf_counter()
         prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
         items = [item for item in batch.items for _ in range(k)]
@@ -292,9 +323,9 @@ class GRPOTask(Task):
                        advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
                        indices=list(batch.indices), rollout_seconds=time.perf_counter() - t0,
                        prompt_tokens=prompt_tokens, penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
-                       generation_seconds=t1 - t0, reward_seconds=t2 - t1, logp_seconds=time.perf_counter() - t2,
-                       sampled_logp=completions.sampled_logp, weight_sync_seconds=engine.weight_sync_seconds,
-                       vision=vision)
+                       generation_seconds=generation_seconds, reward_seconds=t2 - t1,
+                       logp_seconds=time.perf_counter() - t2, sampled_logp=completions.sampled_logp,
+                       weight_sync_seconds=weight_sync_seconds, vision=vision)
 
     def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
         """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
@@ -373,6 +404,7 @@ class GRPOTask(Task):
             m["dynamic_sampling/groups_unused"] = Sum(st["groups_unused"])
             m["dynamic_sampling/resample_tries"] = Max(st["resample_tries"])
             m["dynamic_sampling/reward_mean_tried"] = Mean(st["reward_sum_tried"], st["completions_tried"])
+        m.update(self.prefetch.metrics())
         return m
 
     def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
@@ -388,10 +420,16 @@ class GRPOTask(Task):
                 chunks.append([b])
         return chunks
 
-    def _sample(self, ctx: TaskContext, batches: list[Batch]) -> list[Rollout]:
-        """One rollout per generation call over the non-empty ``batches``."""
-        live = [b for b in batches if len(b)]
-        return [self.rollout(ctx, merge_batches(chunk, _pad_id(ctx))) for chunk in self._chunks(live)]
+    def _sample(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout]:
+        """One rollout per generation call over the non-empty ``batches``; with ``model.rollout.overlap``
+        the window's batch comes from the request submitted a step earlier, and the next window's is
+        submitted before this one is scored (:class:`~grasp_lightning.tasks.grpo_overlap.RolloutPrefetch`)."""
+        def chunked(micro: list[Batch]) -> list[Batch]:
+            return [merge_batches(chunk, _pad_id(ctx)) for chunk in self._chunks([b for b in micro if len(b)])]
+
+        if not getattr(ctx.rollout_cfg, "overlap", 0):
+            return [self.rollout(ctx, chunk) for chunk in chunked(batches)]
+        return self.prefetch.sample(self, ctx, chunked(batches), window, chunked)
 
     def sample_window(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout | None]:
         """The rollout batch of a window: sampled in as few generation calls as ``rollout_batch_prompts``
@@ -406,7 +444,7 @@ class GRPOTask(Task):
         """
         pad = _pad_id(ctx)
         t0 = time.perf_counter()
-        ros = self._sample(ctx, batches)
+        ros = self._sample(ctx, batches, window)
         target = sum(len(b) for b in batches)
         tries = 0
         if self.dynamic_sampling == "refill":
@@ -461,7 +499,7 @@ class GRPOTask(Task):
         if self._window_key is None:
             return {}
         index, indices = self._window_key
-        return {"window_index": int(index), "window_indices": [list(x) for x in indices],
+        return {**self.prefetch.state_dict(), "window_index": int(index), "window_indices": [list(x) for x in indices],
                 "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
                 "rollouts": [None if ro is None else rollout_state(ro) for ro in self._window_rollouts]}
 
@@ -469,6 +507,7 @@ class GRPOTask(Task):
         """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
         if not state:
             return
+        self.prefetch.load_state_dict(state)
         self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
         self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
         self._window_stats = dict(state.get("stats", {}))
@@ -565,6 +604,9 @@ class GRPOTask(Task):
                "sampling/importance_ratio/max": Max.of(ratio)}
         if self.loss.importance_sampling_cap is not None:
             out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.loss.importance_sampling_cap)
+            capped = out["weights"][keep]
+            out["sampling/importance_weight/mean"] = Mean(capped.sum(), n)
+            out["sampling/importance_weight/max"] = Max.of(capped)
         return out
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:

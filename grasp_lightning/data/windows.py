@@ -23,6 +23,11 @@ loader's items, the next yielded window sits at ``index + 1 + draws``. Resuming 
 drew ``d`` windows re-yields it and leaves out the ``d`` items after it (:func:`resume_position`;
 the task restores those rollouts from its checkpointed cache).
 
+**Peeking** (``model.rollout.overlap: 1``): a task may read the next window's micro-batches ahead with
+:meth:`Window.peek`, to have them sampled while it trains on this one. A peeked window is not consumed:
+the loader yields it next as usual, the same :class:`Batch` objects, and resume positions count yielded
+micro-batches only (Lightning's), never peeked ones.
+
 **Drawing shortens the epoch** by ``A·n`` micro-batches per drawn window: Lightning ends the epoch
 when the loader stops, but ``len()`` — hence ``trainer.estimated_stepping_batches`` and the LR
 schedule built from it — stays the undrawn count, which cannot be known before the rollouts are
@@ -77,6 +82,11 @@ class Window:
         the prompts of drawn windows this way); ``None`` when the loader cannot."""
         return self.source.fetch(indices) if self.source is not None else None
 
+    def peek(self) -> list[Batch] | None:
+        """The micro-batches of the window the loader yields after this one (and its draws), not consumed;
+        ``None`` at the end of the epoch or without a source."""
+        return self.source.peek() if self.source is not None else None
+
 
 @dataclass
 class WindowSource:
@@ -94,6 +104,16 @@ class WindowSource:
     collate: Callable | None = None
     draws: int = 0
     on_draw: Callable[[list[Batch]], None] | None = None
+    next_batches: list[Batch] | None = None  # the next window, once the loader has taken it from the stream
+
+    def peek(self) -> list[Batch] | None:
+        """The next window of the stream without consuming it: the one the loader already took (Lightning
+        fetches a micro-batch ahead), else the stream's next item held back for the loader; ``None`` at the
+        end of the epoch."""
+        if self.next_batches is not None:
+            return self.next_batches
+        peek = getattr(self.iterator, "peek", None)
+        return peek() if peek is not None else None
 
     def draw(self) -> list[Batch] | None:
         """The next window of the stream (its ``A`` micro-batches), consumed so the loader never yields
@@ -116,6 +136,33 @@ class WindowSource:
         if self.dataset is None or self.collate is None:
             return None
         return self.collate([self.dataset[i] for i in indices])
+
+
+class Lookahead:
+    """An iterator that can hold its next item back: :meth:`peek` reads it, the next ``next()`` returns it.
+
+    Args:
+        iterator: the loader's iterator of windows.
+    """
+
+    def __init__(self, iterator: Iterator) -> None:
+        self.iterator = iterator
+        self._held: list = []
+
+    def __iter__(self) -> Lookahead:
+        return self
+
+    def __next__(self):
+        return self._held.pop() if self._held else next(self.iterator)
+
+    def peek(self):
+        """The next item, kept for the next ``next()``; ``None`` when the iterator is exhausted."""
+        if not self._held:
+            try:
+                self._held.append(next(self.iterator))
+            except StopIteration:
+                return None
+        return self._held[0]
 
 
 def resume_position(consumed: int, per_window: int, stream_index: int | None, draws: int) -> tuple[int, int, int]:
@@ -211,11 +258,14 @@ class WindowLoader:
         skip, index, draws = self.skip, self.first_window, self.exclude
         self.skip, self.first_window, self.exclude = 0, 0, 0  # only the resumed epoch starts late
         drawn = 0
-        iterator = iter(self.loader)
+        iterator = Lookahead(iter(self.loader))
         dataset = getattr(self.loader, "dataset", None)
         collate = getattr(getattr(self.loader, "collate_fn", None), "collate", None)
+        previous = None
         for batches in iterator:
-            source = WindowSource(iterator, dataset, collate, draws=draws, on_draw=self.on_draw)
+            if previous is not None:
+                previous.next_batches = batches  # what its peek() returns from now on
+            source = previous = WindowSource(iterator, dataset, collate, draws=draws, on_draw=self.on_draw)
             for iteration in range(self.repeat):
                 for position, batch in enumerate(batches):
                     if skip:

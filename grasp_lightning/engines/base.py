@@ -3,9 +3,40 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
 import torch
 
 from grasp_lightning.decoding import Completions, RolloutConfig
+
+
+@dataclass
+class PendingSample:
+    """A sampling request handed to an engine now and collected later (``model.rollout.overlap``).
+
+    Attributes:
+        version: optimizer steps the weights that sample it reflect (the engine's copy when it was served).
+        generation_seconds: wall time of the request itself (seconds; set once it is answered).
+        wait_seconds: wall time :meth:`RolloutEngine.collect` blocked waiting for it (seconds).
+        future: the request in flight (``None`` once answered synchronously).
+        finish: turns the server's answer into :class:`~grasp_lightning.decoding.Completions`.
+        completions: the answer, once collected.
+    """
+
+    version: int = 0
+    generation_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    future: Future | None = None
+    finish: Callable | None = None
+    completions: Completions | None = field(default=None, repr=False)
+
+    @property
+    def hidden_seconds(self) -> float:
+        """Seconds of its generation that ran while the trainer did something else (``generation − wait``, ≥ 0)."""
+        return max(0.0, self.generation_seconds - self.wait_seconds)
 
 
 class RolloutEngine:
@@ -60,6 +91,28 @@ class RolloutEngine:
             :class:`~grasp_lightning.decoding.Completions` with ``B`` rows.
         """
         raise NotImplementedError
+
+    def submit(self, policy, tokenizer, prompt: dict[str, torch.Tensor], cfg: RolloutConfig, *,
+               policy_version: int = 0) -> PendingSample:
+        """Hand :meth:`sample`'s request to the engine and return at once where it can run beside the trainer
+        (the vLLM server); here it samples now, nothing hidden. Collect it with :meth:`collect`."""
+        t0 = time.perf_counter()
+        out = self.sample(policy, tokenizer, prompt, cfg, policy_version=policy_version)
+        seconds = time.perf_counter() - t0
+        return PendingSample(version=policy_version, generation_seconds=seconds, wait_seconds=seconds, completions=out)
+
+    def collect(self, pending: PendingSample) -> Completions:
+        """The completions of :meth:`submit`'s request, waiting for them (``pending.wait_seconds``).
+
+        Raises:
+            EngineError: from the vLLM engine, when its request failed.
+        """
+        if pending.completions is None:
+            t0 = time.perf_counter()
+            answer = pending.future.result()
+            pending.wait_seconds = time.perf_counter() - t0
+            pending.completions, pending.future = pending.finish(answer), None
+        return pending.completions
 
     def close(self) -> None:
         """Release the engine (stop a server this process started). Idempotent."""

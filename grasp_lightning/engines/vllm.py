@@ -35,6 +35,7 @@ import re
 import secrets
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Client
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 
 from grasp_lightning.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
-from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.base import PendingSample, RolloutEngine
 from grasp_lightning.engines.vllm_config import VLLMConfig
 from grasp_lightning.engines.weight_sync import Entry, SyncFolder
 from grasp_lightning.errors import GraspConfigError, GraspError
@@ -289,6 +290,8 @@ class VLLMEngine(RolloutEngine):
         self.embeddings_file: Path | None = None  # the last request's embeddings (removed after its answer)
         self.loaded_files: list[list[dict]] = []  # per sync, the files the server loaded: name, inode, bytes
         self._tied_name = ""
+        self._lock = threading.RLock()  # one request on the connection at a time (a submitted one runs in a thread)
+        self._worker = None  # the thread pool of submitted requests (one thread), made at the first submit
 
     # ------------------------------------------------------------------ server
     def _log_tail(self, lines: int = 25) -> str:
@@ -401,6 +404,10 @@ class VLLMEngine(RolloutEngine):
         self._tied_name = "model.language_model.embed_tokens.weight" if tied else ""
 
     def _call(self, req: dict, timeout: float | None = None) -> dict:
+        with self._lock:  # a request submitted earlier (submit) is answered first
+            return self._call_unlocked(req, timeout)
+
+    def _call_unlocked(self, req: dict, timeout: float | None = None) -> dict:
         if self.conn is None:
             raise self._fail("not started")
         timeout = self.cfg.request_timeout_s if timeout is None else timeout
@@ -455,6 +462,9 @@ class VLLMEngine(RolloutEngine):
             except subprocess.TimeoutExpired:
                 pass
             self._kill()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         if self.sync is not None:
             self.sync.close()
             self.sync = None
@@ -497,10 +507,11 @@ class VLLMEngine(RolloutEngine):
             self.weight_writes += 1
             self.weight_bytes_written += (sync.weights_dir / "model.safetensors").stat().st_size
         t1 = time.perf_counter()
-        answer = self._call({"op": "update_weights", "path": str(sync.weights_dir)})
+        with self._lock:  # a submitted request reads the version it is served with under the same lock
+            answer = self._call({"op": "update_weights", "path": str(sync.weights_dir)})
+            self.version = version
         t2 = time.perf_counter()
         self.loaded_files.append(answer.get("files", []))
-        self.version = version
         self.weight_write_seconds, self.weight_reload_seconds = t1 - t0, t2 - t1
         self.weight_sync_seconds = t2 - t0
         self.weight_syncs += 1
@@ -577,10 +588,55 @@ class VLLMEngine(RolloutEngine):
                               temperature=temperature if do_sample else 0.0, top_p=top_p, top_k=None,
                               stop_strings=tuple(stop_strings), version=policy_version)
 
+    def submit(self, policy, tokenizer, prompt, cfg: RolloutConfig, *, policy_version=0) -> PendingSample:
+        """:meth:`sample`'s request sent from a thread, returning at once (``model.rollout.overlap``): the
+        weights are synced to ``policy_version`` and the embeddings written now, in the caller's thread; the
+        server samples while the trainer goes on. :meth:`RolloutEngine.collect` waits for the answer. Requests
+        on the connection (a weight sync, a validation answer) wait for the one in flight.
+
+        Raises:
+            EngineError: the server failed (raised by ``collect``), or refused the prompts.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        req, finish = self._request(policy, tokenizer, prompt, n=cfg.num_generations, max_tokens=cfg.max_new_tokens,
+                                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                    stop_strings=("</answer>",) if cfg.stop_at_answer else (), version=policy_version)
+        pending, embeddings = PendingSample(version=self.version, finish=finish), self.embeddings_file
+
+        def run() -> dict:
+            t0 = time.perf_counter()
+            try:
+                with self._lock:
+                    pending.version = self.version  # what the server holds when it samples
+                    answer = self._call_unlocked(req)
+            finally:
+                embeddings.unlink(missing_ok=True)
+            pending.generation_seconds = time.perf_counter() - t0
+            return answer
+
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vllm-rank{self.rank}")
+        pending.future = self._worker.submit(run)
+        return pending
+
     def _generate(self, policy, tokenizer, prompt, *, n: int, max_tokens: int, temperature: float, top_p: float,
                   top_k: int | None, stop_strings: tuple[str, ...], version: int) -> Completions:
         """``n`` completions per prompt from the server, its weights synced to ``version`` first; rows
         ``b*n .. b*n+n-1`` for prompt ``b`` (temperature 0: greedy)."""
+        req, finish = self._request(policy, tokenizer, prompt, n=n, max_tokens=max_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, stop_strings=stop_strings, version=version)
+        try:
+            answer = self._call(req)
+        finally:  # the server mapped it: its pages live until the server lets go of the embeddings
+            self.embeddings_file.unlink(missing_ok=True)
+        return finish(answer)
+
+    def _request(self, policy, tokenizer, prompt, *, n: int, max_tokens: int, temperature: float, top_p: float,
+                 top_k: int | None, stop_strings: tuple[str, ...], version: int) -> tuple[dict, Callable]:
+        """The ``generate`` request for ``prompt`` (the server started and its weights synced to ``version``
+        first, the embeddings written to ``embeddings_file``) and the function that turns its answer into
+        :class:`Completions`."""
         self.start(policy)
         self.weight_sync_seconds = 0.0
         if version != self.version:
@@ -589,13 +645,15 @@ class VLLMEngine(RolloutEngine):
         k = n
         stop = eos_ids(policy, tokenizer)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the trainer's RNG decides, as for generate
-        try:
-            answer = self._call({"op": "generate", "prompts": entries, "n": k, "max_tokens": max_tokens,
-                                 "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                 "stop": list(stop_strings), "stop_token_ids": stop,
-                                 "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed})
-        finally:  # the server mapped it: its pages live until the server lets go of the embeddings
-            self.embeddings_file.unlink(missing_ok=True)
+        req = {"op": "generate", "prompts": entries, "n": k, "max_tokens": max_tokens,
+               "temperature": temperature, "top_p": top_p, "top_k": top_k,
+               "stop": list(stop_strings), "stop_token_ids": stop,
+               "suppress_token_ids": vision_token_ids(tokenizer), "seed": seed}
+        return req, lambda answer: self._completions(answer, rows, tokenizer, stop, stop_strings, prompt, k)
+
+    def _completions(self, answer: dict, rows: list[list[int]], tokenizer, stop: list[int],
+                     stop_strings: tuple[str, ...], prompt, k: int) -> Completions:
+        """The server's answer as :class:`Completions`, its prompt ids checked against the trainer's ``rows``."""
         for b, (theirs, ours) in enumerate(zip(answer["prompt_token_ids"], rows)):
             if theirs != ours:
                 at = next((i for i, (x, y) in enumerate(zip(theirs, ours)) if x != y), min(len(theirs), len(ours)))

@@ -435,3 +435,104 @@ def test_predict_and_validate_through_vllm_give_generates_answers_and_resume(vll
         metrics[name] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["vllm"] == metrics["hf"] and "val/acc/overall" in metrics["hf"], metrics
 
+
+
+def _overlap_args(python: str, tiny32: Path, steps: int) -> list[str]:
+    """GRPO-SGR through the CLI with ``engine: vllm`` and ``overlap: 1`` on 8 sample prompts (4 windows of 2),
+    K = 4, 16 tokens, no importance-sampling cap given (overlap sets 2.0)."""
+    return ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+            f"--model.policy.name_or_path={tiny32}", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0", f"--model.rollout.num_generations={K}",
+            "--model.rollout.max_new_tokens=16", "--data.source.train_limit=8", "--model.optim.warmup_steps=0",
+            f"--trainer.max_steps={steps}", "--model.rollout.engine=vllm", "--model.rollout.overlap=1",
+            *_vllm_flags(python)]
+
+
+def _record_overlap(monkeypatch) -> tuple[list[int], list[dict]]:
+    """Record the policy version of every ``submit`` and, per trained micro-batch, the step and dataset indices."""
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.tasks import grpo as grpo_task
+
+    submits, rows = [], []
+    real_submit, step = VLLMEngine.submit, grpo_task.GRPOTask.training_step
+
+    def submit(self, *args, **kwargs):
+        submits.append(kwargs.get("policy_version"))
+        return real_submit(self, *args, **kwargs)
+
+    def recording(self, module, batch):
+        out = step(self, module, batch)
+        rows.append({"step": module.trainer.global_step, "indices": list(batch.indices)})
+        return out
+
+    monkeypatch.setattr(VLLMEngine, "submit", submit)
+    monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
+    return submits, rows
+
+
+def test_overlap_samples_the_next_batch_one_step_stale_and_logs_it(vllm_python, tiny32, in_repo, tmp_path,
+                                                                    monkeypatch):
+    """3 optimizer steps with ``model.rollout.overlap: 1``: window 0 is sampled on the spot (staleness 0), every
+    later one was submitted during the step before with that step's weights (staleness exactly 1); the server is
+    synced once per step before the next submission; the overlap, the capped importance weights (cap 2.0 set by
+    overlap) and the sampler gap are logged with real values."""
+    submits, rows = _record_overlap(monkeypatch)
+    cli = run_cli(_overlap_args(vllm_python, tiny32, 3), tmp_path / "run")
+    assert cli.model.task.importance_sampling_cap == 2.0
+    # window 0 at version 0 and window 1 ahead with the same weights; then windows 2 and 3 with steps 1 and 2's
+    assert submits == [0, 0, 1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    logged = scalars(cli.trainer.log_dir)
+    assert logged["train/rollout/staleness"] == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    overlap = dict(logged["train/rollout/overlap"])
+    assert set(overlap) == {0, 1, 2} and all(0.0 <= v <= 1.0 for v in overlap.values())
+    assert overlap[0] < 0.2  # sampled on the spot: nothing hidden
+    assert overlap[1] > 0.0 and overlap[2] > 0.0  # the update of steps 0 and 1 ran while the server sampled
+    assert all(v > 0 for _, v in logged["train/time/generation_hidden_s"][1:])
+    for _, w in logged["train/sampling/importance_weight/max"]:
+        assert 0.0 < w <= 2.0  # capped at 2
+    for (_, w), (_, ratio) in zip(logged["train/sampling/importance_weight/mean"],
+                                  logged["train/sampling/importance_ratio/mean"]):
+        assert 0.0 < w <= min(2.0, ratio) + 1e-6  # the capped weights' mean never exceeds the uncapped ratio's
+    sync = dict(logged["train/time/weight_sync_s"])
+    assert sync[0] == 0.0 and sync[1] > 0.0 and sync[2] > 0.0  # synced after each step, before the next submission
+
+
+def test_overlap_resume_samples_the_batch_in_flight_again_and_sees_each_sample_once(
+        vllm_python, tiny32, in_repo, tmp_path, monkeypatch, caplog):
+    """An uninterrupted 4-step overlapped run saves a checkpoint after every step (window ``t+1`` in flight at
+    each); a second run resumes from the one after step 2: it logs that the batch in flight is sampled again and
+    trains the same dataset indices at the same steps as the uninterrupted run (none lost or repeated)."""
+    submits, rows = _record_overlap(monkeypatch)
+    ckpts = tmp_path / "ckpts"
+    every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
+                  "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
+    run_cli([*_overlap_args(vllm_python, tiny32, 4), *every_step], tmp_path / "full")
+    full = list(rows)
+    seen = [i for r in full for i in r["indices"]]
+    assert [r["step"] for r in full] == [0, 1, 2, 3] and sorted(seen) == sorted(set(seen)) and len(seen) == 8
+    state = torch.load(ckpts / "step=2.ckpt", map_location="cpu", weights_only=True)
+    from grasp_lightning.module import TASK_STATE_KEY
+
+    assert state[TASK_STATE_KEY][0]["in_flight"] == [full[2]["indices"]]  # window 2 was in flight at the save
+    rows.clear(), submits.clear()
+    with caplog.at_level(logging.WARNING):
+        run_cli([*_overlap_args(vllm_python, tiny32, 4), f"--ckpt_path={ckpts / 'step=2.ckpt'}"], tmp_path / "resumed")
+    assert rows == full[2:]  # same steps, same samples
+    assert submits == [2, 2]  # window 2 sampled again on the spot with the restored weights, window 3 ahead
+    assert any("sampling it again now, with the restored weights" in r.getMessage() for r in caplog.records)
+
+
+def test_rollout_engines_overlap_smoke_prints_the_speedup_of_both_modes(vllm_python, run_script):
+    """``benchmarks/rollout_engines.py --overlap --smoke``: both modes ran 3 steps on one server with 1 + 1
+    threads; the overlapped run's steps after the first were sampled one step stale with part of the generation
+    hidden; ``overlap_speedup`` is the ratio of the two s/step."""
+    out = run_script(["benchmarks/rollout_engines.py", "--overlap", "--smoke", "--vllm-python", vllm_python],
+                     timeout=900)
+    assert out["trainer_threads"] == out["server_threads"] == 1 and out["steps"] == 3
+    assert len(out["alternating_steps_s"]) == len(out["overlapped_steps_s"]) == 3
+    assert out["overlap_speedup"] == pytest.approx(out["alternating_s_per_step"] / out["overlapped_s_per_step"], rel=0.01)
+    assert [f["rollout/staleness"] for f in out["overlapped_figures"]] == [0.0, 1.0, 1.0]
+    assert all("rollout/overlap" not in f for f in out["alternating_figures"])
+    assert all(0.0 < f["rollout/overlap"] <= 1.0 for f in out["overlapped_figures"][1:])

@@ -598,3 +598,122 @@ def test_refill_with_a_whole_window_skipped_on_one_rank_neither_crashes_nor_hang
     from tests.helpers import spawn_two_ranks
 
     spawn_two_ranks(_empty_window_rank)
+
+
+# ----------------------------------------------------------------------------------- rollout overlap
+def test_overlap_settings_are_refused_by_name_and_turn_the_correction_on():
+    """``model.rollout.overlap``: only 0 or 1, 1 only with ``engine: vllm``; ``num_iterations > 1`` and ``refill``
+    refused naming both settings; the importance-sampling cap becomes 2.0 unless set."""
+    with pytest.raises(GraspConfigError, match=r"model.rollout.overlap must be 0 or 1, got 2"):
+        RolloutConfig(engine="vllm", overlap=2)
+    with pytest.raises(GraspConfigError, match=r"model.rollout.overlap=1 needs model.rollout.engine=vllm \(got 'hf'\)"):
+        RolloutConfig(overlap=1)
+    cfg = RolloutConfig(engine="vllm", overlap=1, num_generations=K)
+    with pytest.raises(GraspConfigError, match=r"model.rollout.overlap=1 with model.task.init_args.loss.num_iterations=2"):
+        grpo_task.GRPOTask(loss=grpo_task.LossConfig(num_iterations=2)).check_settings(cfg)
+    with pytest.raises(GraspConfigError, match=r"model.rollout.overlap=1 with model.task.init_args.batching.dynamic_sampling="
+                                               r"refill"):
+        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling="refill")).check_settings(cfg)
+    task = grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling="drop"))
+    task.check_settings(cfg)
+    assert task.loss.importance_sampling_cap == 2.0
+    kept = grpo_task.GRPOTask(loss=grpo_task.LossConfig(importance_sampling_cap=3.0))
+    kept.check_settings(cfg)
+    assert kept.loss.importance_sampling_cap == 3.0
+    alternating = grpo_task.GRPOTask()
+    alternating.check_settings(RolloutConfig(engine="vllm", num_generations=K))
+    assert alternating.loss.importance_sampling_cap is None
+
+
+def test_peek_reads_the_next_window_ahead_without_consuming_it():
+    """``Window.peek``: the next window's batches, also after the loader already took it (Lightning fetches one
+    micro-batch ahead), yielded next as the same objects; ``None`` after the epoch's last window; every index
+    once."""
+    it = iter(_int_loader(12, 2, 2))  # 3 windows of 2 micro-batches, each yielded twice (repeat 2)
+    first = next(it)
+    ahead = first.window.peek()
+    assert ahead is not None and ahead is first.window.peek()  # held, not consumed
+    windows_seen, last = [first.window.batches], first.window
+    for b in it:  # a batch's ``window`` is set anew at each yield: read it as it comes
+        if b.window.position == 0 and b.window.iteration == 0:
+            windows_seen.append(b.window.batches)
+        last = b.window
+    assert len(windows_seen) == 3 and windows_seen[1] is ahead  # the peeked window is yielded next, same objects
+    assert last.peek() is None  # the epoch's last window has nothing after it
+    assert sorted(i for w in windows_seen for mb in w for i in mb.indices) == list(range(12))
+    it = iter(_int_loader(12, 2, 2))
+    a = next(it).window
+    for _ in range(4):  # the rest of window 0 and the first micro-batch of window 1: the loader took window 1
+        b = next(it)
+    assert b.window.index == 1 and a.peek() is b.window.batches
+
+
+def test_overlap_samples_the_next_window_during_the_step_one_step_stale(world, monkeypatch):
+    """Three windows with ``overlap: 1`` on an engine that samples at submission (the HF stand-in): window 0 is
+    sampled at its step, window ``t+1`` is submitted at step ``t`` with step ``t``'s weights before window ``t`` is
+    scored, so staleness is 0 then 1; the request in flight is in the task state and a resumed task logs that it
+    samples it again."""
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    module.rollout_cfg = RolloutConfig(engine="vllm", overlap=1, num_generations=K, max_new_tokens=6)
+    module.rollout_engine = engines_hf.HFEngine()
+    versions: list[int] = []
+    real_submit = engines_hf.RolloutEngine.submit
+
+    def submit(self, policy, tokenizer, prompt, cfg, *, policy_version=0):
+        versions.append(policy_version)
+        return real_submit(self, policy, tokenizer, prompt, cfg, policy_version=policy_version)
+
+    calls: list[int] = []
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample(calls))
+    monkeypatch.setattr(engines_hf.RolloutEngine, "submit", submit)
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
+    dm.connect(window=1, lookahead=True)
+    it = iter(dm.train_dataloader())
+    task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]), loss=grpo_task.LossConfig(beta=0.0))
+    task.check_settings(module.rollout_cfg)
+    staleness, trained = [], []
+    for step in range(3):
+        module.policy_version = step
+        batch = next(it)
+        sampled = task.prepare(module, batch)
+        out = task.training_step(module, batch)
+        staleness.append(float(sampled["rollout/staleness"]))
+        trained.append(list(batch.indices))
+        assert "sampling/importance_weight/mean" not in out.metrics  # the HF stand-in reports no log-probs
+        assert task.prefetch.in_flight == (tuple(batch.window.peek()[0].indices),)
+    assert versions == [0, 0, 1, 2] and staleness == [0.0, 1.0, 1.0]
+    state = _roundtrip(task.state_dict())
+    nxt = next(it)
+    assert state["in_flight"] == [list(nxt.indices)]
+    resumed = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]), loss=grpo_task.LossConfig(beta=0.0))
+    resumed.check_settings(module.rollout_cfg)
+    resumed.load_state_dict(state)
+    module.policy_version = 3
+    versions.clear()
+    with _caplog_of("tasks.grpo_overlap") as records:
+        sampled = resumed.prepare(module, nxt)
+    assert versions[0] == 3 and float(sampled["rollout/staleness"]) == 0.0  # sampled again, with the restored weights
+    assert any("sampling it again now" in r.getMessage() for r in records)
+    seen = [i for t in trained for i in t] + list(nxt.indices)
+    assert len(seen) == len(set(seen)) == 4  # batch size 1: four windows, each index once
+
+
+@contextlib.contextmanager
+def _caplog_of(suffix: str):
+    """The records of the logger whose name ends with ``suffix`` while the block runs."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    name = next(n for n in logging.root.manager.loggerDict if n.endswith(suffix))
+    logger, handler = logging.getLogger(name), Keep()
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)

@@ -478,7 +478,7 @@ def test_overlap_samples_the_next_batch_one_step_stale_and_logs_it(vllm_python, 
     overlap) and the sampler gap are logged with real values."""
     submits, rows = _record_overlap(monkeypatch)
     cli = run_cli(_overlap_args(vllm_python, tiny32, 3), tmp_path / "run")
-    assert cli.model.task.importance_sampling_cap == 2.0
+    assert cli.model.task.loss.importance_sampling_cap == 2.0
     # window 0 at version 0 and window 1 ahead with the same weights; then windows 2 and 3 with steps 1 and 2's
     assert submits == [0, 0, 1, 2]
     assert [r["step"] for r in rows] == [0, 1, 2]

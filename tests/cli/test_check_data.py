@@ -188,7 +188,7 @@ def test_bad_numbers_stop_check_data_naming_the_key(in_repo, capsys, flag, key):
     ("errors", {"max_skip_fraction": 2}, "data.errors.max_skip_fraction must be a number in [0, 1], got 2"),
 ])
 def test_datamodule_numbers(group, kwargs, message):
-    from grasp_lightning.data import config
+    from grasp_lightning.data import datamodule_config as config
     from grasp_lightning.errors import GraspConfigError
 
     cls = {"video": config.VideoConfig, "prompt": config.PromptConfig, "loader": config.LoaderConfig,

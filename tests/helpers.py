@@ -749,6 +749,15 @@ def golden_records() -> list[dict]:
 
 
 # ------------------- The real-shape tier: stand-ins, their data and the checks both families share
+#: Per stand-in family: what its generation prompt opens after ``<|im_start|>assistant\n``, and the labelled text
+#: its template makes of an SFT response (``<think>...</think><answer>X</answer>``).
+TEMPLATE_FORMS = {
+    "qwen3_vl": ("", lambda response: response + "<|im_end|>\n"),
+    "qwen3_5": ("<think>\n",
+                lambda response: response.split("</think>")[0].split("<think>")[-1].strip() + "\n</think>\n\n"
+                + response.split("</think>")[-1].lstrip("\n") + "<|im_end|>\n"),
+}
+
 #: A sample RL item (``grasp_lightning/assets/sample/train/data_rl.jsonl``, line 1) rendered by the
 #: published Qwen3-VL Instruct chat template, written out by hand: ChatML turns, the system turn
 #: first, the video placeholder straight before the user text, the generation prompt last.
@@ -853,7 +862,7 @@ def check_rendered_prompt_and_labels(family: str, standin: Path) -> None:
     from grasp_lightning.data.formats import read_rl
     from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, render_texts
 
-    opens, written = FAMILIES[family]
+    opens, written = TEMPLATE_FORMS[family]
     processor, batch = first_batch(SAMPLE, standin)
     item = read_rl(SAMPLE / "train" / "data_rl.jsonl").items[0]
     assert render_texts(processor, item, None, DEFAULT_SYSTEM_PROMPT)[0] == PUBLISHED_INSTRUCT_PROMPT + opens

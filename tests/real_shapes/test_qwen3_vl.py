@@ -235,7 +235,7 @@ def test_sgr_from_the_export_has_correct_answers_in_every_group(sft_export, data
     import grasp_lightning.tasks.grpo
 
     recorder = _Recorder(grasp_lightning.engines.hf.sample_completions)
-    monkeypatch.setattr(grasp_lightning.engines.base, "sample_completions", recorder)
+    monkeypatch.setattr(grasp_lightning.engines.hf, "sample_completions", recorder)
     rollouts = []  # (reward names, Rollout) of every group sampled by the task
     real_rollout = grasp_lightning.tasks.grpo.GRPOTask.rollout
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import engine_of
+from grasp_lightning.engines.base import PendingSample
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.step_metrics import Max, Mean, RankMean
 from grasp_lightning.vision_features import reuse_vision
@@ -58,11 +60,15 @@ def check_overlap(num_iterations: int, dynamic_sampling: str) -> None:
                                "dynamic_sampling=drop or off, or overlap=0")
 
 
+@dataclass
 class _Request:
     """One generation call of a window: its merged micro-batches, prompt, sharing, vision store, pending sample."""
 
-    def __init__(self, batch: Batch, prompt: dict, share: bool, vision, pending) -> None:
-        self.batch, self.prompt, self.share, self.vision, self.pending = batch, prompt, share, vision, pending
+    batch: Batch
+    prompt: dict
+    share: bool
+    vision: object
+    pending: PendingSample
 
 
 class RolloutPrefetch:

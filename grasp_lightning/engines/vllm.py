@@ -98,6 +98,13 @@ def fold_video_prompt(text: str, tokens: dict[str, str]) -> tuple[str, list[floa
     return text[:run.start()] + tokens["pad"] + text[run.end():], stamps
 
 
+def _rollout_args(cfg: RolloutConfig) -> dict:
+    """``model.rollout``'s sampling as :meth:`VLLMEngine._generate`'s keyword arguments (K completions per prompt,
+    the token budget, temperature / top-p / top-k, a stop at ``</answer>`` when ``stop_at_answer``)."""
+    return {"n": cfg.num_generations, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "top_k": cfg.top_k, "stop_strings": ("</answer>",) if cfg.stop_at_answer else ()}
+
+
 def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor) -> list[torch.Tensor]:
     """Per clip, the policy's vision features as vLLM's Qwen3-VL takes them as ``video_embeds``.
 
@@ -572,9 +579,10 @@ class VLLMEngine(RolloutEngine):
         Raises:
             EngineError: the server failed, or expanded a prompt differently from the trainer's processor.
         """
-        return self._generate(policy, tokenizer, prompt, n=cfg.num_generations, max_tokens=cfg.max_new_tokens,
-                              temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                              stop_strings=("</answer>",) if cfg.stop_at_answer else (), version=policy_version)
+        args = _rollout_args(cfg)
+        if greedy:
+            args["temperature"] = 0.0
+        return self._generate(policy, tokenizer, prompt, **args, version=policy_version)
 
     def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
                stop_strings=(), policy_version=0) -> Completions:
@@ -599,9 +607,7 @@ class VLLMEngine(RolloutEngine):
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        req, finish = self._request(policy, tokenizer, prompt, n=cfg.num_generations, max_tokens=cfg.max_new_tokens,
-                                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                    stop_strings=("</answer>",) if cfg.stop_at_answer else (), version=policy_version)
+        req, finish = self._request(policy, tokenizer, prompt, **_rollout_args(cfg), version=policy_version)
         pending, embeddings = PendingSample(version=self.version, finish=finish), self.embeddings_file
 
         def run() -> dict:

@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from grasp_lightning.errors import GraspDataError
 from grasp_lightning.loggers import runs_root
-from grasp_lightning.predictions import PredictionSetup, prompt_settings
+from grasp_lightning.predictions import PredictionSetup
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class PredictionWriter(BasePredictionWriter):
             the recipes), so the same command finds it again. Under several processes each rank writes
             ``<stem>.rank<N>.jsonl``.
         resume: leave out the items that a line of the file (any rank's) answered with this run's setup
-            (model, checkpoint, decoding, prompt settings: ``GraspModule.prediction_setup``) and append the
+            (model, checkpoint, decoding and every setting that changes a prompt or an answer:
+            ``GraspModule.prediction_setup``) and append the
             rest; lines of another setup stay and are not reused. ``False``: start the file afresh (every
             setup's lines are removed).
 
@@ -55,6 +56,7 @@ class PredictionWriter(BasePredictionWriter):
         self.path: Path | None = None
         self.written = 0
         self.answered: dict[str, set[str]] = {}  # setup key -> item keys answered in the file
+        self.stamps: dict[str, tuple] = {}  # setup key -> (model, checkpoint, decoding) its lines name
         self.setup_info: PredictionSetup | None = None
 
     def _paths(self, trainer) -> tuple[Path, list[Path]]:
@@ -73,11 +75,13 @@ class PredictionWriter(BasePredictionWriter):
         self.path, every = self._paths(trainer)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.written, self.setup_info = 0, None
-        self.answered = defaultdict(set)
+        self.answered, self.stamps = defaultdict(set), {}
         if self.resume:
             for path in every:
-                for setup, keys in _answered(path).items():
+                answered, stamps = _answered(path)
+                for setup, keys in answered.items():
                     self.answered[setup] |= keys
+                self.stamps.update(stamps)
         else:
             self.path.write_text("", encoding="utf-8")
         datamodule = getattr(trainer, "datamodule", None)
@@ -88,7 +92,7 @@ class PredictionWriter(BasePredictionWriter):
         """This run's setup, built once the checkpoint (if any) is restored."""
         if self.setup_info is None:
             hparams = getattr(getattr(trainer, "datamodule", None), "hparams", {})
-            self.setup_info = pl_module.prediction_setup(prompt_settings(hparams))
+            self.setup_info = pl_module.prediction_setup(dict(hparams))
             log.info("predict: model %s, checkpoint %s, setup %s; answers go to %s", self.setup_info.model,
                      self.setup_info.checkpoint, self.setup_info.key, self.path)
         return self.setup_info
@@ -98,7 +102,15 @@ class PredictionWriter(BasePredictionWriter):
         setup = self._setup(trainer, pl_module)
         done = set(self.answered.get(setup.key, ()))
         others = sum(len(keys) for key, keys in self.answered.items() if key != setup.key)
-        if others:
+        stamp = _stamp_of(setup.stamp())
+        alike = sum(len(keys) for key, keys in self.answered.items() if key != setup.key and self.stamps.get(key) == stamp)
+        if alike:
+            log.warning("predict: %s holds %d answers of this model, checkpoint and decoding under another `setup` key: "
+                        "another prompt, frame, engine or dtype setting (data.video, data.prompt, model.rollout.vllm, "
+                        "...), or a file written before the key covered every such setting (e.g. "
+                        "data.video.frame_max_tokens, model.rollout.vllm.dtype). They are kept, not reused: their items "
+                        "are answered again (resume: false starts the file afresh)", self.path, alike)
+        elif others:
             log.info("predict: %s also holds %d answers of other models or decoding settings (other `setup` keys): "
                      "kept, not reused", self.path, others)
         return done
@@ -125,17 +137,24 @@ class PredictionWriter(BasePredictionWriter):
         log.info("predict: %d records written to %s", self.written, self.path)
 
 
-def _answered(path: Path) -> dict[str, set[str]]:
-    """``{setup key: item keys}`` of the answered lines of an earlier run's file; skipped items, and lines
-    without the keys (written before lines carried them), are answered again."""
+def _stamp_of(record: dict) -> tuple:
+    """What a line says wrote it, comparable across lines: ``(model, checkpoint, decoding)``."""
+    return record.get("model"), record.get("checkpoint"), json.dumps(record.get("decoding"), sort_keys=True)
+
+
+def _answered(path: Path) -> tuple[dict[str, set[str]], dict[str, tuple]]:
+    """``({setup key: item keys}, {setup key: (model, checkpoint, decoding)})`` of the answered lines of an
+    earlier run's file; skipped items, and lines without the keys (written before lines carried them), are
+    answered again."""
     if not path.exists():
-        return {}
+        return {}, {}
     text = path.read_text(encoding="utf-8")
     if text and not text.endswith("\n"):  # a write cut short by a kill: its batch is answered again
         log.warning("predict: %s ends in an incomplete line (an interrupted write); it is removed", path)
         text = text[: text.rfind("\n") + 1]
         path.write_text(text, encoding="utf-8")
     answered: dict[str, set[str]] = defaultdict(set)
+    stamps: dict[str, tuple] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -146,4 +165,5 @@ def _answered(path: Path) -> dict[str, set[str]]:
                                                      f"or set resume: false to start afresh") from None
         if isinstance(record, dict) and "skipped" not in record and record.get("setup") and record.get("item_key"):
             answered[str(record["setup"])].add(str(record["item_key"]))
-    return answered
+            stamps[str(record["setup"])] = _stamp_of(record)
+    return answered, stamps

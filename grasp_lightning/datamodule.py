@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
 from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
+from grasp_lightning.data.frames import ClipFrames, clip_frames, decode_max_pixels, video_processor_settings
 from grasp_lightning.data.prompts import INSTRUCTION, encode_example
 from grasp_lightning.data.qa import decode_image, open_media, read_qa, store_for
 from grasp_lightning.data.readers import reader_for
@@ -36,7 +37,6 @@ from grasp_lightning.data.video import decode_clip, resize_area, video_metadata
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
 from grasp_lightning.errors import GraspConfigError, GraspDataError
 from grasp_lightning.evaluation.base import EvalSuite
-from grasp_lightning.evaluation.protocol import resolve_resolution
 from grasp_lightning.predictions import item_key
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class GraspDataset(Dataset):
             training resolution rule instead: frames decoded at their source size, then shrunk (area
             averaging) to the largest grid of whole tokens (processor patch × merge pixels) holding at
             most this many tokens per 2-frame temporal patch, aspect kept
-            (:func:`~grasp_lightning.evaluation.protocol.resolve_resolution`), and passed unresized.
+            (:func:`~grasp_lightning.data.frames.resolve_resolution`), and passed unresized
+            (:meth:`frame_sizing`).
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
     e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
@@ -113,31 +114,38 @@ class GraspDataset(Dataset):
         if item.image is not None:  # generic QA rows (grasp_lightning/data/qa.py)
             image = decode_image(open_media(self.store, item.image, item.origin), f"{item.origin} ({item.image})")
         frames = metadata = None
+        resize_frames = True
         if item.clip is not None:
             data = open_media(self.store, item.clip.path, item.origin)
             if self.encoder is not None and target is None and image is None:
                 return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
-            released_size = self.frame_max_tokens is not None
             clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
                                end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
-                               max_pixels=None if released_size else self.max_pixels,
+                               max_pixels=decode_max_pixels(self.max_pixels, self.frame_max_tokens),
                                where=f"{item.origin} ({item.clip.path})")
             frames, metadata = clip.frames, video_metadata(clip)
-            if released_size:
-                frames = resize_area(frames, self._released_size(*frames.shape[1:3]))
+            sizing = self.frame_sizing(*frames.shape[:3])
+            frames = resize_area(frames, sizing.passed)  # unchanged unless the released rule shrinks them
+            resize_frames = sizing.processor_resizes
         return encode_example(self.processor, item, frames, metadata, target=target,
                               system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
                               max_target_tokens=self.max_target_tokens, instruction=self.instruction,
                               image=image, max_image_pixels=self.max_image_pixels,
-                              resize_frames=self.frame_max_tokens is None)
+                              resize_frames=resize_frames)
 
-    def _released_size(self, height: int, width: int) -> tuple[int, int]:
-        """``(height, width)`` of the released training rule for a ``height x width`` source frame
-        (``socialmllm/utils/input_processing.py:154-173`` via ``qwen3vl.py:114-121``): whole tokens of
-        ``patch_size * merge_size`` pixels, at most ``frame_max_tokens`` per 2-frame temporal patch."""
-        video = self.processor.video_processor
-        unit = int(video.patch_size) * int(video.merge_size)
-        return resolve_resolution(height, width, spatial_patch=unit, max_tokens=self.frame_max_tokens)
+    def frame_sizing(self, frames: int, height: int, width: int) -> ClipFrames:
+        """How ``frames`` decoded frames of ``height x width`` pixels reach the processor and how many visual
+        tokens they give (:func:`~grasp_lightning.data.frames.clip_frames`, the rule the memory planner counts
+        with): ``max_pixels`` and the processor's resize, or the released rule (``frame_max_tokens``: whole
+        tokens of ``patch_size * merge_size`` pixels, at most ``frame_max_tokens`` per 2-frame temporal patch,
+        ``socialmllm/utils/input_processing.py:154-173`` via ``qwen3vl.py:114-121``, passed unresized).
+
+        Raises:
+            GraspConfigError: the processor is not a Qwen3-VL-style video processor, or (released rule) a
+                frame is smaller than one token on a side.
+        """
+        return clip_frames(frames, height, width, max_pixels=self.max_pixels, frame_max_tokens=self.frame_max_tokens,
+                           settings=video_processor_settings(self.processor.video_processor))
 
     def __getitem__(self, index: int) -> Sample:
         valid = index < len(self.items)

@@ -14,7 +14,9 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
@@ -47,7 +49,13 @@ from grasp_lightning.policy import (
     load_processor,
     load_reference,
 )
-from grasp_lightning.predictions import PredictionSetup, files_signature, model_identity, prediction_records
+from grasp_lightning.predictions import (
+    PredictionSetup,
+    files_signature,
+    model_identity,
+    prediction_records,
+    setup_settings,
+)
 from grasp_lightning.quantization import check_strategy
 from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
@@ -614,25 +622,49 @@ class GraspModule(L.LightningModule):
                                    "none: add `- class_path: grasp_lightning.callbacks.prediction_writer.PredictionWriter` (as the recipes "
                                    "in configs/ do)")
 
-    def prediction_setup(self, prompt: dict) -> PredictionSetup:
-        """What, besides the item, decides this module's ``predict`` answers: the policy (its
-        :func:`~grasp_lightning.predictions.model_identity`, dtype, attention, LoRA), the checkpoint
-        ``predict`` restored (``trainer.ckpt_path``, known once it is loaded), the trainer's precision,
-        the ``model.evaluation`` decoding (``max_new_tokens`` resolved) and ``prompt`` (the DataModule's
-        :data:`~grasp_lightning.predictions.PROMPT_SETTINGS`). ``PredictionWriter`` keys its resume on it."""
+    @property
+    def setting_groups(self) -> dict[str, object]:
+        """The module's settings groups by config name (``model.<name>``): one per dataclass argument of
+        :class:`GraspModule` (``tests/unit/test_predictions.py`` checks none is missing)."""
+        return {"policy": self.policy_cfg, "reference": self.reference_cfg, "lora": self.lora_cfg,
+                "optim": self.optim_cfg, "rollout": self.rollout_cfg, "evaluation": self.eval_cfg}
+
+    def prediction_setup(self, data_groups: Mapping[str, Any]) -> PredictionSetup:
+        """What, besides the item, decides this module's ``predict`` answers, for ``PredictionWriter``'s resume.
+
+        The key covers every setting of the module's groups (:attr:`setting_groups`) and of ``data_groups`` (the
+        DataModule's ``hparams``: ``source``, ``video``, ``prompt``, ...) but those
+        :data:`~grasp_lightning.predictions.NOT_IN_SETUP_KEY` names (:func:`~grasp_lightning.predictions.setup_settings`),
+        with what they resolve to: the policy's weights by :func:`~grasp_lightning.predictions.model_identity`,
+        a processor other than the policy's by its files, the engine that answers (:attr:`eval_engine_name`;
+        ``model.rollout.vllm`` only when it is ``vllm``), ``model.lora`` only when LoRA is on, the checkpoint
+        ``predict`` restored (``trainer.ckpt_path``, known once it is loaded) by its file signature, the
+        trainer's precision, and the ``model.evaluation`` decoding with ``max_new_tokens`` resolved.
+
+        Args:
+            data_groups: the DataModule's settings by group name (plain dicts; ``{}``: none).
+        """
         cfg = self.policy_cfg
         trainer = self._trainer
         checkpoint = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
         decoding = {**dataclasses.asdict(self.eval_cfg), "max_new_tokens": self.eval_max_new_tokens}
-        decoding.pop("engine")  # generate's answers keep the key they had before the setting existed; vLLM's get
-        if self.eval_engine_name != "hf":  # their own (bf16 kernels may break a greedy tie the other way)
+        decoding.pop("engine")  # generate's answers keep the decoding they had before the setting existed; vLLM's
+        if self.eval_engine_name != "hf":  # name it (bf16 kernels may break a greedy tie the other way)
             decoding["engine"] = self.eval_engine_name
+        groups: dict[str, Any] = {f"model.{name}": dataclasses.asdict(group)
+                                  for name, group in self.setting_groups.items()}
+        if self.eval_engine_name != "vllm":
+            groups["model.rollout"].pop("vllm")
+        if not self.lora_cfg.enabled:
+            groups["model.lora"] = {"enabled": False}
+        groups.update({f"data.{name}": group for name, group in data_groups.items() if isinstance(group, Mapping)})
+        processor = (data_groups.get("prompt") or {}).get("processor")
         identity = {
-            "model": model_identity(cfg.name_or_path, cfg.revision), "dtype": cfg.dtype,
-            "attn_implementation": cfg.attn_implementation,
-            "lora": dataclasses.asdict(self.lora_cfg) if self.lora_cfg.enabled else None,
+            "model": model_identity(cfg.name_or_path, cfg.revision),
+            "processor": model_identity(processor) if processor not in (None, cfg.name_or_path) else None,
             "checkpoint": files_signature(checkpoint) if checkpoint else None,
-            "precision": str(trainer.precision) if trainer is not None else None, "prompt": prompt,
+            "precision": str(trainer.precision) if trainer is not None else None,
+            "engine": self.eval_engine_name, "settings": setup_settings(groups),
         }
         return PredictionSetup(model=cfg.name_or_path, checkpoint=checkpoint, decoding=decoding, identity=identity)
 

@@ -9,10 +9,11 @@ A rerun leaves out an item only when an earlier line holds the same item *and* t
 - :func:`item_key`: the item as read (id, question with options, answer, category, the file names of
   its media and its clip window), never a path or line number, so a changed working directory or
   ``data.source.root`` finds the same keys; an edited item is answered again.
-- :class:`PredictionSetup`: the model (``name_or_path`` and a signature of its files, or the Hub
-  snapshot), the checkpoint ``predict`` restores (``--ckpt_path``), LoRA, dtype, attention, precision, the
-  decoding and the prompt settings of the data (system prompt, instruction, frames); its
-  :attr:`~PredictionSetup.key` and the model, checkpoint and decoding are written on every line.
+- :class:`PredictionSetup`: the model's weights (a signature of its files, or the Hub snapshot), the
+  checkpoint ``predict`` restores (``--ckpt_path``), ``trainer.precision``, the decoding, and every
+  setting of the module's and DataModule's groups (:func:`setup_settings`) but those
+  :data:`NOT_IN_SETUP_KEY` names as changing no prompt and no answer; its :attr:`~PredictionSetup.key`
+  and the model, checkpoint and decoding are written on every line.
 """
 
 from __future__ import annotations
@@ -31,12 +32,82 @@ from grasp_lightning.data.formats import option_letters
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.parsing import answer_block, extract_answer, extract_participants, reasoning_text
 
-__all__ = ["PROMPT_SETTINGS", "PredictionSetup", "files_signature", "item_key", "model_identity", "parsed_answer",
-           "prediction_records", "prompt_settings"]
+__all__ = ["NOT_IN_SETUP_KEY", "PredictionSetup", "files_signature", "item_key", "model_identity", "not_in_key",
+           "parsed_answer", "prediction_records", "setup_settings"]
 
-#: The DataModule settings that shape every prompt (``data.prompt.*``, ``data.video.*``): a change answers
-#: every item again.
-PROMPT_SETTINGS = ("system_prompt", "instruction", "fps", "max_frames", "max_pixels", "max_image_pixels")
+#: The settings, by dotted config key (a whole group, or one key of it), that change neither a prompt nor an
+#: answer of ``predict``, each with the reason. Every other setting of the module's groups (``model.policy``,
+#: ``model.rollout``, ...) and the DataModule's (``data.video``, ``data.prompt``, ...) enters the setup key
+#: (:func:`setup_settings`), so a setting added to a group is keyed unless it is named here
+#: (``tests/unit/test_predictions.py`` checks that every field of every group is one or the other).
+NOT_IN_SETUP_KEY: dict[str, str] = {
+    "data.source": "which items are read, and from where: an item is matched by item_key, never by its folder",
+    "data.loader": "batch sizes, workers, the training shuffle and batch kind: which items share a step, not "
+                   "what a prompt holds",
+    "data.errors": "what happens to an unreadable item: a skipped item is never reused",
+    "data.prompt.processor": "keyed by its files when it is not model.policy.name_or_path (the CLI links the two)",
+    "data.prompt.max_prompt_tokens": "a prompt over the budget is refused, never cut: it has no answer to reuse",
+    "data.prompt.max_target_tokens": "the SFT target's budget: predict encodes no target",
+    "model.task": "the training objective: predict answers with the policy and model.evaluation",
+    "model.reference": "the KL reference of training: predict does not answer with it",
+    "model.optim": "the optimizer of training",
+    "model.policy.name_or_path": "keyed by its files (model_identity), so a moved folder is the same model",
+    "model.policy.gradient_checkpointing": "recomputes activations in training's backward pass",
+    "model.policy.freeze_vision": "which weights training updates",
+    "model.rollout.engine": "keyed as the engine that answers (model.evaluation.engine, else this one)",
+    "model.rollout.num_generations": "training rollouts: predict decodes with model.evaluation",
+    "model.rollout.max_new_tokens": "training rollouts: predict decodes with model.evaluation",
+    "model.rollout.temperature": "training rollouts: predict decodes with model.evaluation",
+    "model.rollout.top_p": "training rollouts: predict decodes with model.evaluation",
+    "model.rollout.top_k": "training rollouts: predict decodes with model.evaluation (no top-k)",
+    "model.rollout.stop_at_answer": "training rollouts: predict decodes with model.evaluation",
+    "model.rollout.overlap": "training rollouts sampled during the update",
+    "model.rollout.compile_decode": "the HF engine's training rollouts (its answers use plain generate)",
+    "model.rollout.compile_backend": "the HF engine's training rollouts (its answers use plain generate)",
+    "model.rollout.vllm.python": "where vLLM's environment is (the path, not what is installed)",
+    "model.rollout.vllm.address": "where the server runs",
+    "model.rollout.vllm.gpu_memory_utilization": "the server's memory share (KV cache room, not values)",
+    "model.rollout.vllm.startup_timeout_s": "how long to wait for the server",
+    "model.rollout.vllm.request_timeout_s": "how long to wait for an answer",
+    "model.rollout.vllm.weight_sync_dir": "where weights are handed to the server",
+    "model.rollout.vllm.log_file": "where the server logs",
+}
+
+
+def not_in_key(key: str) -> bool:
+    """Whether the dotted setting ``key`` (or a group holding it) is in :data:`NOT_IN_SETUP_KEY`."""
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in NOT_IN_SETUP_KEY for n in range(1, len(parts) + 1))
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """``{dotted key: value}`` of a group's settings, nested mappings (``model.rollout.vllm``, ``vllm.env``)
+    flattened; an empty one is kept as the value ``{}``."""
+    if not isinstance(value, Mapping) or not value:
+        return {prefix: dict(value) if isinstance(value, Mapping) else value}
+    flat: dict[str, Any] = {}
+    for name, inner in value.items():
+        flat.update(_flatten(f"{prefix}.{name}", inner))
+    return flat
+
+
+def setup_settings(groups: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting of ``groups`` that can change a prompt or an answer, by dotted key.
+
+    Args:
+        groups: the settings by group, ``{"data.video": {...}, "model.policy": {...}}`` (plain dicts, as
+            ``dataclasses.asdict`` or a DataModule's ``hparams`` give them; nested groups such as
+            ``model.rollout``'s ``vllm`` are flattened). A group that does not apply to the run is left out
+            by the caller (``GraspModule.prediction_setup``: ``model.rollout.vllm`` unless vLLM answers,
+            ``model.lora`` but ``enabled`` without LoRA).
+
+    Returns:
+        ``{dotted key: value}``, sorted, of every setting of ``groups`` but those :func:`not_in_key` names.
+    """
+    flat: dict[str, Any] = {}
+    for name, group in groups.items():
+        flat.update(_flatten(name, group))
+    return {key: value for key, value in sorted(flat.items()) if not not_in_key(key)}
 
 
 def _digest(value: Any) -> str:
@@ -106,8 +177,9 @@ class PredictionSetup:
         model: ``model.policy.name_or_path`` as configured (written on every line).
         checkpoint: the Lightning checkpoint ``predict`` restored (``--ckpt_path``), ``None`` for none.
         decoding: the ``model.evaluation`` settings, ``max_new_tokens`` resolved (written on every line).
-        identity: everything :attr:`key` hashes: the model's :func:`model_identity`, the checkpoint's
-            :func:`files_signature`, dtype, attention, LoRA, precision, ``decoding`` and the prompt settings.
+        identity: everything :attr:`key` hashes besides ``decoding``: the model's :func:`model_identity`, the
+            checkpoint's :func:`files_signature`, ``trainer.precision``, the answering engine and the groups'
+            settings (:func:`setup_settings`).
     """
 
     model: str
@@ -123,13 +195,6 @@ class PredictionSetup:
     def stamp(self) -> dict:
         """The fields every line of this setup carries: ``model``, ``checkpoint``, ``decoding``, ``setup`` (the key)."""
         return {"model": self.model, "checkpoint": self.checkpoint, "decoding": self.decoding, "setup": self.key}
-
-
-def prompt_settings(hparams: Mapping[str, Any]) -> dict:
-    """The :data:`PROMPT_SETTINGS` of a DataModule's ``hparams`` (absent ones left out), by their names
-    alone: the groups they sit in (``data.prompt``, ``data.video``) do not enter the key."""
-    groups = [group for group in hparams.values() if isinstance(group, Mapping)]
-    return {k: group[k] for k in PROMPT_SETTINGS for group in groups if k in group}
 
 
 def parsed_answer(completion: str, options: tuple[str, ...] | list[str]) -> str | None:

@@ -58,8 +58,9 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
         text_tokens: tokens of the rendered prompt with its one video placeholder (system prompt,
             question, options, chat markers).
         response_tokens: SFT target tokens (default: ``data.prompt.max_target_tokens``).
-        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
-            ``data.video.max_pixels``). source_fps: its frame rate (frames/s).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames just large
+            enough that the cap binds: ``data.video.max_pixels``, or ``data.video.frame_max_tokens`` whole
+            tokens, :func:`~grasp_lightning.data.frames.default_frame_size`). source_fps: its frame rate (frames/s).
         args: further command-line overrides, after ``overrides`` (``["--model.lora.r=8"]``).
 
     Raises:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from grasp_lightning.data.formats import question_only
+from grasp_lightning.data.frames import resolve_resolution
 from grasp_lightning.data.prompts import EncodedExample
 from grasp_lightning.data.records import DIFFICULTIES, GROUPS, GraspItem
 from grasp_lightning.errors import GraspConfigError, TokenBudgetError
@@ -93,33 +94,6 @@ def released_messages(item: GraspItem, reasoning: bool = True) -> list[dict]:
                                                  {"type": "text", "text": compose_prompt(question, item.options,
                                                                                          reasoning)}]})
     return messages
-
-
-def resolve_resolution(height: int, width: int, *, spatial_patch: int = 32, max_tokens: int = 256) -> tuple[int, int]:
-    """``(height, width)`` in pixels the released evaluation resizes a ``height x width`` frame to.
-
-    Among grids of ``h x w`` patches of ``spatial_patch`` pixels with ``h <= height // spatial_patch``,
-    ``w`` either ``floor(h * width / height)`` or one more, ``0 < w <= width // spatial_patch`` and
-    ``h * w <= max_tokens``, the one with the most patches (the first found, scanning ``h`` upwards).
-    A patch of 32 pixels is one token of Qwen3-VL / Qwen3.5 (16-pixel patches merged 2x2), and one
-    token covers 2 frames (temporal patch 2), so a 2-frame temporal patch holds at most
-    ``max_tokens`` tokens. Never larger than the frame. Source: ``resolve_resolution`` in
-    ``socialmllm/utils/input_processing.py`` of the GRASP repository.
-
-    Raises:
-        GraspConfigError: the frame is smaller than one patch on a side (no grid fits).
-    """
-    ratio = width / height
-    rows, cols = int(height / spatial_patch), int(width / spatial_patch)
-    best, best_tokens = None, 0
-    for h in range(1, rows + 1):
-        for w in (int(h * ratio), int(h * ratio) + 1):
-            if 0 < w <= cols and best_tokens < h * w <= max_tokens:
-                best, best_tokens = (h, w), h * w
-    if best is None:
-        raise GraspConfigError(f"a {height}x{width} frame holds no {spatial_patch}-pixel patch grid within "
-                               f"{max_tokens} tokens")
-    return best[0] * spatial_patch, best[1] * spatial_patch
 
 
 def released_metadata(num_frames: int) -> dict:

@@ -22,9 +22,10 @@ trainable and ``N`` data-parallel ranks:
   N`` (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes per parameter; DeepSpeed's
   ``estimate_zero2_model_states_mem_needs`` counts the same 2 + 18 / N). torch AdamW without ZeRO
   keeps exp_avg and exp_avg_sq in the parameter's dtype (float32: ``8 B x P_t``).
-- tokens: :func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
-  ``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
-  32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
+- tokens: :func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``) and sizes
+  its frames with the data path's own rule (:func:`grasp_lightning.data.frames.clip_frames`: ``max_pixels``
+  and the Qwen3-VL processor's per-frame pixel cap and ``smart_resize`` to multiples of 32 pixels, or the
+  released rule's ``frame_max_tokens``), 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
   processor's settings read from the model directory (``processor_config.json`` or
   ``video_preprocessor_config.json``); it matches the processor's prompt length exactly.
 - reference model: a task that needs one (``Task.needs_reference``; GRPO with ``beta != 0``): ``P x 2 B``;
@@ -273,7 +274,8 @@ def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
     Raises:
         GraspConfigError: neither ``response_tokens`` nor ``data.prompt.max_target_tokens`` is set (SFT).
     """
-    vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels, frame_size=spec.frame_size,
+    vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels,
+                      frame_max_tokens=spec.frame_max_tokens, frame_size=spec.frame_size,
                       source_fps=spec.source_fps, settings=processor_video_settings(spec.model))
     prompt = vt.total + spec.text_tokens
     if not spec.samples_rollouts:
@@ -417,6 +419,10 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
     trainable = n_lora if spec.lora.enabled else counts.language + (0 if spec.freeze_vision else counts.vision)
     how: dict[str, str] = {}
     vt, prompt, completion, sequences = _tokens(spec)
+    rule = (f"frame_max_tokens {spec.frame_max_tokens}" if spec.frame_max_tokens is not None
+            else f"max_pixels {spec.max_pixels:,}")
+    how["tokens"] = (f"{vt.frames} frames of {vt.frame_size[0]} x {vt.frame_size[1]} ({rule}) -> {vt.groups} groups x "
+                     f"{vt.tokens_per_group}")
     notes = []
     if spec.max_prompt_tokens is not None and prompt > spec.max_prompt_tokens:
         notes.append(f"the prompt ({prompt} tokens) is over data.prompt.max_prompt_tokens={spec.max_prompt_tokens}: "
@@ -462,12 +468,13 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float | None = None) -> str:
     qlora = f" on a {s.lora.quantize} base (QLoRA)" if s.lora.enabled and s.lora.quantize else ""
     mode = f"LoRA r={s.lora.r}{qlora}" if s.lora.enabled else f"full fine-tune{frozen}"
     shared = ", prompts shared" if s.shares_prompt else ""
+    frames = f"{plan.how['tokens']} = " if "tokens" in plan.how else ""
     task = f"{s.task} (K={s.num_generations}, {s.max_new_tokens} new tokens{shared})" if s.samples_rollouts else s.task
     lines = [f"Memory plan: {plan.name}, {task}, {mode}, {_strategy_label(s)}, "
              f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}",
              f"Parameters: {format_count(plan.params_total)} (vision {format_count(plan.params_vision)}), "
              f"{format_count(plan.params_trainable)} trainable",
-             f"Tokens: {s.video_seconds:g} s at {s.fps:g} fps -> {plan.visual_tokens} visual tokens; prompt "
+             f"Tokens: {s.video_seconds:g} s at {s.fps:g} fps -> {frames}{plan.visual_tokens} visual tokens; prompt "
              f"{plan.prompt_tokens}; {plan.sequences} sequence(s) x {plan.sequence_tokens} tokens per micro-batch", "",
              f"{'component':<18} {'GiB/GPU':>9}  how"]
     rows = [("weights", plan.weights), ("gradients", plan.gradients), ("optimizer states", plan.optimizer_states),

@@ -54,10 +54,13 @@ class RunSpec:
         micro_batch_size: prompts per micro-batch per GPU (``data.loader.batch_size``).
         num_generations, max_new_tokens: the rollout's K and completion budget (tokens).
         fps, max_frames, max_pixels: the clip's decoding (frames/s, frames, pixels/frame).
+        frame_max_tokens: ``data.video.frame_max_tokens``, the released resolution rule (tokens per
+            2-frame patch; ``None``: frames capped at ``max_pixels``).
         max_target_tokens, max_prompt_tokens: the data budgets (tokens).
         video_seconds: the clip's length (s).
-        frame_size: the source video's ``(height, width)`` in pixels (``None``: square frames of
-            ``max_pixels``); source_fps: its frame rate (frames/s).
+        frame_size: the source video's ``(height, width)`` in pixels (``None``: square frames just large
+            enough that the cap binds: ``max_pixels``, or ``frame_max_tokens`` whole tokens);
+            source_fps: its frame rate (frames/s).
         text_tokens: tokens of the rendered prompt (system prompt, question, options, chat markers)
             with its one video placeholder ``<|vision_start|><|video_pad|><|vision_end|>``.
         response_tokens: SFT target tokens (``None``: ``max_target_tokens``, the worst case).
@@ -102,6 +105,7 @@ class RunSpec:
     rollout_engine: str = "hf"
     engine_memory_fraction: float = 0.0
     logprob_chunk_size: int | None = None
+    frame_max_tokens: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -222,6 +226,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         micro_batch_size=int(data.loader.batch_size), num_generations=int(module.rollout_cfg.num_generations),
         max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.video.fps),
         max_frames=int(data.video.max_frames), max_pixels=int(data.video.max_pixels),
+        frame_max_tokens=data.video.frame_max_tokens,
         max_target_tokens=data.prompt.max_target_tokens,
         max_prompt_tokens=data.prompt.max_prompt_tokens, **strategy_settings(trainer.strategy),
         logprob_chunk_size=getattr(task, "logprob_chunk_size", None))

@@ -105,7 +105,8 @@ def scaling_table(rows: list[tuple[str, str, RunSpec, float]], *, video_seconds:
         plan = plan_memory(replace(spec, video_seconds=video_seconds))
         lines.append(table_row(model, label, plan, gpu, longest_fitting_clip(spec, gpu)))
     first = rows[0][2]
-    most = max((video_tokens(sec, first.fps, first.max_frames, first.max_pixels).total, sec)
+    most = max((video_tokens(sec, first.fps, first.max_frames, first.max_pixels,
+                             frame_max_tokens=first.frame_max_tokens).total, sec)
                for sec in range(1, int(first.max_frames / first.fps) + 1))
     lines += ["", f"GiB per GPU for a {video_seconds:g} s clip at 2 fps (448 x 448 frames; {text_tokens} prompt tokens "
               "besides the video), micro-batch 1; SFT counts the full target budget (2048 tokens), GRPO K = 8 "

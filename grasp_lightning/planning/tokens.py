@@ -4,17 +4,18 @@ Qwen3.5 uses the same processor class and settings (:data:`QWEN3VL_VIDEO_PROCESS
 have the same tokens; its timestamps are assumed to tokenize as Qwen3's (its pre-tokenizer also
 isolates every digit; not checked against its ``tokenizer.json``, which is not on this machine).
 
-:func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``,
-``max_pixels``) and the Qwen3-VL processor (per-frame pixel cap, ``smart_resize`` to multiples of
-32 pixels, 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per group), with the
-processor's settings read from the model directory (:func:`processor_video_settings`); it matches
-the processor's prompt length exactly (``tests/unit/planning/test_estimate.py``).
+:func:`video_tokens` follows a clip through ``GraspDataModule`` (fps, ``max_frames``) and sizes its
+frames with the data path's own rule, :func:`grasp_lightning.data.frames.clip_frames` (``max_pixels`` and
+the processor's per-frame cap and ``smart_resize`` to multiples of 32 pixels, or the released rule's
+``frame_max_tokens``), then adds 2-frame groups, one ``<t seconds>`` timestamp and vision start/end per
+group, with the processor's settings read from the model directory (:func:`processor_video_settings`); it
+matches the processor's prompt length exactly (``tests/unit/planning/test_estimate.py``) and its visual
+tokens for every recipe and overlay (``tests/unit/data/test_frames.py``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ class VideoTokens:
     Attributes:
         frames: frames decoded (``data.video.sample_indices``: fps, ``max_frames``).
         groups: temporal patches (2 frames each, an odd count padded with the last frame).
-        frame_size: ``(height, width)`` in pixels after the decode cap and the processor's resize.
+        frame_size: ``(height, width)`` in pixels after every cap (decode, processor resize or the
+            released rule's ``frame_max_tokens``).
         tokens_per_group: visual tokens per group, ``H/16 x W/16 / 4``.
         timestamp_tokens: tokens of all groups' ``<t seconds>`` texts.
     """
@@ -93,31 +95,7 @@ class VideoTokens:
         return self.visual_tokens + self.text_tokens
 
 
-def processor_frame_size(frames: int, height: int, width: int, settings: dict) -> tuple[int, int]:
-    """``(height, width)`` the Qwen3-VL video processor resizes ``frames`` frames of ``height x width`` to.
-
-    As ``Qwen3VLVideoProcessor.resize`` with ``cap_pixels_per_frame=True`` (what ``data/prompts.py``
-    passes): each frame may have ``max(min(max_video_tokens x f^2, longest_edge // frames),
-    int(1.05 x shortest_edge))`` pixels (``f = patch_size x merge_size`` = 32), then transformers'
-    ``smart_resize`` rounds the sides to multiples of ``f`` (down, keeping the aspect ratio, when the
-    clip is over its budget; to the nearest multiple otherwise).
-
-    Args:
-        frames: frames passed to the processor (>= ``temporal_patch_size``).
-        height, width: pixels of the decoded frames.
-        settings: the video processor's settings (:func:`processor_video_settings`).
-    """
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
-
-    factor = settings["patch_size"] * settings["merge_size"]
-    size = settings["size"]
-    per_frame = max(min(settings["max_video_tokens"] * factor**2, size["longest_edge"] // frames),
-                    int(size["shortest_edge"] * 1.05))
-    return smart_resize(frames, height, width, temporal_factor=settings["temporal_patch_size"], factor=factor,
-                        min_pixels=size["shortest_edge"], max_pixels=per_frame * frames)
-
-
-def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *,
+def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *, frame_max_tokens: int | None = None,
                  frame_size: tuple[int, int] | None = None,
                  source_fps: float = DEFAULT_SOURCE_FPS, settings: dict | None = None) -> VideoTokens:
     """Tokens of a clip of ``seconds`` decoded as ``GraspDataModule`` does and encoded by the processor.
@@ -125,8 +103,9 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
     1. Frames: ``data.video.sample_indices`` of a ``round(seconds x source_fps)``-frame clip at
        ``fps`` (at most ``max_frames``, at least 2); frames are passed with ``do_sample_frames=False``,
        so the processor's own fps/min/max-frame sampling does not apply.
-    2. Pixels: ``data.video.reduced_size(height, width, max_pixels)`` at decode time, then
-       :func:`processor_frame_size`.
+    2. Pixels and visual tokens: :func:`grasp_lightning.data.frames.clip_frames`, the rule ``GraspDataset``
+       sizes its frames with (``max_pixels`` at decode time and the processor's resize, or the released
+       rule's ``frame_max_tokens`` per 2-frame patch).
     3. Groups: ``ceil(frames / temporal_patch_size)``; each gets ``<t seconds>`` with ``t`` the mean
        of its frames' source indices / ``source_fps`` (the last group padded with the last frame),
        as ``Qwen3VLProcessor._calculate_timestamps`` computes it from ``video_metadata``.
@@ -134,8 +113,10 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
     Args:
         seconds: clip length (s). fps: decode rate (frames/s). max_frames: ``data.video.max_frames``.
         max_pixels: ``data.video.max_pixels`` (pixels per decoded frame).
-        frame_size: the source video's ``(height, width)`` in pixels (default: square frames of
-            ``max_pixels``, i.e. 448 x 448 for the recipes).
+        frame_max_tokens: ``data.video.frame_max_tokens`` (tokens per 2-frame patch; ``None``: our rule).
+        frame_size: the source video's ``(height, width)`` in pixels (default: square frames just large
+            enough that the cap binds, :func:`~grasp_lightning.data.frames.default_frame_size`: 448 x 448 for
+            the recipes' ``max_pixels``, 512 x 512 for the released rule's 256 tokens).
         source_fps: the video file's frame rate (frames/s); it only moves timestamps by a frame.
         settings: the video processor's settings (default: Qwen3-VL's published ones).
 
@@ -145,22 +126,21 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
     if seconds <= 0 or fps <= 0 or source_fps <= 0:
         raise GraspConfigError(f"video seconds, fps and source fps must be > 0, got {seconds} s at {fps} fps "
                                f"from a {source_fps} fps file")
-    from grasp_lightning.data.video import reduced_size, sample_indices
+    from grasp_lightning.data.frames import clip_frames, default_frame_size
+    from grasp_lightning.data.video import sample_indices
 
     settings = {**QWEN3VL_VIDEO_PROCESSOR, **(settings or {})}
     total = max(1, round(seconds * source_fps))
     indices = [int(i) for i in sample_indices(total, source_fps, fps=fps, max_frames=max_frames)]
     if frame_size is None:
-        side = math.isqrt(max_pixels)
-        frame_size = (side, side)
-    height, width = reduced_size(*frame_size, max_pixels)
+        frame_size = default_frame_size(max_pixels, frame_max_tokens, settings)
+    sizing = clip_frames(len(indices), *frame_size, max_pixels=max_pixels, frame_max_tokens=frame_max_tokens,
+                         settings=settings)
     t_patch = settings["temporal_patch_size"]
-    resized = processor_frame_size(len(indices), height, width, settings)
-    patch, merge = settings["patch_size"], settings["merge_size"]
-    per_group = (resized[0] // patch) * (resized[1] // patch) // merge**2
     padded = indices + indices[-1:] * (-len(indices) % t_patch)
     stamps = [(padded[i] + padded[i + t_patch - 1]) / 2 / source_fps for i in range(0, len(padded), t_patch)]
-    return VideoTokens(len(indices), len(stamps), tuple(resized), per_group, sum(map(timestamp_tokens, stamps)))
+    return VideoTokens(len(indices), sizing.groups, tuple(sizing.size), sizing.tokens_per_group,
+                       sum(map(timestamp_tokens, stamps)))
 
 
 def processor_video_settings(name_or_path: str) -> dict:

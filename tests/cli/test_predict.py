@@ -255,3 +255,41 @@ def test_item_key_ignores_folders_and_lines_and_files_signature_sees_new_weights
     assert files_signature(tmp_path / "copy") == before
     os.utime(model / "model.safetensors", ns=(1, 1))  # re-exported weights: a new modification time
     assert files_signature(model) != before
+
+
+def test_a_prompt_setting_answers_again_and_an_old_key_is_named(tmp_path, in_repo, caplog) -> None:
+    """Before: after ``--data.video.frame_max_tokens 4`` (prompts of 202 tokens instead of 254) predict said
+    "3 of 3 items ... already answered ... 0 left to answer" and wrote nothing. After: the 3 items are answered
+    again under a new setup key; the same command then finds them. Lines written under an older key of the same
+    model, checkpoint and decoding (a file of a grasp_lightning whose key left such settings out) are kept, and a
+    WARNING says why their items are answered again."""
+    out = tmp_path / "p.jsonl"
+    args = [*README_PREDICT, "--config", "configs/predict.yaml", f"--trainer.callbacks.init_args.output={out}",
+            "--data.source.predict_limit=3"]
+    run_cli(args, tmp_path)
+    first = lines(out)
+    assert len(first) == 3 and not answered(caplog)
+    run_cli([*args, "--data.video.frame_max_tokens", "4"], tmp_path)
+    assert not answered(caplog)
+    records = lines(out)
+    assert len(records) == 6 and [r["id"] for r in records[3:]] == [r["id"] for r in first]
+    assert len({r["setup"] for r in records[:3]}) == len({r["setup"] for r in records[3:]}) == 1
+    assert records[0]["setup"] != records[3]["setup"]
+    assert [r["prompt_tokens"] for r in first] != [r["prompt_tokens"] for r in records[3:]]
+    assert all(r["prompt_tokens"] < f["prompt_tokens"] for r, f in zip(records[3:], first, strict=True))
+    run_cli([*args, "--data.video.frame_max_tokens", "4"], tmp_path)
+    assert answered(caplog) == ["predict: 3 of 3 items of grasp_bench were already answered by this model and "
+                                "decoding (in the prediction file): left out, 0 left to answer"]
+    # a file of an older key: the same model, checkpoint and decoding under another setup key
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps({**r, "setup": "0123456789abcdef"}) + "\n" for r in first))
+    caplog.clear()
+    run_cli([*README_PREDICT, "--config", "configs/predict.yaml", f"--trainer.callbacks.init_args.output={old}",
+             "--data.source.predict_limit=3"], tmp_path)
+    assert not answered(caplog) and len(lines(old)) == 6
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "another `setup` key" in r.getMessage()]
+    assert warned == [f"predict: {old} holds 3 answers of this model, checkpoint and decoding under another `setup` key: "
+                      "another prompt, frame, engine or dtype setting (data.video, data.prompt, model.rollout.vllm, ...), "
+                      "or a file written before the key covered every such setting (e.g. data.video.frame_max_tokens, "
+                      "model.rollout.vllm.dtype). They are kept, not reused: their items are answered again (resume: "
+                      "false starts the file afresh)"]

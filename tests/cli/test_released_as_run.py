@@ -276,3 +276,45 @@ def test_our_recipes_keep_their_loop(in_repo) -> None:
     for files in (SGR, ["configs/sgr.yaml"]):
         task = load_run(config_args(files)).task
         assert not task.splits_groups and task.num_iterations == 1 and not task.loss.divide_by_num_generations
+
+
+def test_the_as_run_overlay_trains_the_demo_epoch(in_repo, tmp_path, monkeypatch) -> None:
+    """docs/released-recipe.md's CPU command: 24 demo rows, 2 per micro-batch, accumulation 1, K = 8: the epoch is
+    the loader's 12 micro-batches, i.e. 12 steps of one rollout of 2 prompts, from 2 rollout batches (4 prompts)."""
+    from grasp_lightning.tasks.grpo import GRPOTask
+    from tests.helpers import run_cli
+
+    seen, sampled = [], []
+    step, sample = GRPOTask.training_step, GRPOTask.sample_window
+
+    def recording(self, ctx, batch):
+        w = batch.window
+        seen.append((w.index, self.completion_of(w.position, w.iteration, len(w.batches), 8)))
+        return step(self, ctx, batch)
+
+    def counting(self, ctx, batches, window=None):
+        sampled.append([i for b in batches for i in b.indices])
+        return sample(self, ctx, batches, window)
+
+    monkeypatch.setattr(GRPOTask, "training_step", recording)
+    monkeypatch.setattr(GRPOTask, "sample_window", counting)
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/released/sgr.yaml", "--config",
+                   "configs/released/sgr_as_run.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+                   "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0"], tmp_path)
+    assert cli.trainer.global_step == 12 and cli.trainer.estimated_stepping_batches == 12
+    assert seen == [(0, (0, j)) for j in range(8)] + [(1, (0, j)) for j in range(4)]
+    assert len(sampled) == 2 and all(len(s) == 2 for s in sampled)
+
+
+def test_rows_as_written_leaves_training_rows_alone_and_keeps_the_evaluation_instruction(in_repo) -> None:
+    from grasp_lightning.data.prompts import INSTRUCTION, user_text
+    from grasp_lightning.data.records import ClipRef, GraspItem
+
+    item = GraspItem(uid="r", origin="rl:1", clip=ClipRef(path="v.mp4"), question="Who points?\nA) P0\nB) P1",
+                     options=("A) P0", "B) P1"), answer="B")
+    released = load_run(config_args([*SGR, "configs/demo.yaml"])).datamodule
+    paper = load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"])).datamodule
+    train, val = released.dataset([item], None, False, training=True), released.dataset([item], None, False)
+    assert user_text(item, train.instruction) == "Who points?\nA) P0\nB) P1"  # the row as written
+    assert val.instruction == INSTRUCTION and paper.dataset([item], None, False, training=True).instruction == INSTRUCTION
+    assert user_text(item, INSTRUCTION).endswith(INSTRUCTION)

@@ -72,6 +72,8 @@ class GraspDataset(Dataset):
             most this many tokens per 2-frame temporal patch, aspect kept
             (:func:`~grasp_lightning.data.frames.resolve_resolution`), and passed unresized
             (:meth:`frame_sizing`).
+        sampling: which frames of a clip: ``"rate"`` (``fps`` by timestamp) or ``"even"`` (the released reader's
+            even spread; :func:`~grasp_lightning.data.video.even_indices`).
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
     e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
@@ -83,8 +85,10 @@ class GraspDataset(Dataset):
     def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
                  max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
                  system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION,
-                 max_image_pixels: int | None = None, frame_max_tokens: int | None = None) -> None:
+                 max_image_pixels: int | None = None, frame_max_tokens: int | None = None,
+                 sampling: str = "rate") -> None:
         self.items = items
+        self.sampling = sampling
         self.frame_max_tokens = frame_max_tokens
         self.max_image_pixels = max_image_pixels
         self.store = store
@@ -122,7 +126,7 @@ class GraspDataset(Dataset):
             clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
                                end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
                                max_pixels=decode_max_pixels(self.max_pixels, self.frame_max_tokens),
-                               where=f"{item.origin} ({item.clip.path})")
+                               where=f"{item.origin} ({item.clip.path})", sampling=self.sampling)
             frames, metadata = clip.frames, video_metadata(clip)
             sizing = self.frame_sizing(*frames.shape[:3])
             frames = resize_area(frames, sizing.passed)  # unchanged unless the released rule shrinks them
@@ -211,6 +215,7 @@ class GraspDataModule(L.LightningDataModule):
         self._consumed = 0
         self._resume: tuple[int, int] | None = None
         self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
+        self._split = False  # set by connect(): the epoch ends after len(prompt loader) micro-batches
         self._mode = self.loader.mode  # set by connect(): the task's data_mode (None: not connected, data.loader.mode unset)
         self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
         self._lookahead = False  # set by connect(): the task peeks at the next window (rollout overlap)
@@ -330,7 +335,7 @@ class GraspDataModule(L.LightningDataModule):
         return loaded
 
     def dataset(self, items: list[GraspItem], store: ClipStore, with_target: bool,
-                 system_prompt: str | None = None) -> GraspDataset:
+                 system_prompt: str | None = None, training: bool = False) -> GraspDataset:
         """The dataset over ``items`` with this DataModule's decoding, prompt and budget settings: the one
         encoder of training, evaluation and ``check-data`` (``grasp_lightning/commands/check_data.py``).
 
@@ -339,17 +344,21 @@ class GraspDataModule(L.LightningDataModule):
             store: where their clips are read from.
             with_target: encode the SFT target (labels) too.
             system_prompt: ``None``: ``data.prompt.system_prompt``; an evaluation suite passes its own.
+            training: the training rows: with ``data.prompt.rows_as_written`` their user text gets no
+                ``data.prompt.instruction`` appended.
         """
         video, prompt = self.video, self.prompt
+        instruction = "" if training and prompt.rows_as_written else prompt.instruction
         return GraspDataset(items, store, self.processor, with_target=with_target, fps=video.fps,
                             max_frames=video.max_frames, max_pixels=video.max_pixels,
                             max_prompt_tokens=prompt.max_prompt_tokens, max_target_tokens=prompt.max_target_tokens,
                             system_prompt=prompt.system_prompt if system_prompt is None else system_prompt,
-                            skip_bad=self.errors.on_bad_item == "skip", instruction=prompt.instruction,
-                            max_image_pixels=video.max_image_pixels, frame_max_tokens=video.frame_max_tokens)
+                            skip_bad=self.errors.on_bad_item == "skip", instruction=instruction,
+                            max_image_pixels=video.max_image_pixels, frame_max_tokens=video.frame_max_tokens,
+                            sampling=video.sampling)
 
     def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None,
-                lookahead: bool = False) -> None:
+                lookahead: bool = False, split_groups: bool = False) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
@@ -366,6 +375,10 @@ class GraspDataModule(L.LightningDataModule):
                 ``None`` keeps ``data.loader.mode``.
             lookahead: the task reads the next window ahead (``Window.peek``, ``model.rollout.overlap: 1``):
                 batches come through a :class:`WindowLoader` even for ``window = repeat = 1``.
+            split_groups: each repeat of a window trains other completions of its prompts (GRPO
+                ``batching.micro_batch: rollout``): the epoch ends after as many micro-batches as this rank has
+                micro-batches of prompts, as the released run's Hugging Face Trainer computed ``max_steps`` from
+                ``len(dataloader)`` (docs/released-recipe.md, "What the released run did").
 
         Raises:
             GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.loader.mode`` set
@@ -382,6 +395,7 @@ class GraspDataModule(L.LightningDataModule):
                                        f"remove data.loader.mode (the task sets it)")
             self._mode = mode
         self._window, self._repeat, self._draws, self._lookahead = window, repeat, draws, lookahead
+        self._split = split_groups
 
     def _rank(self) -> tuple[int, int]:
         trainer = self._trainer if hasattr(self, "_trainer") else None
@@ -413,7 +427,7 @@ class GraspDataModule(L.LightningDataModule):
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.loader.seed, rank=rank,
                                    world_size=world, pad="wrap", groups=self._curriculum_groups())
-        windowed = self._window > 1 or self._repeat > 1 or self._draws or self._lookahead
+        windowed = self._window > 1 or self._repeat > 1 or self._draws or self._lookahead or self._split
         per_item = self._window * self._repeat  # micro-batches Lightning sees per sampler item
         batches = ResumableBatchSampler(sampler, self.loader.batch_size, self._window)
         skip = first = exclude = 0
@@ -429,7 +443,7 @@ class GraspDataModule(L.LightningDataModule):
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
         dataset = self.dataset(self.train_items, store_for(self.train_items, self.root / self.source.videos),
-                               self.mode == "sft")
+                               self.mode == "sft", training=True)
         loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
         if not windowed:
             return loader
@@ -444,7 +458,7 @@ class GraspDataModule(L.LightningDataModule):
                         "(trainer.accumulate_grad_batches); the last %d are dropped each epoch",
                         micro, self._window, micro % self._window)
         return WindowLoader(loader, self._window, self._repeat, skip=skip, first_window=first, exclude=exclude,
-                            on_draw=self._count_drawn)
+                            on_draw=self._count_drawn, limit=micro if self._split else None)
 
     def _curriculum_groups(self) -> list[int] | None:
         """``data.loader.curriculum``: each training row's place in easy → medium → hard (0, 1, 2), else ``None``.

@@ -245,7 +245,7 @@ def selective_log_softmax(logits: Tensor, token_ids: Tensor, temperature: float 
     return torch.stack(rows)
 
 
-def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def k3_kl(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
     """Per-token k3 KL estimator ``exp(d) - d - 1`` with ``d = ref_logp - logp`` (Schulman; TRL's ``per_token_kl``).
 
     ``d`` is clamped to ``[-20, 20]`` so ``exp`` cannot overflow in bf16/fp32 (e^20 ≈ 4.9e8); the
@@ -255,12 +255,16 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     Args:
         logp: ``(N, L)`` policy log-probs.
         ref_logp: ``(N, L)`` reference-model log-probs.
+        clamp: ``None``: as above. A number ``c``: each estimate is then clamped to ``[-c, c]`` (zero
+            gradient beyond): the released GRASP code clamps to ±10 (``socialmllm/train/reasoning/trainer.py:196``;
+            its ``d`` is clamped to ±20 first, at ``:195``, as here).
 
     Returns:
         ``(N, L)`` non-negative estimates, dtype of the inputs.
     """
     d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(d) - d - 1
+    kl = torch.exp(d) - d - 1
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -282,6 +286,7 @@ def grpo_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: float | Tensor | None = None,
     token_weights: Tensor | None = None,
+    kl_clamp: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO objective with an optional k3 KL penalty, as in TRL 1.16 ``GRPOTrainer._compute_loss``.
 
@@ -313,6 +318,8 @@ def grpo_loss(
             importance-sampling correction for a rollout engine whose numerics differ from the trainer's
             (TRL 1.16 multiplies ``per_token_loss`` by it before adding the KL term; ``GRPOTask``'s
             ``importance_sampling_cap``).
+        kl_clamp: clamp each token's k3 estimate to ±this (:func:`k3_kl`; released GRASP: 10), in the loss and
+            in ``kl_mean``; ``None``: no clamp.
 
     Returns:
         ``(loss, metrics)``: a float32 scalar loss, and detached float32 scalars ``kl_mean`` (masked
@@ -346,7 +353,7 @@ def grpo_loss(
         per_token = per_token * token_weights.detach().float()
     metrics: dict[str, Tensor] = {}
     if ref_logp is not None:
-        kl = k3_kl(logp32, ref_logp.float())
+        kl = k3_kl(logp32, ref_logp.float(), kl_clamp)
         metrics["kl_mean"] = _masked_mean(kl, mask32)
         if beta != 0.0:
             per_token = per_token + beta * kl

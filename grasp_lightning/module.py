@@ -405,6 +405,8 @@ class GraspModule(L.LightningModule):
             shared["draws"] = True
         if getattr(self.task, "samples_rollouts", False) and self.rollout_cfg.overlap:
             shared["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
+        if getattr(self.task, "splits_groups", False):
+            shared["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
         connect(**shared)
 
     def _check_validation_in_steps(self) -> None:

@@ -16,6 +16,7 @@ import re
 
 __all__ = [
     "answer_block",
+    "answer_block_released",
     "extract_answer",
     "extract_participants",
     "extract_participants_released",
@@ -28,6 +29,11 @@ __all__ = [
 ]
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The released GRASP training code's answer pattern (socialmllm/train/reasoning/trainer.py:9 of
+# github.com/Social-Reaoning/grasp at 805d115): whitespace around the content is outside the group, and
+# without DOTALL the content stops at a newline, so "<answer>B\nB</answer>" is no block and the search
+# goes on to a later <answer>.
+_RELEASED_ANSWER_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>")
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 # ``Person N`` with any (or no) whitespace; ``\d+`` is greedy and may not be followed by another digit,
 # so "Person 12" is 12, never 1.
@@ -79,6 +85,21 @@ def answer_block(text: str) -> str | None:
         text: a completion.
     """
     match = _ANSWER_RE.search(text)
+    return match.group(1) if match else None
+
+
+def answer_block_released(text: str) -> str | None:
+    """The content of the first ``<answer>`` block by the released GRASP training code's pattern, or ``None``.
+
+    The pattern is ``<answer>\\s*(.*?)\\s*</answer>`` without DOTALL
+    (``socialmllm/train/reasoning/trainer.py:9``, used at ``:255-259``): the content is one line (the
+    whitespace around it may span lines), so ``<answer>B\\nB</answer>`` is not a block and
+    ``<answer>x\\ny</answer><answer>B</answer>`` gives ``"B"``. An empty block gives ``""``.
+
+    Args:
+        text: a completion.
+    """
+    match = _RELEASED_ANSWER_RE.search(text)
     return match.group(1) if match else None
 
 

@@ -68,6 +68,7 @@ from grasp_lightning.data.records import GraspItem
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.parsing import (
     answer_block,
+    answer_block_released,
     extract_participants,
     extract_participants_released,
     has_format,
@@ -396,6 +397,36 @@ def temporal_grounding(completion: str, item: GraspItem, opened_think: bool = Fa
         return 0.0
     hits = sum(max(temporal_iou(g, n) for n in named) for g in gt)
     return hits / max(len(gt), len(named))
+
+
+# The released GRASP code's three flags (socialmllm/train/reasoning/trainer.py:255-262 of
+# github.com/Social-Reaoning/grasp at 805d115), for configs/released/sgr.yaml: its own patterns, and a block
+# counts even when it is empty.
+
+@_register("accuracy_released")
+def accuracy_released(completion: str, item: GraspItem) -> float:
+    """1.0 if the first answer block by the released pattern (:func:`~grasp_lightning.parsing.answer_block_released`,
+    no DOTALL: one-line content), stripped, equals ``item.answer`` stripped, else 0.0 (``trainer.py:255-259``).
+
+    Differs from :func:`accuracy` on multi-line content: ``<answer>x\\ny</answer><answer>B</answer>`` is
+    correct here for answer B (the first block does not match the pattern, the second does), 0.0 there.
+    """
+    block = answer_block_released(completion)
+    return 1.0 if block is not None and block.strip() == item.answer.strip() else 0.0
+
+
+@_register("format_released")
+def format_released(completion: str, item: GraspItem) -> float:
+    """1.0 if the released answer pattern matches at all, an empty ``<answer></answer>`` included
+    (``has_format``, ``trainer.py:255-257``), else 0.0. ``<answer>B\\nB</answer>`` alone: 0.0 (ours: 1.0)."""
+    return 1.0 if answer_block_released(completion) is not None else 0.0
+
+
+@_register("grounding_presence_released")
+def grounding_presence_released(completion: str, item: GraspItem) -> float:
+    """1.0 if a ``<gaze>`` or ``<gesture>`` block is present, an empty one included (``has_grounding``,
+    ``trainer.py:261-262``, patterns with DOTALL at ``:10-11``), else 0.0."""
+    return 1.0 if tag_contents(completion, "gaze") or tag_contents(completion, "gesture") else 0.0
 
 
 def _question_people(item: GraspItem) -> frozenset[int]:

@@ -154,6 +154,9 @@ class Task:
             ``batch.window`` holding all micro-batches of its window (GRPO samples them together).
         draws_prompts: the task may take further windows from the data stream (``batch.window.draw()``,
             GRPO ``dynamic_sampling: refill``); the DataModule then records draws for resume.
+        splits_groups: each of a window's ``num_iterations`` repeats trains other completions of its prompts,
+            and the epoch ends after as many micro-batches as the loader has micro-batches of prompts (GRPO
+            ``batching.micro_batch: rollout``, the released GRASP run's loop); the module tells the DataModule.
         samples_rollouts: the task samples completions from the policy during training
             (``model.rollout``: K per prompt); the memory planner then counts the rollout KV cache.
         shares_prompt: a group's clip is encoded and its prompt prefilled once for its K completions
@@ -168,6 +171,7 @@ class Task:
     num_iterations: int = 1
     window_batches: bool = False
     draws_prompts: bool = False
+    splits_groups: bool = False
     samples_rollouts: bool = False
     shares_prompt: bool = False
     logprob_chunk_size: int | None = None

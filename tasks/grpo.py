@@ -98,6 +98,7 @@ from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the
     repeat_video_inputs,
     rollout_from_state,
     rollout_state,
+    take_completion,
     take_groups,
 )
 from grasp_lightning.vision_features import VisionFeatures, reuse_vision
@@ -157,6 +158,7 @@ class GRPOTask(Task):
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
         self.prefetch = RolloutPrefetch()  # model.rollout.overlap: the next window's request in flight
+        self._num_generations = 0  # model.rollout.num_generations, known from check_settings (micro_batch: rollout)
 
     window_batches = True  # rollouts are sampled per accumulation window (batch.window)
     samples_rollouts = True
@@ -168,8 +170,16 @@ class GRPOTask(Task):
 
     @property
     def num_iterations(self) -> int:
-        """``loss.num_iterations``: optimizer steps per rollout batch (the module passes it to the DataModule)."""
-        return self.loss.num_iterations
+        """Optimizer steps per rollout batch (the module passes it to the DataModule, which yields each window that
+        many times): ``loss.num_iterations``; K with ``batching.micro_batch: rollout`` (the window's A x K
+        one-completion micro-batches, A per step)."""
+        return self._num_generations if self.splits_groups else self.loss.num_iterations
+
+    @property
+    def splits_groups(self) -> bool:
+        """``batching.micro_batch: rollout``: a micro-batch trains one completion per prompt, and the epoch ends
+        after as many micro-batches as the loader has micro-batches of prompts (the module tells the DataModule)."""
+        return self.batching.micro_batch == "rollout"
 
     @property
     def logprob_chunk_size(self) -> int | None:
@@ -199,6 +209,9 @@ class GRPOTask(Task):
                 ``model.rollout.max_new_tokens``; ``model.rollout.overlap: 1`` with ``num_iterations > 1`` or
                 ``dynamic_sampling: refill`` (:func:`~grasp_lightning.tasks.grpo_overlap.check_overlap`).
         """
+        self._num_generations = rollout_cfg.num_generations
+        if self.splits_groups:
+            _check_split(self.loss, self.dynamic_sampling, getattr(rollout_cfg, "overlap", 0))
         if getattr(rollout_cfg, "overlap", 0):
             check_overlap(self.num_iterations, self.dynamic_sampling)
             if self.loss.importance_sampling_cap is None:
@@ -551,9 +564,15 @@ class GRPOTask(Task):
             prepared = self.prepare(ctx, batch) or {}  # called directly, not through the module
         self._ready = None
         batches, position, iteration, _ = self._window_of(batch)
-        ro = self._window_rollouts[position]
         cfg = ctx.rollout_cfg
         k = cfg.num_generations
+        count_groups = True
+        if self.splits_groups:  # one completion of each prompt of one micro-batch of prompts (take_completion)
+            source, completion = self.completion_of(position, iteration, len(batches), k)
+            ro = take_completion(self._window_rollouts[source], completion, k)
+            k, count_groups = 1, completion == 0
+        else:
+            ro = self._window_rollouts[position]
         t0 = time.perf_counter()
         mask = ro.loss_mask
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
@@ -566,8 +585,10 @@ class GRPOTask(Task):
         loss, lm = grpo_math.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
                                   epsilon_high=self.loss.epsilon_high, beta=self.loss.beta, loss_type=self.loss.type,
                                   max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
-                                  token_weights=sampler.pop("weights", None))
-        metrics = self.metrics(batch, ro, lm, entropy, mask)
+                                  token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
+        if self.loss.divide_by_num_generations:
+            loss = loss / cfg.num_generations
+        metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
         metrics.update(sampler)
         if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
             metrics["tokens/loss"] = Sum(mask.sum())
@@ -579,11 +600,26 @@ class GRPOTask(Task):
             metrics = combine(prepared, metrics)
         kl_tokens = None
         if ro.ref_logp is not None:
-            kl_tokens = grpo_math.k3_kl(logp.detach(), ro.ref_logp)[mask.bool()]
+            kl_tokens = grpo_math.k3_kl(logp.detach(), ro.ref_logp, self.loss.kl_clamp)[mask.bool()]
         record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
                                reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
                                advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
         return TaskOutput(loss=loss, metrics=metrics, rollout=record)
+
+    @staticmethod
+    def completion_of(position: int, iteration: int, window: int, k: int) -> tuple[int, int]:
+        """``batching.micro_batch: rollout``: which micro-batch of prompts of the window, and which of its
+        completions, the micro-batch at ``position`` of ``iteration`` trains.
+
+        The window's ``A = window`` micro-batches of prompts are yielded ``K = k`` times (``A x K`` micro-batches);
+        the ``f``-th of them (``f = iteration * A + position``) trains completion ``f mod K`` of the prompts of
+        micro-batch ``f div K``: prompt-major, as the released ``get_batch_samples`` lists them
+        (``socialmllm/train/reasoning/trainer.py:78-90``, ``:138-164``).
+
+        Returns:
+            ``(micro-batch of prompts, completion)``, 0-based.
+        """
+        return divmod(iteration * window + position, k)
 
     def _sampler_correction(self, logp: torch.Tensor, ro: Rollout, mask: torch.Tensor) -> dict:
         """The sampler's log-probs against the trainer's (where the engine reports them): the gap's metrics
@@ -609,12 +645,14 @@ class GRPOTask(Task):
             out["sampling/importance_weight/max"] = Max.of(capped)
         return out
 
-    def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor) -> dict:
+    def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor,
+                count_groups: bool = True) -> dict:
         """One micro-batch's parts of the step metrics (:mod:`grasp_lightning.step_metrics`).
 
         Over the completions of the micro-batch's groups (refill's masked filler groups included): reward
         terms, reward and advantage mean/std/extremes, completion lengths, the truncated and parsed
-        fractions, grounding. Over its groups: the zero-variance fraction and count. Over its loss tokens
+        fractions, grounding. Over its groups: the zero-variance fraction and count (``count_groups=False``: left
+        out, for the micro-batches of ``batching.micro_batch: rollout`` after a group's first). Over its loss tokens
         (``mask``, ``(N, Lc)``: the groups left out by ``dynamic_sampling`` have none): k3 KL (only with a
         reference model), entropy, ratio and the clip fractions.
         """
@@ -640,14 +678,14 @@ class GRPOTask(Task):
         m["completion_length/mean"] = Mean.of(lengths)
         m["completion_length/max"] = Max.of(lengths)
         m["completion_length/truncated_fraction"] = Mean.of(ro.completions.truncated)
-        n_zero = int(ro.zero_variance.sum())
+        n_zero = int(ro.zero_variance.sum()) if count_groups else 0
         self.zero_variance_groups_total += n_zero
-        m["zero_variance_groups/fraction"] = Mean(n_zero, ro.zero_variance.numel())
+        m["zero_variance_groups/fraction"] = Mean(n_zero, ro.zero_variance.numel() if count_groups else 0)
         m["zero_variance_groups/count"] = Sum(n_zero)
         k = ro.num_generations
         grounding, no_gt = _grounding_metrics(ro.completions.texts, ro.items or batch.items, k)
         m.update(grounding)
-        rows_no_gt = no_gt // k
+        rows_no_gt = no_gt // k if count_groups else 0
         self.rows_without_participants_total += rows_no_gt
         m["grounding/rows_without_participants"] = Sum(rows_no_gt)
         parsed = [extract_answer(t) is not None for t in ro.completions.texts]
@@ -704,6 +742,22 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
     if enumerating:
         out["grounding/enumeration_rate"] = Mean(sum(enumerating), len(enumerating))
     return out, no_gt
+
+
+def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
+    """``batching.micro_batch: rollout`` trains each rollout batch over K optimizer steps of its own, so rollout
+    reuse, refill's draws, the rollout overlap and dapo's window-wide normaliser do not apply.
+
+    Raises:
+        GraspConfigError: naming the key that conflicts with it.
+    """
+    conflicts = {"loss.num_iterations": loss.num_iterations > 1, "loss.type: dapo": loss.type == "dapo",
+                 "batching.dynamic_sampling: refill": dynamic_sampling == "refill", "model.rollout.overlap": bool(overlap)}
+    for name, bad in conflicts.items():
+        if bad:
+            where = name if name.startswith("model.") else KEY + name
+            raise GraspConfigError(f"{KEY}batching.micro_batch=rollout (the released run's loop) cannot be combined "
+                                   f"with {where}; leave that at its default")
 
 
 def _check_groups(**groups: tuple[object, type]) -> None:

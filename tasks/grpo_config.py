@@ -19,6 +19,7 @@ KEY = "model.task.init_args."
 ADVANTAGES = ("group", "batch", "released", "none")
 OVERLONG_MODES = ("reward", "released")
 DYNAMIC_SAMPLING = ("off", "drop", "refill")
+MICRO_BATCHES = ("group", "rollout")
 
 
 @dataclass
@@ -104,6 +105,12 @@ class LossConfig:
         importance_sampling_cap: with a rollout engine that reports its own log-probs (model.rollout.engine: vllm),
             weight each token's loss by min(exp(logp_old - logp_sampler), cap): TRL's
             vllm_importance_sampling_correction (token_truncate; TRL's cap 2.0); null: off.
+        kl_clamp: clamp each token's k3 KL estimate to +-this before it is averaged (released GRASP code: 10,
+            socialmllm/train/reasoning/trainer.py:196); null: no clamp.
+        divide_by_num_generations: divide each micro-batch's loss by model.rollout.num_generations (K) once more, on top
+            of Lightning's division by trainer.accumulate_grad_batches: the released run's scale, whose Hugging Face
+            Trainer divides each one-rollout micro-batch's loss by the K x A micro-batches of its rollout batch while
+            it steps every A (docs/released-recipe.md, "What the released run did"); false: no extra division.
     """
 
     type: str = "grpo"
@@ -112,9 +119,13 @@ class LossConfig:
     beta: float = 0.05
     num_iterations: int = 1
     importance_sampling_cap: float | None = None
+    kl_clamp: float | None = None
+    divide_by_num_generations: bool = False
 
     def __post_init__(self) -> None:
         k = KEY + "loss."
+        require(self.kl_clamp is None or (is_number(self.kl_clamp) and self.kl_clamp > 0), k + "kl_clamp",
+                "a number > 0 or null", self.kl_clamp)
         require(self.type in grpo_math.LOSS_TYPES, k + "type", f"one of {grpo_math.LOSS_TYPES}", self.type)
         require(is_count(self.num_iterations), k + "num_iterations", ">= 1", self.num_iterations)
         require(self.importance_sampling_cap is None or (is_number(self.importance_sampling_cap)
@@ -138,15 +149,24 @@ class BatchingConfig:
             shortens the epoch by one window (logged at the epoch's end).
         rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one); null: the whole
             accumulation window in one call (TRL's generation_batch_size).
+        micro_batch: group: a micro-batch trains every completion of its prompts (K rows each). rollout: the released
+            GRASP run as it ran (docs/released-recipe.md, "What the released run did"): a micro-batch trains one
+            completion of each of its prompts, so a window's A micro-batches of prompts become A x K micro-batches of
+            completions in prompt order (the first prompt's completions 1..K, then the next prompt's), A per optimizer
+            step, hence K optimizer steps per rollout batch; the advantages are the whole group's, computed when it is
+            sampled; the epoch ends after as many micro-batches as this rank has micro-batches of prompts (the Hugging
+            Face Trainer's max_steps from len(dataloader)), about 1/K of the data.
     """
 
     dynamic_sampling: str | None = None
     drop_zero_variance_groups: bool | None = None
     max_resample: int = 4
     rollout_batch_prompts: int | None = None
+    micro_batch: str = "group"
 
     def __post_init__(self) -> None:
         k = KEY + "batching."
+        require(self.micro_batch in MICRO_BATCHES, k + "micro_batch", f"one of {MICRO_BATCHES}", self.micro_batch)
         require(self.dynamic_sampling is None or self.dynamic_sampling in DYNAMIC_SAMPLING, k + "dynamic_sampling",
                 f"one of {DYNAMIC_SAMPLING}", self.dynamic_sampling)
         drop = self.drop_zero_variance_groups

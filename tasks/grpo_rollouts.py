@@ -179,6 +179,34 @@ def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
                    generation_calls=0, sampled_logp=rows_of(ro.sampled_logp, True), vision=ro.vision)
 
 
+def take_completion(ro: Rollout, j: int, k: int) -> Rollout:
+    """Completion ``j`` (0 … k-1) of every group of ``ro``: ``B`` rows, one per prompt, with their group's
+    advantage (computed over all ``k`` when the group was sampled). ``batching.micro_batch: rollout``: the
+    released run trains one completion per prompt per micro-batch (``socialmllm/train/reasoning/trainer.py:138-164``).
+    ``zero_variance`` stays the groups' (``(B,)``), so :attr:`Rollout.num_generations` of the result is 1.
+
+    Raises:
+        ValueError: ``j`` is not in ``0 … k-1``.
+    """
+    if not 0 <= j < k:
+        raise ValueError(f"take_completion: completion {j} of groups of {k}")
+    rows = [g * k + j for g in range(ro.num_groups)]
+    index = torch.tensor(rows, dtype=torch.long, device=ro.completions.ids.device)
+    c = ro.completions
+
+    def rows_of(x):
+        return None if x is None else x.index_select(0, index.to(x.device))
+
+    completions = Completions(ids=rows_of(c.ids), mask=rows_of(c.mask), texts=[c.texts[r] for r in rows],
+                              truncated=rows_of(c.truncated),
+                              prompt_opened_think=[c.prompt_opened_think[r] for r in rows] if c.prompt_opened_think else [])
+    return Rollout(prompt=ro.prompt, shared=ro.shared, completions=completions, terms=rows_of(ro.terms),
+                   rewards=rows_of(ro.rewards), advantages=rows_of(ro.advantages), old_logp=rows_of(ro.old_logp),
+                   ref_logp=rows_of(ro.ref_logp), zero_variance=ro.zero_variance, indices=list(ro.indices), rollout_seconds=0.0,
+                   penalty=rows_of(ro.penalty), loss_mask=rows_of(ro.loss_mask), items=list(ro.items),
+                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp), vision=ro.vision)
+
+
 def even_split(n: int, parts: int) -> list[int]:
     """Sizes of ``parts`` contiguous chunks of ``n`` items, as even as possible (larger first); ``[]`` for
     nothing into no parts (a rank whose whole window was skipped).

@@ -40,6 +40,8 @@ USES: dict[str, list[tuple[str, ...]]] = {
     "grasp_pipeline.yaml": [],  # the pipeline command's own file: test_the_pipeline_config_loads_every_stage
     "released/sft.yaml": [("sft", "released/sft"), ("sft", "released/sft", "demo")],
     "released/sgr.yaml": [("sgr", "released/sgr"), ("sgr", "released/sgr", "demo")],
+    "released/sgr_as_run.yaml": [("sgr", "released/sgr", "released/sgr_as_run"),
+                                 ("sgr", "released/sgr", "released/sgr_as_run", "demo")],
 }
 #: The synthetic-world experiment's recipes (run from the repository root), paired the same way: names in that folder.
 WORLD_CONFIGS = REPO / "experiments" / "world" / "configs"

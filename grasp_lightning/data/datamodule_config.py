@@ -52,6 +52,9 @@ class SourceConfig:
             require(is_count(value, optional=True), f"data.source.{name}", "an integer >= 1 or null", value)
 
 
+FRAME_SAMPLING = ("rate", "even")
+
+
 @dataclass
 class VideoConfig:
     """How clips and images are decoded into frames (GRASP: 2 fps, released code: at most 240 frames).
@@ -66,6 +69,9 @@ class VideoConfig:
             training resolution rule (socialmllm/utils/input_processing.py:154-173; released value 256): each frame is
             shrunk to the largest grid of whole tokens (the processor's patch x merge pixels, 32 for Qwen3-VL) with at
             most this many tokens per 2-frame temporal patch, aspect kept.
+        sampling: rate (ours): frames at fps by timestamp, at most max_frames. even: the released GRASP reader
+            (socialmllm/utils/input_processing.py:108, 126-151): an even number of frames spread evenly over the clip,
+            about its length in seconds times fps, at most max_frames (released: 512).
     """
 
     fps: float = 2.0
@@ -73,9 +79,11 @@ class VideoConfig:
     max_pixels: int = 448 * 448
     max_image_pixels: int = 1024 * 1024
     frame_max_tokens: int | None = None
+    sampling: str = "rate"
 
     def __post_init__(self) -> None:
         k = "data.video."
+        require(self.sampling in FRAME_SAMPLING, k + "sampling", f"one of {FRAME_SAMPLING}", self.sampling)
         require(is_number(self.fps) and self.fps > 0, k + "fps",
                 "a number > 0 (frames per second sampled from each clip)", self.fps)
         for name in ("max_frames", "max_pixels", "max_image_pixels"):
@@ -94,6 +102,9 @@ class PromptConfig:
         system_prompt: the system turn of every prompt.
         instruction: appended to every question that carries no instruction of its own (GRASP-Bench and annotation
             items; SFT and RL rows carry theirs); "" appends nothing.
+        rows_as_written: true: the training rows' user text is used as written, with no instruction appended even
+            where it does not name the <answer> tag (released GRASP: qwen3vl.py:137-145, 263-271 build the turn from
+            the row's text only); evaluation items keep the instruction. false (ours): appended where missing.
         max_prompt_tokens: prompt budget in tokens, video included; longer prompts are refused or skipped
             (data.errors.on_bad_item), never truncated; null: no budget.
         max_target_tokens: SFT target budget in tokens; null: no budget.
@@ -103,6 +114,7 @@ class PromptConfig:
     trust_remote_code: bool = False
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     instruction: str = INSTRUCTION
+    rows_as_written: bool = False
     max_prompt_tokens: int | None = 16384
     max_target_tokens: int | None = 2048
 

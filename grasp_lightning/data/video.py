@@ -96,6 +96,59 @@ def sample_indices(total_frames: int, source_fps: float, *, fps: float = 2.0, st
     return idx
 
 
+def even_frame_count(duration: float, *, fps: float = 2.0, max_frames: int = 512, min_frames: int = 2,
+                     multiple: int = 2) -> int:
+    """Frames the released GRASP reader takes from a clip of ``duration`` seconds (``data.video.sampling: even``).
+
+    ``distribute_frames`` of ``socialmllm/utils/input_processing.py:126-151`` (github.com/Social-Reaoning/grasp at
+    805d115) for one clip: 30 bisection steps on a rate in ``(0, fps)``; at each rate ``r`` the count is
+    ``max(min_frames, round(duration * r / multiple) * multiple)`` (Python's ``round``: halves to even), and the
+    last count within ``max_frames`` is kept. Released values: ``fps`` 2 (``--video_max_fps 2``, ``train_sgr.sh:35``),
+    ``max_frames`` 512, ``min_frames`` 2, ``multiple`` 2 (``reasoning/arguments.py:24-27``). For a 5.5 s clip: 10.
+
+    Raises:
+        ValueError: ``min_frames`` is not a multiple of ``multiple``, or no rate gives at most ``max_frames``.
+    """
+    if min_frames % multiple:
+        raise ValueError(f"even_frame_count: min_frames={min_frames} is not a multiple of {multiple}")
+    low, high, count = 0.0, float(fps), None
+    for _ in range(30):
+        rate = (low + high) / 2
+        frames = max(min_frames, round(duration * rate / multiple) * multiple)
+        if frames <= max_frames:
+            low, count = rate, frames
+        else:
+            high = rate
+    if count is None:
+        raise ValueError(f"even_frame_count: no rate gives at most max_frames={max_frames} for {duration} s")
+    return count
+
+
+def even_indices(total_frames: int, source_fps: float, *, fps: float = 2.0, start_seconds: float | None = None,
+                 end_seconds: float | None = None, max_frames: int = 512, min_frames: int = 2,
+                 where: str = "<clip>") -> np.ndarray:
+    """``(T,)`` source frame indices spread evenly over the clip, as the released GRASP reader reads a row's video.
+
+    ``T`` is :func:`even_frame_count` of ``end - start`` seconds; the indices are
+    ``np.linspace(round(start * src_fps), round(end * src_fps) - 1, T)`` truncated to integers
+    (``socialmllm/utils/input_processing.py:103-109``), the first and last frame of the window included.
+    ``start`` defaults to 0 and ``end`` to the clip's length; indices past the last frame are clamped to it
+    (the released reader would fail on them).
+
+    Raises:
+        ClipDecodeError: the window holds no frame.
+    """
+    if total_frames <= 0 or not source_fps > 0 or not math.isfinite(source_fps):
+        raise ClipDecodeError(where, f"no frames ({total_frames} frames at {source_fps} fps)")
+    start = max(0.0, start_seconds or 0.0)
+    end = total_frames / source_fps if end_seconds is None else end_seconds
+    first, stop = int(round(start * source_fps)), int(round(end * source_fps))
+    if stop <= first:
+        raise ClipDecodeError(where, f"empty time window [{start:.3f}, {end:.3f}) s")
+    count = even_frame_count(end - start, fps=fps, max_frames=max_frames, min_frames=min_frames)
+    return np.minimum(np.linspace(first, stop - 1, count, dtype=int), total_frames - 1).astype(np.int64)
+
+
 def reduced_size(height: int, width: int, max_pixels: int | None) -> tuple[int, int]:
     """``(height, width)`` in pixels to decode at: unchanged if ``height * width <= max_pixels``, else
     scaled down keeping the aspect ratio, each side rounded down to an even number (at least 2)."""
@@ -136,7 +189,7 @@ def _check_source(data: str | Path | bytes, where: str | None) -> str:
 def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: float | None = None,
                 end_seconds: float | None = None, max_frames: int = 240, min_frames: int = 2,
                 max_pixels: int | None = DEFAULT_MAX_PIXELS, num_threads: int = 1,
-                where: str | None = None) -> DecodedClip:
+                where: str | None = None, sampling: str = "rate") -> DecodedClip:
     """Decode the frames of one clip sampled at ``fps`` frames per second.
 
     Args:
@@ -148,6 +201,8 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
             (aspect kept, even sides). ``None``: native size.
         num_threads: decoder threads (decord; 0 = one per core). Keep 1 inside DataLoader workers.
         where: the clip's name for error messages (default: the path, or the byte count).
+        sampling: ``"rate"``: :func:`sample_indices` (the module docstring's rule); ``"even"``: the released GRASP
+            reader's even spread, :func:`even_indices` (``fps`` is then its highest rate, ``max_frames`` its cap).
 
     Returns:
         A :class:`DecodedClip` with ``frames`` ``(T, H, W, 3)`` uint8.
@@ -171,8 +226,9 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
         total, src_fps = len(reader), float(reader.get_avg_fps())
     except (decord.DECORDError, *_DECODE_ERRORS) as e:
         raise ClipDecodeError(where, f"cannot open video (corrupt, truncated or not a video): {_short(e)}") from e
-    indices = sample_indices(total, src_fps, fps=fps, start_seconds=start_seconds, end_seconds=end_seconds,
-                             max_frames=max_frames, min_frames=min_frames, where=where)
+    pick = even_indices if sampling == "even" else sample_indices
+    indices = pick(total, src_fps, fps=fps, start_seconds=start_seconds, end_seconds=end_seconds,
+                   max_frames=max_frames, min_frames=min_frames, where=where)
     try:
         batch = reader.get_batch(indices.tolist())
     except (decord.DECORDError, *_DECODE_ERRORS) as e:

@@ -219,6 +219,9 @@ class WindowLoader:
         exclude: draws of the first window before the checkpoint (resume; the batch sampler already
             leaves those items out, see ``ResumableBatchSampler.set_start``).
         on_draw: passed to every :class:`WindowSource`.
+        limit: ``None``, or the epoch ends after this many micro-batches (resumed ones included): GRPO
+            ``batching.micro_batch: rollout`` passes the rank's number of micro-batches of prompts, as the released
+            run's Hugging Face Trainer stopped at ``max_steps`` computed from ``len(dataloader)``.
 
     ``len()`` is the epoch's micro-batch count, resumed ones included (as Lightning expects, see
     ``ResumableBatchSampler.__len__``), *without* draws: an epoch that drew ``d`` windows yields
@@ -234,6 +237,7 @@ class WindowLoader:
     first_window: int = 0
     exclude: int = 0
     on_draw: Callable[[list[Batch]], None] | None = None
+    limit: int | None = None
     batch_sampler: object = field(init=False)
     drawn_windows: int = field(init=False, default=0)
 
@@ -257,6 +261,7 @@ class WindowLoader:
     def __iter__(self):
         skip, index, draws = self.skip, self.first_window, self.exclude
         self.skip, self.first_window, self.exclude = 0, 0, 0  # only the resumed epoch starts late
+        left = None if self.limit is None else self.limit - index * self.window * self.repeat - skip
         drawn = 0
         iterator = Lookahead(iter(self.loader))
         dataset = getattr(self.loader, "dataset", None)
@@ -271,6 +276,10 @@ class WindowLoader:
                     if skip:
                         skip -= 1
                         continue
+                    if left is not None:
+                        if left <= 0:
+                            return
+                        left -= 1
                     batch.window = Window(batches, position, iteration, index, source)
                     yield batch
             source.iterator = None  # the window is done: no more draws from it
@@ -286,4 +295,5 @@ class WindowLoader:
                         total * per_window, (total - drawn) * per_window // self.window, total * per_window // self.window)
 
     def __len__(self) -> int:
-        return len(self.loader) * self.window * self.repeat
+        full = len(self.loader) * self.window * self.repeat
+        return full if self.limit is None else min(full, self.limit)

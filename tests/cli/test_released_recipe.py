@@ -22,6 +22,9 @@ SFT_RELEASED = {
     "data.loader.curriculum": (lambda r: r.datamodule.loader.curriculum, True),  # train_utils.py:297
     "data.prompt.system_prompt": (lambda r: r.datamodule.prompt.system_prompt, ""),  # qwen3vl.py:137-145
     "data.video.frame_max_tokens": (lambda r: r.datamodule.video.frame_max_tokens, 256),  # sft/arguments.py:31
+    "data.video.sampling": (lambda r: r.datamodule.video.sampling, "even"),  # input_processing.py:108, 126-151
+    "data.prompt.rows_as_written": (lambda r: r.datamodule.prompt.rows_as_written, True),  # qwen3vl.py:137-145
+    "data.loader.seed": (lambda r: r.datamodule.loader.seed, 42),  # train_utils.py:288-291, the Trainer's seed 42
     # the same in the paper's recipe and the released script
     "model.optim.lr": (lambda r: r.module.optim_cfg.lr, 2e-6),  # train_sft.sh:29
     "model.optim.warmup_steps": (lambda r: r.module.optim_cfg.warmup_steps, 200),  # train_sft.sh:32
@@ -39,13 +42,18 @@ SGR_RELEASED = {
     "model.task.init_args.reward.overlong_mode": (lambda r: r.task.reward.overlong_mode, "released"),  # trainer.py:311-319
     "model.task.init_args.reward.overlong_penalty": (lambda r: r.task.reward.overlong_penalty, 1.0),  # arguments.py:76-77
     "model.task.init_args.reward.terms": (lambda r: list(zip(r.task.reward.terms, r.task.reward_weights)),  # :57-64
-                                     [("accuracy", 1.0), ("format", 0.1), ("grounding_presence", 0.05),
-                                      ("social_grounding_released", 0.2)]),
+                                     [("accuracy_released", 1.0), ("format_released", 0.1),
+                                      ("grounding_presence_released", 0.05), ("social_grounding_released", 0.2)]),
+    "model.task.init_args.loss.kl_clamp": (lambda r: r.task.loss.kl_clamp, 10.0),  # trainer.py:196
+
     "model.rollout.max_new_tokens": (lambda r: r.module.rollout_cfg.max_new_tokens, 1024),  # arguments.py:56
     "model.rollout.stop_at_answer": (lambda r: r.module.rollout_cfg.stop_at_answer, False),  # trainer.py:108-119
     "data.loader.curriculum": (lambda r: r.datamodule.loader.curriculum, False),  # reasoning/arguments.py:84-87
     "data.prompt.system_prompt": (lambda r: r.datamodule.prompt.system_prompt, ""),  # qwen3vl.py:263-271
     "data.video.frame_max_tokens": (lambda r: r.datamodule.video.frame_max_tokens, 256),  # arguments.py:29-31
+    "data.video.sampling": (lambda r: r.datamodule.video.sampling, "even"),  # input_processing.py:108, 126-151
+    "data.prompt.rows_as_written": (lambda r: r.datamodule.prompt.rows_as_written, True),  # qwen3vl.py:263-271
+    "data.loader.seed": (lambda r: r.datamodule.loader.seed, 42),  # train_utils.py:288-291, the Trainer's seed 42
     # the same in the paper's recipe and the released script
     "model.task.init_args.loss.beta": (lambda r: r.task.loss.beta, 0.05),  # arguments.py:66-69
     "model.rollout.num_generations": (lambda r: r.module.rollout_cfg.num_generations, 8),  # arguments.py:52-55
@@ -55,10 +63,15 @@ SGR_RELEASED = {
     "model.optim.warmup_steps": (lambda r: r.module.optim_cfg.warmup_steps, 256),  # train_sgr.sh:33
 }
 # What our recipes (the paper's text) set instead, for the settings that differ.
-SFT_OURS = {"model.optim.weight_decay": 0.0, "data.loader.curriculum": False, "data.video.frame_max_tokens": None}
+SFT_OURS = {"model.optim.weight_decay": 0.0, "data.loader.curriculum": False, "data.video.frame_max_tokens": None,
+            "data.video.sampling": "rate", "data.prompt.rows_as_written": False, "data.loader.seed": 0}
 SGR_OURS = {"model.optim.weight_decay": 0.0, "model.task.init_args.advantage.kind": "group",
             "model.task.init_args.advantage.clip": None, "model.task.init_args.reward.overlong_buffer_fraction": None,
-            "model.rollout.stop_at_answer": True, "data.video.frame_max_tokens": None}
+            "model.rollout.stop_at_answer": True, "data.video.frame_max_tokens": None,
+            "model.task.init_args.reward.terms": [("accuracy", 1.0), ("format", 0.1), ("grounding_presence", 0.05),
+                                                  ("social_grounding", 0.2)],
+            "model.task.init_args.loss.kl_clamp": None, "data.video.sampling": "rate",
+            "data.prompt.rows_as_written": False, "data.loader.seed": 0}
 
 
 @pytest.mark.parametrize("recipe, table, ours", [("sft", SFT_RELEASED, SFT_OURS), ("sgr", SGR_RELEASED, SGR_OURS)])
@@ -153,7 +166,7 @@ def test_released_sgr_trains_on_the_demo(in_repo, tmp_path, monkeypatch) -> None
     assert cli.trainer.global_step == 3 and len(seen) == 3
     task, rollout = cli.model.task, cli.model.rollout_cfg
     assert task.reward.terms[3] == "social_grounding_released" and not rollout.stop_at_answer
-    assert task.overlong_buffer_tokens(rollout.max_new_tokens) == rollout.max_new_tokens // 4  # 8 of demo's 32
+    assert task.overlong_buffer_tokens(rollout.max_new_tokens) == rollout.max_new_tokens // 4  # 72 of demo's 288
 
 
 def test_released_sft_trains_on_the_demo_in_curriculum_order(in_repo, tmp_path, monkeypatch) -> None:

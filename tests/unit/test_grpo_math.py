@@ -322,3 +322,21 @@ def test_selective_log_softmax_matches_trl() -> None:
     ids = torch.randint(0, 13, (3, 5), generator=gen)
     torch.testing.assert_close(selective_log_softmax(logits, ids, temperature=0.8),
                                trl_selective_log_softmax(logits, ids, temperature=0.8), **TOL)
+
+
+def test_kl_clamp_is_the_released_clamp_and_off_by_default() -> None:
+    # d = ref - logp: 3 -> e^3 - 3 - 1 = 16.0855; -20 -> e^-20 + 19 = 19.0; 0.5 -> e^0.5 - 1.5 = 0.1487
+    logp = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[3.0, -20.0, 0.5]])
+    assert k3_kl(logp, ref).tolist()[0] == pytest.approx([math.exp(3) - 4, math.exp(-20) + 19, math.exp(0.5) - 1.5])
+    # released (socialmllm/train/reasoning/trainer.py:196): clamped to +-10, zero gradient beyond
+    assert k3_kl(logp, ref, 10.0).tolist()[0] == pytest.approx([10.0, 10.0, math.exp(0.5) - 1.5])
+    mask, adv = torch.ones(1, 3), torch.zeros(1)
+    ours, m = grpo_loss(logp, None, ref, adv, mask, beta=0.05, loss_type="grpo")
+    clamped, mc = grpo_loss(logp, None, ref, adv, mask, beta=0.05, loss_type="grpo", kl_clamp=10.0)
+    assert float(m["kl_mean"]) == pytest.approx((math.exp(3) - 4 + math.exp(-20) + 19 + math.exp(0.5) - 1.5) / 3)
+    assert float(mc["kl_mean"]) == pytest.approx((20 + math.exp(0.5) - 1.5) / 3)
+    assert float(clamped) == pytest.approx(0.05 * float(mc["kl_mean"]))
+    clamped.backward()
+    # d/dlogp of exp(d) - d - 1 is 1 - exp(d): only the unclamped token has a gradient
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, 0.05 / 3 * (1 - math.exp(0.5))])

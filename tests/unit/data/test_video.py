@@ -145,3 +145,22 @@ def test_sizes_decord_cannot_scale_to_fall_back_to_resizing_after_decoding():
     assert odd.frames.shape == (7, 26, 48, 3) and near.frames.shape == (7, 24, 46, 3)
     assert abs(float(odd.frames.mean()) - float(near.frames.mean())) < 3.0
     assert odd.indices.tolist() == near.indices.tolist()
+
+
+def test_even_spread_is_the_released_reader():
+    # distribute_frames (socialmllm/utils/input_processing.py:126-151): about 2 per second, even, at least 2, at
+    # most 512; the rate approaches 2 from below, so a 5.5 s clip gives round(5.49.. ) * 2 = 10 and 5.0 s gives 10
+    assert [video.even_frame_count(d) for d in (5.5, 5.0, 0.4, 3.0, 300.0, 1000.0)] == [10, 10, 2, 6, 512, 512]
+    assert video.even_frame_count(7.0, fps=1.0) == 6  # 7 s at a rate just below 1: round(3.4999..) * 2
+    # the indices: np.linspace(round(start * fps), round(end * fps) - 1, T) truncated (:103-109)
+    assert video.even_indices(110, 20.0, start_seconds=0.0, end_seconds=5.5).tolist() == [
+        0, 12, 24, 36, 48, 60, 72, 84, 96, 109]
+    assert video.even_indices(50, 10.0, start_seconds=1.0, end_seconds=3.0).tolist() == [10, 16, 22, 29]
+    ours = sample_indices(110, 20.0, end_seconds=5.5)  # ours: 2 fps by timestamp, 11 frames 10 apart
+    assert ours.tolist() == list(range(0, 110, 10))
+
+
+def test_decode_clip_even_sampling(ten_frames):
+    # 10 frames at 5 fps (2 s): even gives round(1.999..) * 2 = 4 frames over 0..9
+    clip = decode_clip(ten_frames, sampling="even", max_pixels=None)
+    assert clip.indices.tolist() == [0, 3, 6, 9] and clip.timestamps.tolist() == [0.0, 0.6, 1.2, 1.8]

@@ -717,3 +717,39 @@ def _caplog_of(suffix: str):
         yield records
     finally:
         logger.removeHandler(handler)
+
+
+def test_take_completion_keeps_one_row_per_group_with_the_group_advantage() -> None:
+    from grasp_lightning.tasks.grpo_rollouts import Rollout, take_completion
+
+    k, groups = 4, 2
+    ids = torch.arange(groups * k * 3).reshape(groups * k, 3)
+    comp = Completions(ids=ids, mask=torch.ones_like(ids, dtype=torch.bool), texts=[f"t{i}" for i in range(8)],
+                       truncated=torch.zeros(8, dtype=torch.bool), prompt_opened_think=[])
+    adv = torch.tensor([0.5, -0.5, 1.5, -1.5, 0.0, 0.0, 2.0, -2.0])
+    ro = Rollout(prompt={}, shared=True, completions=comp, terms=adv[:, None], rewards=adv, advantages=adv,
+                 old_logp=None, ref_logp=torch.zeros(8, 3), zero_variance=torch.tensor([False, False]),
+                 indices=[7, 9], rollout_seconds=0.0)
+    one = take_completion(ro, 2, k)  # completion 2 of each group: rows 2 and 6
+    assert one.completions.texts == ["t2", "t6"] and one.advantages.tolist() == [1.5, 2.0]
+    assert one.completions.ids.tolist() == [ids[2].tolist(), ids[6].tolist()] and one.ref_logp.shape == (2, 3)
+    assert one.num_groups == 2 and one.num_generations == 1 and one.indices == [7, 9]
+    with pytest.raises(ValueError, match="completion 4 of groups of 4"):
+        take_completion(ro, 4, k)
+    # which micro-batch of prompts and completion the f-th micro-batch of a window of A = 4 trains (K = 8)
+    assert [grpo_task.GRPOTask.completion_of(p, i, 4, 8) for i in (0, 1, 2) for p in (0, 3)] == [
+        (0, 0), (0, 3), (0, 4), (0, 7), (1, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("key, value", [("loss", {"num_iterations": 2}), ("loss", {"type": "dapo"}),
+                                        ("batching", {"dynamic_sampling": "refill"})])
+def test_the_rollout_micro_batch_refuses_what_does_not_apply(key, value) -> None:
+    from grasp_lightning.tasks.grpo_config import BatchingConfig, LossConfig
+
+    groups = {"loss": LossConfig(**(value if key == "loss" else {})),
+              "batching": BatchingConfig(micro_batch="rollout", **(value if key == "batching" else {}))}
+    task = grpo_task.GRPOTask(**groups)
+    with pytest.raises(GraspConfigError, match="micro_batch=rollout"):
+        task.check_settings(RolloutConfig(num_generations=8))
+    with pytest.raises(GraspConfigError, match="micro_batch must be one of"):
+        BatchingConfig(micro_batch="sequence")

@@ -149,6 +149,24 @@ def even_indices(total_frames: int, source_fps: float, *, fps: float = 2.0, star
     return np.minimum(np.linspace(first, stop - 1, count, dtype=int), total_frames - 1).astype(np.int64)
 
 
+def frame_indices(total_frames: int, source_fps: float, *, sampling: str = "rate", **kwargs) -> np.ndarray:
+    """``(T,)`` source frame indices of a clip by ``data.video.sampling``: the one choice that :func:`decode_clip`
+    and the memory planner (:func:`grasp_lightning.planning.tokens.video_tokens`) both make.
+
+    Args:
+        total_frames, source_fps: the video's frame count and rate (frames/s).
+        sampling: ``"rate"``: :func:`sample_indices`; ``"even"``: :func:`even_indices`.
+        kwargs: ``fps``, ``start_seconds``, ``end_seconds``, ``max_frames``, ``min_frames``, ``where``.
+
+    Raises:
+        ValueError: ``sampling`` is neither ``"rate"`` nor ``"even"``.
+        ClipDecodeError: the window holds no frame.
+    """
+    if sampling not in ("rate", "even"):
+        raise ValueError(f"data.video.sampling must be 'rate' or 'even', got {sampling!r}")
+    return (even_indices if sampling == "even" else sample_indices)(total_frames, source_fps, **kwargs)
+
+
 def reduced_size(height: int, width: int, max_pixels: int | None) -> tuple[int, int]:
     """``(height, width)`` in pixels to decode at: unchanged if ``height * width <= max_pixels``, else
     scaled down keeping the aspect ratio, each side rounded down to an even number (at least 2)."""
@@ -226,9 +244,8 @@ def decode_clip(data: bytes | str | Path, *, fps: float = 2.0, start_seconds: fl
         total, src_fps = len(reader), float(reader.get_avg_fps())
     except (decord.DECORDError, *_DECODE_ERRORS) as e:
         raise ClipDecodeError(where, f"cannot open video (corrupt, truncated or not a video): {_short(e)}") from e
-    pick = even_indices if sampling == "even" else sample_indices
-    indices = pick(total, src_fps, fps=fps, start_seconds=start_seconds, end_seconds=end_seconds,
-                   max_frames=max_frames, min_frames=min_frames, where=where)
+    indices = frame_indices(total, src_fps, sampling=sampling, fps=fps, start_seconds=start_seconds,
+                            end_seconds=end_seconds, max_frames=max_frames, min_frames=min_frames, where=where)
     try:
         batch = reader.get_batch(indices.tolist())
     except (decord.DECORDError, *_DECODE_ERRORS) as e:

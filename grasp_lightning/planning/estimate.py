@@ -275,7 +275,7 @@ def _tokens(spec: RunSpec) -> tuple[VideoTokens, int, int, int]:
         GraspConfigError: neither ``response_tokens`` nor ``data.prompt.max_target_tokens`` is set (SFT).
     """
     vt = video_tokens(spec.video_seconds, spec.fps, spec.max_frames, spec.max_pixels,
-                      frame_max_tokens=spec.frame_max_tokens, frame_size=spec.frame_size,
+                      frame_max_tokens=spec.frame_max_tokens, frame_size=spec.frame_size, sampling=spec.sampling,
                       source_fps=spec.source_fps, settings=processor_video_settings(spec.model))
     prompt = vt.total + spec.text_tokens
     if not spec.samples_rollouts:

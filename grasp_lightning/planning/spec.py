@@ -56,6 +56,7 @@ class RunSpec:
         fps, max_frames, max_pixels: the clip's decoding (frames/s, frames, pixels/frame).
         frame_max_tokens: ``data.video.frame_max_tokens``, the released resolution rule (tokens per
             2-frame patch; ``None``: frames capped at ``max_pixels``).
+        sampling: ``data.video.sampling`` (``"rate"``: by timestamp at ``fps``; ``"even"``: the released spread).
         max_target_tokens, max_prompt_tokens: the data budgets (tokens).
         video_seconds: the clip's length (s).
         frame_size: the source video's ``(height, width)`` in pixels (``None``: square frames just large
@@ -106,6 +107,7 @@ class RunSpec:
     engine_memory_fraction: float = 0.0
     logprob_chunk_size: int | None = None
     frame_max_tokens: int | None = None
+    sampling: str = "rate"
 
     @property
     def world_size(self) -> int:
@@ -226,7 +228,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         micro_batch_size=int(data.loader.batch_size), num_generations=int(module.rollout_cfg.num_generations),
         max_new_tokens=int(module.rollout_cfg.max_new_tokens), fps=float(data.video.fps),
         max_frames=int(data.video.max_frames), max_pixels=int(data.video.max_pixels),
-        frame_max_tokens=data.video.frame_max_tokens,
+        frame_max_tokens=data.video.frame_max_tokens, sampling=str(data.video.sampling),
         max_target_tokens=data.prompt.max_target_tokens,
         max_prompt_tokens=data.prompt.max_prompt_tokens, **strategy_settings(trainer.strategy),
         logprob_chunk_size=getattr(task, "logprob_chunk_size", None))

@@ -96,12 +96,12 @@ class VideoTokens:
 
 
 def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *, frame_max_tokens: int | None = None,
-                 frame_size: tuple[int, int] | None = None,
+                 frame_size: tuple[int, int] | None = None, sampling: str = "rate",
                  source_fps: float = DEFAULT_SOURCE_FPS, settings: dict | None = None) -> VideoTokens:
     """Tokens of a clip of ``seconds`` decoded as ``GraspDataModule`` does and encoded by the processor.
 
-    1. Frames: ``data.video.sample_indices`` of a ``round(seconds x source_fps)``-frame clip at
-       ``fps`` (at most ``max_frames``, at least 2); frames are passed with ``do_sample_frames=False``,
+    1. Frames: ``data.video.frame_indices`` (by ``sampling``, as ``decode_clip`` picks them) of a
+       ``round(seconds x source_fps)``-frame clip at ``fps`` (at most ``max_frames``, at least 2); frames are passed with ``do_sample_frames=False``,
        so the processor's own fps/min/max-frame sampling does not apply.
     2. Pixels and visual tokens: :func:`grasp_lightning.data.frames.clip_frames`, the rule ``GraspDataset``
        sizes its frames with (``max_pixels`` at decode time and the processor's resize, or the released
@@ -117,6 +117,7 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
         frame_size: the source video's ``(height, width)`` in pixels (default: square frames just large
             enough that the cap binds, :func:`~grasp_lightning.data.frames.default_frame_size`: 448 x 448 for
             the recipes' ``max_pixels``, 512 x 512 for the released rule's 256 tokens).
+        sampling: ``data.video.sampling``: ``"rate"`` (by timestamp) or ``"even"`` (the released spread).
         source_fps: the video file's frame rate (frames/s); it only moves timestamps by a frame.
         settings: the video processor's settings (default: Qwen3-VL's published ones).
 
@@ -127,11 +128,11 @@ def video_tokens(seconds: float, fps: float, max_frames: int, max_pixels: int, *
         raise GraspConfigError(f"video seconds, fps and source fps must be > 0, got {seconds} s at {fps} fps "
                                f"from a {source_fps} fps file")
     from grasp_lightning.data.frames import clip_frames, default_frame_size
-    from grasp_lightning.data.video import sample_indices
+    from grasp_lightning.data.video import frame_indices
 
     settings = {**QWEN3VL_VIDEO_PROCESSOR, **(settings or {})}
     total = max(1, round(seconds * source_fps))
-    indices = [int(i) for i in sample_indices(total, source_fps, fps=fps, max_frames=max_frames)]
+    indices = [int(i) for i in frame_indices(total, source_fps, sampling=sampling, fps=fps, max_frames=max_frames)]
     if frame_size is None:
         frame_size = default_frame_size(max_pixels, frame_max_tokens, settings)
     sizing = clip_frames(len(indices), *frame_size, max_pixels=max_pixels, frame_max_tokens=frame_max_tokens,

@@ -29,6 +29,10 @@ from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
 from grasp_lightning.paths import resolve_config_args, resolve_package_paths
 
+# The shipped tasks, imported so that jsonargparse knows them as subclasses of Task: without a --config
+# naming its class_path, `fit --model.task.help GRPOTask` failed with "Expected a dot import path string".
+from grasp_lightning.tasks import grpo, sft  # noqa: F401
+
 
 class GraspTrainer(L.Trainer):
     """Lightning's ``Trainer`` whose ``log_dir`` is the run's own folder for every logger type

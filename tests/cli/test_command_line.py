@@ -163,3 +163,33 @@ def test_an_sft_run_trains_from_its_printed_config(in_repo, tmp_path, capsys, mo
                    "--trainer.limit_val_batches=0", *FAST], tmp_path)
     assert cli.trainer.global_step == 2 and type(cli.model.task).__name__ == "SFTTask"
 
+
+
+def test_task_help_by_class_name_needs_no_config() -> None:
+    """``fit --model.task.help GRPOTask`` (docs/training.md) without a --config, in a fresh process (this
+    one has imported the task already): the groups' keys with their help. Before: "Expected a dot import
+    path string: GRPOTask", the task's module being imported only by a config naming its class_path."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning", "fit", "--model.task.help", "GRPOTask"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--model.task.reward.weights" in proc.stdout and "--model.task.compute.logprob_chunk_size" in proc.stdout
+    assert "one weight per term" in " ".join(proc.stdout.split())
+
+
+def test_new_reward_terms_without_weights_say_how_to_give_them(in_repo) -> None:
+    """configs/sgr.yaml's four weights stay when only the terms change: the error shows both lists and
+    the two ways out, and each of them loads."""
+    from grasp_lightning.errors import GraspConfigError
+
+    args = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml",
+            "--model.task.init_args.reward.terms=[accuracy, format]"]
+    with pytest.raises(GraspConfigError) as raised:
+        load_run(args)
+    key = "model.task.init_args.reward."
+    assert str(raised.value) == (
+        f"{key}terms and {key}weights: 2 terms ['accuracy', 'format'] but 4 weights [1.0, 0.1, 0.05, 0.2]. A recipe's "
+        f"weights stay when only the terms change: give one weight per term with them (--{key}weights '[1.0, 1.0]'), "
+        f"or --{key}weights null for 1.0 each")
+    assert load_run([*args, f"--{key}weights", "[1.0, 1.0]"]).task.reward_weights == [1.0, 1.0]
+    assert load_run([*args, f"--{key}weights", "null"]).task.reward_weights == [1.0, 1.0]

@@ -35,6 +35,7 @@ from tests.helpers import (
     LOGP_TOLS,
     TINY,
     TINY_MODELS,
+    event_tags,
     load_model,
     make_qa_dataset,
     qa_row,
@@ -307,6 +308,10 @@ def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path,
     assert rows and "participants_named" in rows[0]  # data.loader.batch_size=4: each step's batch mixes all four rows
     table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
     assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
+    # the chart docs/evaluation.md promises for every suite: a table and no chart before
+    chart = Path(cli.trainer.log_dir) / "bench" / "latest" / "categories_my_qa.png"
+    assert chart.read_bytes().startswith(b"\x89PNG")
+    assert "bench/my_qa/category_accuracy" in event_tags(cli.trainer.log_dir)["images"]
 
 
 def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo, tmp_path):

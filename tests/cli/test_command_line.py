@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -147,8 +148,11 @@ def test_print_config_to_a_file_then_fit_from_it_a_real_process(tmp_path) -> Non
            f"--trainer.default_root_dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in out
     assert list(tmp_path.glob("**/checkpoints/last.ckpt"))
+    # from the tiny model's random weights the groups have equal rewards (README says so)
+    assert "step 0: every group of this step has equal rewards" in out
 
 
 @pytest.mark.slow
@@ -193,3 +197,19 @@ def test_new_reward_terms_without_weights_say_how_to_give_them(in_repo) -> None:
         f"or --{key}weights null for 1.0 each")
     assert load_run([*args, f"--{key}weights", "[1.0, 1.0]"]).task.reward_weights == [1.0, 1.0]
     assert load_run([*args, f"--{key}weights", "null"]).task.reward_weights == [1.0, 1.0]
+
+
+def test_the_readme_quickstart_says_grpo_starts_from_random_weights_and_names_the_pipeline() -> None:
+    """README's GRPO quickstart runs from the random tiny model (every step warns of equal rewards, as the
+    real-process round trip above shows): it says so, and its pipeline command parses into SFT then SGR
+    on the demo, the SGR stage starting from the SFT stage's export."""
+    from grasp_lightning.commands.pipeline import pipeline_from_args
+
+    text = (REPO / "README.md").read_text()
+    quickstart = text[text.index("Then GRPO with the Social Grounding Reward"):text.index("## Recipes")]
+    assert "equal rewards" in quickstart and "random weights" in quickstart
+    (command,) = re.findall(r"^python -m grasp_lightning (pipeline .*?)\s+#", quickstart, re.M)
+    pipeline, only = pipeline_from_args(command.split()[1:])
+    assert only is None and [stage.name for stage in pipeline.stages] == ["sft", "sgr"]
+    args = pipeline.stage_args(pipeline.stages[1], "runs/x/stages/sft/export")
+    assert "configs/demo.yaml" in args and args[-1] == "--model.policy.name_or_path=runs/x/stages/sft/export"

@@ -71,9 +71,15 @@ class GraspCLI(LightningCLI):
         parser.link_arguments("model.policy.trust_remote_code", "data.prompt.trust_remote_code")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
-        """LightningCLI's subcommand parser; ``predict`` defaults to ``return_predictions: false``: the
+        """LightningCLI's subcommand parser, described by the command table's line and its how-to page
+        (:data:`grasp_lightning.commands.COMMANDS`; Lightning's is the ``Trainer`` method's docstring, cut
+        mid-sentence for ``predict``); ``predict`` defaults to ``return_predictions: false``: the
         ``PredictionWriter`` has the answers on disk, and ``Trainer.predict``'s default would also keep
         every batch's records in memory, growing with the dataset (lightning 2.6 ``cli.py``)."""
+        from grasp_lightning.commands import COMMANDS
+
+        if subcommand in COMMANDS:
+            kwargs["description"] = COMMANDS[subcommand].description
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "predict":
             parser.set_defaults(return_predictions=False)

@@ -10,6 +10,7 @@ validation suite and ``check-data`` run on a generated QA file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -320,15 +321,19 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
     (tmp_path / "media").symlink_to(qa_dir / "media")
     (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
     rows = [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None), qa_row(image="media/gone.png"),
-            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None)]
+            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None),
+            qa_row(image=None, video="media/clip.mp4", start=25.0)]
     path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
     report_path = tmp_path / "report.json"
     rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
                f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
     report = json.loads(report_path.read_text())
-    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 6 and report["files"]["qa.jsonl"]["bad"] == 5
+    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 7 and report["files"]["qa.jsonl"]["bad"] == 6
     reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
-    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6)}, reasons
+    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6, 7)}, reasons
+    # a start past the clip's end names the start ("empty time window [d, d) s" before)
+    assert re.search(r"start_seconds 25 is at or past the end of the clip \(\d+\.\d{3} s\): its window holds no frame",
+                     reasons[f"{path}:7"]), reasons[f"{path}:7"]
     assert reasons[f"{path}:6"].startswith("GRPO needs an 'answer'")
     assert reasons[f"{path}:2"].startswith("unreadable image")
     assert "neither 'video' nor 'image'" in reasons[f"{path}:3"]

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class GraspBenchReport(L.Callback):
-    """Evaluation reports of every suite, written into ``<run folder>/bench/step_<N>/`` and ``.../latest/``.
+    """Evaluation reports of every suite, written into ``<run folder>/bench/step_<N>/`` and ``.../latest/``
+    (``N``: the optimizer step; of the checkpoint for ``validate``/``test --ckpt_path``, named in the meta).
 
     Validation runs every ``trainer.val_check_interval`` training batches, at epoch ends, and —
     through this callback — once more at the end of fit when ``max_steps`` stops training
@@ -69,11 +70,12 @@ class GraspBenchReport(L.Callback):
         suites = [runner.by_name(name) for name in results]
         reports = [suite.report(results[suite.name], records[suite.name], label=self.label) for suite in suites]
         root = os.path.join(run_dir(trainer), "bench")  # rank zero only: no collective (trainer.log_dir broadcasts)
-        meta = {"step": trainer.global_step, "model": pl_module.policy_cfg.name_or_path,
+        checkpoint, step = evaluated_checkpoint(trainer, pl_module)
+        meta = {"step": step, "model": pl_module.policy_cfg.name_or_path, "checkpoint": checkpoint,
                 "stage": str(trainer.state.stage),
                 "decoding": {**vars(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
         images: dict = {}
-        for sub in (f"step_{trainer.global_step}", "latest"):
+        for sub in (f"step_{step}", "latest"):
             out = os.path.join(root, sub)
             _write_reports(out, meta, reports)
             for suite in suites:
@@ -97,6 +99,17 @@ class GraspBenchReport(L.Callback):
     @override
     def on_test_end(self, trainer, pl_module) -> None:
         self._report(trainer, pl_module)
+
+
+def evaluated_checkpoint(trainer, pl_module) -> tuple[str | None, int]:
+    """The checkpoint a ``validate``/``test --ckpt_path`` evaluates and its optimizer step (the step its
+    reports are filed under: ``bench/step_<N>/``); in ``fit``, or without a checkpoint, ``None`` and
+    the trainer's ``global_step`` (Lightning restores no step counter outside ``fit``, so
+    ``validate --ckpt_path`` read 0 there)."""
+    if trainer.state.fn in ("validate", "test") and trainer.ckpt_path:
+        restored = getattr(pl_module, "restored_step", None)
+        return str(trainer.ckpt_path), int(restored) if restored is not None else trainer.global_step
+    return None, trainer.global_step
 
 
 def _write_reports(out: str, meta: dict, reports: list) -> None:

@@ -246,7 +246,9 @@ class GraspDataModule(L.LightningDataModule):
                 raise GraspConfigError("data.prompt.processor is not set (the CLI links it to model.policy.name_or_path)")
             from grasp_lightning.policy import load_processor
 
-            self._processor = load_processor(name, trust_remote_code=self.prompt.trust_remote_code)
+            # the CLI links data.prompt.processor to model.policy.name_or_path: the key a user sets
+            self._processor = load_processor(name, trust_remote_code=self.prompt.trust_remote_code,
+                                             key="model.policy.name_or_path")
         return self._processor
 
     def read_train_items(self) -> list[GraspItem]:

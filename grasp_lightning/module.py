@@ -714,11 +714,16 @@ class GraspModule(L.LightningModule):
         if self.trainable_only_checkpoints and "state_dict" in checkpoint:
             checkpoint["state_dict"] = trainable_state(checkpoint["state_dict"], self)
 
+    #: The optimizer step of the checkpoint the weights were restored from (``validate --ckpt_path``:
+    #: evaluation reports are filed under it; Lightning restores no step counter outside ``fit``).
+    restored_step: int | None = None
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Keep the saved random states; they are set at the first training batch after the resume,
         once the data loader has drawn its seeds, which is where the uninterrupted run stood. Restore this
-        rank's task state (``Task.load_state_dict``)."""
+        rank's task state (``Task.load_state_dict``); note the checkpoint's step (:attr:`restored_step`)."""
         self._pending_rng_states = checkpoint.get(RNG_KEY)
+        self.restored_step = checkpoint.get("global_step")
         states = checkpoint.get(TASK_STATE_KEY) or []
         rank = self.global_rank if self._trainer is not None else 0
         if len(states) > rank:

@@ -113,31 +113,72 @@ def resolve_dtype(name: str) -> torch.dtype | str:
     return _DTYPES[name]
 
 
-def load_processor(name_or_path: str, *, trust_remote_code: bool = False, revision: str | None = None):
+def is_missing_local_path(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` can only be a folder on this machine, and there is none.
+
+    A Hugging Face Hub id is ``name`` or ``namespace/name``; a value starting with ``.``, ``/`` or
+    ``~``, with two or more ``/`` (``runs/sft/export``) or whose first component is a local folder
+    (``runs/export`` with ``runs/`` here) is a path. An existing folder is never missing.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return False
+    first = name_or_path.split("/", 1)[0]
+    return (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path
+            or ("/" in name_or_path and Path(first).is_dir()))
+
+
+def missing_model_message(name_or_path: str, key: str = "model.policy.name_or_path") -> str:
+    """What to do when ``key`` names a model folder that is not on this machine (loading fails with it,
+    ``plan-memory`` notes it): run the stage that writes it, or name a model that exists."""
+    return (f"{key}: model {name_or_path!r} is not on this machine (no such folder; not a Hugging Face Hub id "
+            "either). configs/sgr.yaml starts from the SFT stage's export, runs/sft/export: run the SFT stage and "
+            "export it first (python -m grasp_lightning fit --config configs/sft.yaml, then python -m grasp_lightning "
+            "export --config runs/sft/version_0/config.yaml --ckpt_path runs/sft/version_0/checkpoints/last.ckpt "
+            f"--out runs/sft/export; or both with python -m grasp_lightning pipeline), or set {key} to a model you have")
+
+
+def check_model_path(name_or_path: str, key: str = "model.policy.name_or_path") -> None:
+    """Stop with one clear error when ``name_or_path`` is a model folder that does not exist
+    (:func:`is_missing_local_path`); transformers would read it as a Hub id and fail 40 lines later with
+    "Repo id must be in the form 'repo_name' or 'namespace/repo_name'".
+
+    Raises:
+        GraspConfigError: naming ``key``, the path and what to do (:func:`missing_model_message`).
+    """
+    if is_missing_local_path(str(name_or_path)):
+        raise GraspConfigError(missing_model_message(str(name_or_path), key))
+
+
+def load_processor(name_or_path: str, *, trust_remote_code: bool = False, revision: str | None = None,
+                   key: str = "model.policy.name_or_path"):
     """Load the processor (tokenizer + video processor + chat template) with ``AutoProcessor``.
 
     The tokenizer's ``padding_side`` is left as saved; batch builders set it per use (right for
     training, left for generation).
+
+    Raises:
+        GraspConfigError: ``name_or_path`` is a folder that does not exist (the message names ``key``).
     """
     from transformers import AutoProcessor
 
+    check_model_path(name_or_path, key)
     return AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, revision=revision)
 
 
 def load_model(name_or_path: str, *, dtype: str, attn_implementation: str | None = None,
                trust_remote_code: bool = False, revision: str | None = None,
-               quantization_config=None) -> nn.Module:
+               quantization_config=None, key: str = "model.policy.name_or_path") -> nn.Module:
     """Load an image/video-text-to-text model with ``AutoModelForImageTextToText.from_pretrained``
     (``quantization_config``: a ``BitsAndBytesConfig`` for a 4-bit base, :func:`~grasp_lightning.quantization.bnb_config`,
     whose 4-bit Linears keep their training layout: :func:`~grasp_lightning.quantization.keep_training_layout`).
 
     Raises:
-        GraspConfigError: if the path is a local-looking path that does not exist.
+        GraspConfigError: ``name_or_path`` is a folder that does not exist (the message names ``key``).
     """
     from transformers import AutoModelForImageTextToText
 
-    if (name_or_path.startswith((".", "/")) or Path(name_or_path).suffix) and not Path(name_or_path).exists():
-        raise GraspConfigError(f"model path {name_or_path!r} does not exist")
+    check_model_path(name_or_path, key)
     kwargs = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "revision": revision}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -274,7 +315,8 @@ def load_reference(policy_cfg: PolicyConfig, ref_cfg: ReferenceConfig) -> nn.Mod
     model = load_model(ref_cfg.name_or_path or policy_cfg.name_or_path,
                        dtype=ref_cfg.dtype or policy_cfg.dtype,
                        attn_implementation=policy_cfg.attn_implementation,
-                       trust_remote_code=policy_cfg.trust_remote_code, revision=policy_cfg.revision)
+                       trust_remote_code=policy_cfg.trust_remote_code, revision=policy_cfg.revision,
+                       key="model.reference.name_or_path" if ref_cfg.name_or_path else "model.policy.name_or_path")
     model.requires_grad_(False)
     model.eval()
     return model

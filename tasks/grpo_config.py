@@ -54,7 +54,11 @@ class RewardConfig:
     def __post_init__(self) -> None:
         k = KEY + "reward."
         if self.weights is not None and len(self.terms) != len(self.weights):
-            raise GraspConfigError(f"{k}terms and {k}weights: {len(self.terms)} terms but {len(self.weights)} weights")
+            ones = ", ".join(["1.0"] * len(self.terms))
+            raise GraspConfigError(
+                f"{k}terms and {k}weights: {len(self.terms)} terms {list(self.terms)} but {len(self.weights)} weights "
+                f"{list(self.weights)}. A recipe's weights stay when only the terms change: give one weight per term "
+                f"with them (--{k}weights '[{ones}]'), or --{k}weights null for 1.0 each")
         require(self.overlong_mode in OVERLONG_MODES, k + "overlong_mode", f"one of {OVERLONG_MODES}",
                 self.overlong_mode)
         if self.overlong_buffer is not None and self.overlong_buffer_fraction is not None:

@@ -179,6 +179,21 @@ def test_eval_released_decodes_one_item_at_a_time(combo, in_repo) -> None:
     assert run.module.eval_cfg.protocol == "released"
 
 
+def test_demo_then_eval_released_scores_every_bench_item(in_repo) -> None:
+    """configs/sgr.yaml + demo.yaml + eval_released.yaml (docs/evaluation.md's CPU command): one item per
+    batch, and no batch cap left from demo.yaml (4 batches: 4 of the 32 sample items before). The full
+    validate run: 32 of 32 items scored, 1 min 43 s on 2 busy CPU cores."""
+    import tarfile
+
+    run = load_run(config_args([CONFIGS / n for n in ("sgr.yaml", "demo.yaml", "eval_released.yaml")]))
+    with tarfile.open(SAMPLE / "test" / "grasp_bench.tar") as tar:
+        items = sum(m.name.endswith(".json") for m in tar.getmembers())  # one GRASP-Bench item per JSON file
+    limit, batch = run.trainer["limit_val_batches"], run.datamodule.loader.val_batch_size
+    # Lightning: an int caps the batches, a float is a fraction of them (1.0: all)
+    scored = min(items, limit * batch) if isinstance(limit, int) else round(items * (1.0 if limit is None else limit))
+    assert (items, batch, scored) == (32, 1, 32), limit
+
+
 def _sft_target_tokens() -> list[int]:
     """Token counts of the bundled SFT data's targets (``<think>…</think><answer>…</answer>``) under the
     tiny model's tokenizer."""

@@ -352,3 +352,19 @@ def test_every_relative_link_resolves(page: str) -> None:
             elif anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
     assert not broken, f"{page}: " + "; ".join(broken)
+
+
+def test_the_docs_give_each_group_its_own_category_codes() -> None:
+    """Every "<group> categories (X1–X6)" of the docs names that group's codes (GROUPS: gaze T1–T6,
+    gesture G1–G6, joint J1–J4); docs/metrics.md had gaze and gesture swapped."""
+    from grasp_lightning.data.records import CATEGORIES, GROUPS
+
+    found = []
+    for page in LINKED_PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for group, first, last in re.findall(r"\b(gaze|gesture|joint) categories \((\w\d)[–-](\w\d)\)", text):
+            found.append((page, group))
+            assert (first, last) == (GROUPS[group][0], GROUPS[group][-1]), (page, group, first, last)
+        for first, last in re.findall(r"one category \(`(\w\d)` … `(\w\d)`\)", text):
+            assert (first, last) == (CATEGORIES[0], CATEGORIES[-1]), (page, first, last)
+    assert ("docs/metrics.md", "gaze") in found and ("docs/metrics.md", "gesture") in found

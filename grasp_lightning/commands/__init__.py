@@ -20,31 +20,45 @@ class Command:
         module: the module whose ``main(argv)`` runs it (its exit status, ``None`` for 0).
         help: the one-line description ``--help`` lists.
         lightning: a LightningCLI subcommand: ``main`` gets ``[name, *argv]`` instead of ``argv``.
+        doc: the how-to page of the command (``docs/...``), named by its own ``--help``.
     """
 
     module: str
     help: str
     lightning: bool = False
+    doc: str | None = None
+
+    @property
+    def description(self) -> str:
+        """The help line and the how-to page: the top of ``python -m grasp_lightning NAME --help``."""
+        return f"{self.help[0].upper()}{self.help[1:]}." + (f" How-to: {self.doc}." if self.doc else "")
 
 
 _TRAIN = "grasp_lightning.commands.train"
 
 #: Command name -> :class:`Command`, in the order ``--help`` lists them.
 COMMANDS: dict[str, Command] = {
-    "fit": Command(_TRAIN, "train with the configured task (SFT or GRPO)", lightning=True),
+    "fit": Command(_TRAIN, "train with the configured task (SFT or GRPO)", lightning=True, doc="docs/training.md"),
     "validate": Command(_TRAIN, "decode GRASP-Bench (and data.eval_suites), print the per-category table, "
-                                "write results.json, table.md and a bar chart", lightning=True),
-    "test": Command(_TRAIN, "the same as validate, with Lightning's test loop", lightning=True),
-    "predict": Command(_TRAIN, "Lightning's predict loop", lightning=True),
+                                "write results.json, table.md and a bar chart", lightning=True,
+                        doc="docs/evaluation.md"),
+    "test": Command(_TRAIN, "the same as validate, with Lightning's test loop", lightning=True,
+                    doc="docs/evaluation.md"),
+    "predict": Command(_TRAIN, "answer every evaluation suite's items, or data.source.predict_file's, without "
+                               "scoring them: one JSON line per item naming the model, checkpoint and decoding; "
+                               "a rerun answers only what is missing", lightning=True, doc="docs/predict.md"),
     "export": Command("grasp_lightning.commands.export",
-                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory"),
+                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory",
+                      doc="docs/scaling.md"),
     "pipeline": Command("grasp_lightning.commands.pipeline",
-                        "a multi-stage recipe, each stage starting from the previous stage's export"),
+                        "a multi-stage recipe, each stage starting from the previous stage's export",
+                        doc="docs/training.md"),
     "check-data": Command("grasp_lightning.commands.check_data",
-                          "scan a dataset before training: every line, clip, answer, event and token budget"),
+                          "scan a dataset before training: every line, clip, answer, event and token budget",
+                          doc="docs/data.md"),
     "plan-memory": Command("grasp_lightning.commands.plan_memory",
                            "per-GPU memory of a config (weights, gradients, optimizer, reference, activations, "
-                           "KV cache); --table: the README's scaling table"),
+                           "KV cache); --table: the memory table of docs/scaling.md", doc="docs/scaling.md"),
     "build-model": Command("grasp_lightning.synthetic.tiny",
                            "write the offline tiny Qwen3-VL, or a stand-in of a real checkpoint (--like)"),
     "make-sample": Command("grasp_lightning.synthetic.sample_data",

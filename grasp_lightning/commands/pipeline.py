@@ -75,9 +75,16 @@ class Stage:
 @dataclass
 class DemoSettings:
     """What ``--demo true`` changes: another run folder, configs appended to every stage (e.g.
-    ``configs/demo.yaml``), overrides, and the final validate's configs."""
+    ``configs/demo.yaml``), overrides, and the final validate's configs.
 
-    run_dir: str = "runs/pipeline_demo"
+    Attributes:
+        run_dir: the demo's run folder, instead of run_dir (configs/grasp_pipeline.yaml's).
+        configs: configs appended to every stage's.
+        overrides: overrides of every stage, after common_overrides.
+        final_validate: the final validate's configs; null: final_validate's.
+    """
+
+    run_dir: str = "runs/grasp_pipeline_demo"
     configs: list[str] = field(default_factory=lambda: ["configs/demo.yaml"])
     overrides: dict[str, Any] = field(default_factory=dict)
     final_validate: list[str] | None = None
@@ -348,8 +355,11 @@ def build_parser():
     """The ``pipeline`` command's parser (jsonargparse; ``--config`` reads a pipeline YAML)."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    from grasp_lightning.commands import COMMANDS
+
     parser = ArgumentParser(prog="python -m grasp_lightning pipeline", default_env=False,
-                            description="Run a multi-stage recipe (see grasp_lightning/commands/pipeline.py).")
+                            description=f"{COMMANDS['pipeline'].description} configs/grasp_pipeline.yaml: SFT -> "
+                                        "export -> SGR; --demo true runs it on the CPU, in its demo_settings.run_dir.")
     parser.add_argument("--config", action=ActionConfigFile, help="pipeline YAML (configs/grasp_pipeline.yaml)")
     parser.add_argument("--stages", type=list[Stage], required=True, help="the stages, in order")
     parser.add_argument("--run_dir", type=str, default="runs/pipeline", help="the run folder")

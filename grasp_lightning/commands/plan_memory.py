@@ -166,7 +166,10 @@ def table(configs_dir: str | Path = "configs", *, video_seconds: float = 60.0, t
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``plan-memory`` command's parser."""
-    parser = argparse.ArgumentParser(prog="python -m grasp_lightning plan-memory", description=__doc__.splitlines()[0],
+    from grasp_lightning.commands import COMMANDS
+
+    parser = argparse.ArgumentParser(prog="python -m grasp_lightning plan-memory",
+                                     description=COMMANDS["plan-memory"].description,
                                      epilog="Any other --KEY VALUE (or --KEY=VALUE) overrides a config key as in fit, "
                                             "e.g. --trainer.devices 4 --model.lora.enabled true.",
                                      allow_abbrev=False)

@@ -12,6 +12,10 @@ stages and for the tests.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +28,10 @@ from grasp_lightning.datamodule import GraspDataModule
 from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
 from grasp_lightning.paths import resolve_config_args, resolve_package_paths
+
+# The shipped tasks, imported so that jsonargparse knows them as subclasses of Task: without a --config
+# naming its class_path, `fit --model.task.help GRPOTask` failed with "Expected a dot import path string".
+from grasp_lightning.tasks import grpo, sft  # noqa: F401
 
 
 class GraspTrainer(L.Trainer):
@@ -63,9 +71,15 @@ class GraspCLI(LightningCLI):
         parser.link_arguments("model.policy.trust_remote_code", "data.prompt.trust_remote_code")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
-        """LightningCLI's subcommand parser; ``predict`` defaults to ``return_predictions: false``: the
+        """LightningCLI's subcommand parser, described by the command table's line and its how-to page
+        (:data:`grasp_lightning.commands.COMMANDS`; Lightning's is the ``Trainer`` method's docstring, cut
+        mid-sentence for ``predict``); ``predict`` defaults to ``return_predictions: false``: the
         ``PredictionWriter`` has the answers on disk, and ``Trainer.predict``'s default would also keep
         every batch's records in memory, growing with the dataset (lightning 2.6 ``cli.py``)."""
+        from grasp_lightning.commands import COMMANDS
+
+        if subcommand in COMMANDS:
+            kwargs["description"] = COMMANDS[subcommand].description
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "predict":
             parser.set_defaults(return_predictions=False)
@@ -107,6 +121,65 @@ class GraspCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs) if self._build_trainer else None
 
 
+def library_chatter_to_stderr() -> None:
+    """Send DeepSpeed's log lines to stderr, so that stdout holds only what a command prints
+    (``--print_config > run.yaml`` is YAML).
+
+    DeepSpeed's ``DeepSpeed`` logger writes to ``sys.stdout`` with a handler of its own
+    (``deepspeed/utils/logging.py``), and its import warns "Setting accelerator to CPU" on a machine
+    without a GPU; jsonargparse imports it while reading Lightning's annotations. It is imported here
+    with stdout sent to stderr, then its handlers are pointed at stderr. Without DeepSpeed installed,
+    nothing happens.
+    """
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: F401  (its import logs the accelerator it found)
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
+
+
+#: How YAML (jsonargparse's loader) spells null on the command line.
+YAML_NULLS = ("null", "Null", "NULL", "~")
+
+
+def null_group_args(args: Sequence[str]) -> list[str]:
+    """``args`` with every ``null`` given to a key nested below a class's ``init_args`` rewritten as the
+    group's mapping: ``--model.task.init_args.compute.logprob_chunk_size=null`` (or ``... null`` as two
+    arguments) becomes ``--model.task.init_args.compute={"logprob_chunk_size": null}``.
+
+    Works around jsonargparse 4.53: a command-line value for ``--CLS.init_args.GROUP.KEY`` (a dataclass
+    group, e.g. ``GRPOTask``'s ``reward``, or any deeper key) is parsed to Python, then handed to the
+    class's own parser as the text ``f"--{key}={value}"`` (``_typehints.adapt_class_type``), so ``null``
+    arrives as the string ``"None"``: an ``int | None`` key fails with "Does not validate against any of
+    the Union subtypes" and a ``str | None`` key silently becomes ``"None"``. The mapping form, a
+    documented spelling, is merged with the group's other keys and keeps ``None`` (no upstream issue was
+    found for this in jsonargparse's tracker). Other arguments, and keys one level below ``init_args``
+    (which jsonargparse reads correctly), are unchanged.
+    """
+    args, out, i = list(args), [], 0
+    while i < len(args):
+        arg, value, used = args[i], None, 1
+        if arg.startswith("--") and ".init_args." in arg:
+            if "=" in arg:
+                arg, value = arg.split("=", 1)
+            elif i + 1 < len(args):
+                value, used = args[i + 1], 2
+        head, _, rest = arg.partition(".init_args.")
+        if value in YAML_NULLS and "." in rest:
+            group, *path = rest.split(".")
+            nested = None
+            for part in reversed(path):
+                nested = {part: nested}
+            out.append(f"{head}.init_args.{group}={json.dumps(nested)}")
+            i += used
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None, **options) -> GraspCLI:
     """The training CLI as ``python -m grasp_lightning fit|validate|test|predict`` builds it.
 
@@ -114,7 +187,8 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
         args: command-line arguments (``["fit", "--config", ...]``; without the subcommand when
             ``run`` is false). A ``--config`` file the working directory lacks is read from the
             installation (``configs/sft.yaml`` or ``sft.yaml`` from any directory:
-            :func:`grasp_lightning.paths.resolve_config_args`).
+            :func:`grasp_lightning.paths.resolve_config_args`); ``null`` works for every key
+            (:func:`null_group_args`).
         run: parse a subcommand and run it; ``False``: parse and instantiate only (the caller runs
             ``cli.trainer.fit(cli.model, datamodule=cli.datamodule)`` or reads the objects).
         prog: the program name in the usage line (e.g. ``python -m grasp_lightning check-data``).
@@ -123,13 +197,14 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
     Returns:
         The CLI (``cli.model``, ``cli.datamodule``, ``cli.trainer``, ``cli.config``, ``cli.config_init``).
     """
-    args, command_line = resolve_config_args(args), list(args) == sys.argv[1:]
+    args, command_line = null_group_args(resolve_config_args(args)), list(args) == sys.argv[1:]
     if run and command_line:
         sys.argv[1:] = args  # --config files of the installation as absolute paths, also for re-launched ranks
         args = None  # the command line itself: LightningCLI reads sys.argv (and does not warn that it sees both)
     kwargs = dict(args=args, run=run, trainer_class=GraspTrainer, save_config_kwargs={"overwrite": True},
                   auto_configure_optimizers=False,
                   parser_kwargs={"default_env": False, **({"prog": prog} if prog else {})}, **options)
+    library_chatter_to_stderr()
     argv = sys.argv
     if not run:  # LightningCLI warns when it sees both `args` and sys.argv (nothing is launched before fit)
         sys.argv = sys.argv[:1]

@@ -72,11 +72,15 @@ def sample_indices(total_frames: int, source_fps: float, *, fps: float = 2.0, st
     """Return the ``(T,)`` int64 source frame indices to decode (rule in the module docstring).
 
     Raises:
-        ClipDecodeError: the window is empty or holds fewer than ``min_frames`` frames.
+        ClipDecodeError: the window starts at or past the clip's end (the message names ``start_seconds``),
+            is empty or holds fewer than ``min_frames`` frames.
     """
     if total_frames <= 0 or not source_fps > 0 or not math.isfinite(source_fps):
         raise ClipDecodeError(where, f"no frames ({total_frames} frames at {source_fps} fps)")
     duration = total_frames / source_fps
+    if start_seconds is not None and start_seconds >= duration:
+        raise ClipDecodeError(where, f"start_seconds {start_seconds:g} is at or past the end of the clip "
+                                     f"({duration:.3f} s): its window holds no frame")
     start = min(max(0.0, start_seconds or 0.0), duration)
     end = duration if end_seconds is None else min(end_seconds, duration)
     if end <= start:

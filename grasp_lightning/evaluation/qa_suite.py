@@ -17,6 +17,7 @@ Select it in a config::
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from grasp_lightning.data.qa import parse_qa_row
 from grasp_lightning.data.records import GraspItem
 from grasp_lightning.errors import GraspFormatError
 from grasp_lightning.evaluation.base import LETTER_INSTRUCTION, EvalSuite, answer_space
+from grasp_lightning.evaluation.reports import accuracy_bar_chart
 
 #: Appended to an open-ended question that names no ``<answer>`` tag.
 OPEN_INSTRUCTION = "Put only the final answer inside <answer> tags."
@@ -78,3 +80,10 @@ class QASuite(EvalSuite):
             return self.record(item, item.answer, predicted, float(predicted == item.answer), completion)
         text, _ = answer_space(completion)
         return self.record(item, item.answer, text, float(fold(text) == fold(item.answer)), completion)
+
+    def figures(self, metrics: dict[str, float], folder: str | os.PathLike) -> dict[str, Any]:
+        """``bench/<name>/category_accuracy``: each category's accuracy and the overall
+        (:func:`~grasp_lightning.evaluation.reports.accuracy_bar_chart`), saved as ``categories_<name>.png``."""
+        chart = accuracy_bar_chart(self.categories, metrics, path=os.path.join(folder, f"categories_{self.name}.png"),
+                                   title=f"{self.title} ({self.name}): accuracy per category")
+        return {f"bench/{self.name}/category_accuracy": chart}

@@ -195,25 +195,43 @@ def category_bar_chart(metrics: dict[str, float], path: str | os.PathLike[str] |
     Returns:
         uint8 array ``(H, W, 3)``, RGB, for ``SummaryWriter.add_image(tag, img, dataformats="HWC")``.
     """
+    return _bar_chart({group: list(cats) for group, cats in GROUPS.items()}, metrics, path, title,
+                      colours=_GROUP_COLOURS, width=8.0)
+
+
+def accuracy_bar_chart(categories: list[str], metrics: dict[str, float], path: str | os.PathLike[str] | None = None,
+                       title: str = "accuracy per category") -> np.ndarray:
+    """Any suite's category accuracies (%) (``acc/<category>`` of
+    :class:`~grasp_lightning.evaluation.base.CategoryAccuracy`), one bar each in the given order, then the
+    pooled ``overall``; categories without items show "–". Returns and saves as :func:`category_bar_chart`."""
+    return _bar_chart({"categories": list(categories), "overall": ["overall"]}, metrics, path, title,
+                      colours={"categories": _GROUP_COLOURS["gaze"], "overall": "#8C8C8C"}, legend=False)
+
+
+def _bar_chart(groups: dict[str, list[str]], metrics: dict[str, float], path: str | os.PathLike[str] | None,
+               title: str, *, colours: dict[str, str], legend: bool = True, width: float | None = None) -> np.ndarray:
+    """Bars of ``metrics["acc/<category>"]`` (%) for each group's categories, in order, one colour per group."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 3.2), dpi=100)
+    order = [c for cats in groups.values() for c in cats]
+    fig = Figure(figsize=(width or max(4.0, min(12.0, 0.5 * len(order) + 1)), 3.2), dpi=100)
     canvas = FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for group, cats in GROUPS.items():
+    for group, cats in groups.items():
         values = [metrics.get(f"acc/{c}", math.nan) for c in cats]
-        xs = [CATEGORIES.index(c) for c in cats]
+        xs = [order.index(c) for c in cats]
         heights = [0.0 if math.isnan(v) else 100.0 * v for v in values]
-        ax.bar(xs, heights, color=_GROUP_COLOURS[group], label=group)
+        ax.bar(xs, heights, color=colours[group], label=group)
         for x, v, h in zip(xs, values, heights):
             ax.text(x, h + 1.5, "–" if math.isnan(v) else f"{h:.0f}", ha="center", fontsize=7)
-    ax.set_xticks(range(len(CATEGORIES)), list(CATEGORIES), fontsize=8)
+    ax.set_xticks(range(len(order)), order, fontsize=8)
     ax.set_ylim(0, 125)
     ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", ncols=3, frameon=False)
+    if legend:
+        ax.legend(fontsize=7, loc="upper center", ncols=3, frameon=False)
     fig.tight_layout()
     canvas.draw()
     image = np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.planning.architectures import DEFAULT_ARCHITECTURE, bundled_name
 from grasp_lightning.planning.tokens import DEFAULT_SOURCE_FPS
-from grasp_lightning.policy import LoraConfig
+from grasp_lightning.policy import LoraConfig, is_missing_local_path, missing_model_message
 
 if TYPE_CHECKING:
     from grasp_lightning.datamodule import GraspDataModule
@@ -215,8 +215,10 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
     task, policy, data = module.task, module.policy_cfg, datamodule
     name = str(policy.name_or_path)
     if not bundled_or_local(name):
-        notes.append(f"model {name!r} is not on this machine and not a bundled architecture: planned as "
-                     f"{DEFAULT_ARCHITECTURE} (the GRASP paper's model; override model.policy.name_or_path)")
+        # a folder that is not here: the message fit, check-data and export stop with (run SFT and export first)
+        missing = f"{missing_model_message(name)}. Planned" if is_missing_local_path(name) else \
+            f"model {name!r} is not on this machine and not a bundled architecture (override model.policy.name_or_path): planned"
+        notes.append(f"{missing} as {DEFAULT_ARCHITECTURE} (the GRASP paper's model)")
         name = DEFAULT_ARCHITECTURE
     values = dict(
         model=name, task=task_label(task), needs_reference=bool(task.needs_reference),

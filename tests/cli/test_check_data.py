@@ -237,3 +237,26 @@ def test_counts_of_a_bad_file_add_up(in_repo, tmp_path, capsys):
     for key in ("source", "category", "difficulty", "format"):
         assert sum(info[key].values()) == 6, (key, info[key])
     assert "train/data_rl.jsonl: 6 rows, 4 bad (3 unreadable), 5 problem(s)" in capsys.readouterr().out
+
+
+def test_sgr_before_the_sft_export_is_one_error_saying_what_to_do(tmp_path, monkeypatch):
+    """configs/sgr.yaml starts from runs/sft/export: before the SFT stage has written it, check-data (a
+    real process) stops with one line naming the key, the path and the two commands that write it, and
+    plan-memory notes the same words (about 40 traceback lines ending in transformers' "Repo id must be
+    in the form 'repo_name' or 'namespace/repo_name'" before)."""
+    from grasp_lightning.commands.plan_memory import plan_from_config
+    from grasp_lightning.policy import missing_model_message
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning", "check-data", "--config", "configs/sgr.yaml",
+                           f"--data.source.root={SAMPLE}", "--workers=0", "--progress=false"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    message = missing_model_message("runs/sft/export")
+    assert f"error: GraspConfigError: {message}\n" in proc.stderr
+    assert message.startswith("model.policy.name_or_path: model 'runs/sft/export' is not on this machine")
+    assert "run the SFT stage and export it first" in message and "--out runs/sft/export" in message
+    assert "Traceback" not in proc.stderr and "Repo id" not in proc.stderr
+    monkeypatch.chdir(tmp_path)  # no runs/sft/export here
+    plan = plan_from_config([REPO / "configs/sgr.yaml"], video_seconds=4)
+    assert any(note.startswith(message) for note in plan.notes), plan.notes

@@ -204,3 +204,33 @@ def test_bitsandbytes_warnings_pass_once_four_bit_weights_are_asked_for(monkeypa
         bnb.warning("Failed to load CPU gemm_4bit_forward")
     assert [r.getMessage() for r in caplog.records] == ["a real failure", "another kernel",
                                                         "Failed to load CPU gemm_4bit_forward"]
+
+
+def test_help_says_what_each_command_does_and_names_its_page(in_repo, capsys, monkeypatch) -> None:
+    """predict's help was Lightning's docstring cut mid-sentence ("... Useful to"), the top-level help
+    called predict "Lightning's predict loop" and sent plan-memory's table to the README (it is in
+    docs/scaling.md), and pipeline --help gave runs/pipeline_demo for --demo true while
+    configs/grasp_pipeline.yaml says runs/grasp_pipeline_demo."""
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    for name, command in COMMANDS.items():
+        assert command.doc is None or (REPO / command.doc).is_file(), (name, command.doc)
+    assert "Lightning's" not in COMMANDS["predict"].help and "README" not in COMMANDS["plan-memory"].help
+
+    def help_of(name: str) -> str:
+        with pytest.raises(SystemExit) as done:
+            dispatch([name, "--help"])
+        assert done.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    predict = help_of("predict").split(" options: ")[0]  # the usage, then the description
+    assert "Answer every evaluation suite's items, or data.source.predict_file's, without scoring them" in predict
+    assert "How-to: docs/predict.md." in predict and "Run inference on your data" not in predict
+    assert "How-to: docs/evaluation.md." in help_of("validate") and "How-to: docs/training.md." in help_of("fit")
+    plan = help_of("plan-memory")
+    assert "--table: the memory table of docs/scaling.md" in plan and "How-to: docs/scaling.md." in plan
+    assert "README" not in plan
+    pipeline = help_of("pipeline")
+    demo_dir = yaml.safe_load((REPO / "configs/grasp_pipeline.yaml").read_text())["demo_settings"]["run_dir"]
+    assert f"--demo_settings.run_dir RUN_DIR the demo's run folder, instead of run_dir (configs/grasp_pipeline.yaml's). " \
+           f"(type: str, default: {demo_dir})" in pipeline, pipeline
+    assert "pipeline_demo" not in pipeline.replace(demo_dir, "")

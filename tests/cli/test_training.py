@@ -323,6 +323,24 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
             torch.testing.assert_close(reloaded(input_ids=ids).logits, trained, rtol=1e-5, atol=1e-5)
 
 
+def test_validate_of_a_checkpoint_files_its_reports_under_its_step(in_repo, tmp_path):
+    """``validate --ckpt_path CKPT`` of a 2-step run: ``bench/step_2/`` and ``results.json`` meta naming the
+    checkpoint and its step (``bench/step_0/``, step 0 and the base model alone before: reports of two
+    checkpoints could not be told apart); validation during fit names no checkpoint."""
+    demo = ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml", *FAST, *SHORT,
+            "--data.source.val_limit=2", "--trainer.limit_val_batches=1"]
+    fit = run_cli(["fit", *demo, "--trainer.max_steps=2"], tmp_path / "fit")
+    (ckpt,) = Path(fit.trainer.log_dir).rglob("last.ckpt")
+    fitted = json.load(open(f"{fit.trainer.log_dir}/bench/step_2/results.json"))["meta"]
+    assert fitted["step"] == 2 and fitted["checkpoint"] is None
+    cli = run_cli(["validate", *demo, f"--ckpt_path={ckpt}"], tmp_path / "validate")
+    bench = Path(cli.trainer.log_dir) / "bench"
+    assert sorted(p.name for p in bench.iterdir()) == ["latest", "step_2"]
+    meta = json.load(open(bench / "step_2" / "results.json"))["meta"]
+    assert (meta["step"], meta["checkpoint"]) == (2, str(ckpt))
+    assert meta["model"] == "grasp_lightning/assets/tiny-qwen3vl"
+
+
 def test_validate_prints_the_table_and_writes_reports(tiny_model_path, in_repo, tmp_path, capsys):
     cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST, *SHORT,
                    f"--model.policy.name_or_path={tiny_model_path}"], tmp_path)

@@ -10,6 +10,7 @@ validation suite and ``check-data`` run on a generated QA file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from tests.helpers import (
     LOGP_TOLS,
     TINY,
     TINY_MODELS,
+    event_tags,
     load_model,
     make_qa_dataset,
     qa_row,
@@ -307,6 +309,10 @@ def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path,
     assert rows and "participants_named" in rows[0]  # data.loader.batch_size=4: each step's batch mixes all four rows
     table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
     assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
+    # the chart docs/evaluation.md promises for every suite: a table and no chart before
+    chart = Path(cli.trainer.log_dir) / "bench" / "latest" / "categories_my_qa.png"
+    assert chart.read_bytes().startswith(b"\x89PNG")
+    assert "bench/my_qa/category_accuracy" in event_tags(cli.trainer.log_dir)["images"]
 
 
 def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo, tmp_path):
@@ -315,15 +321,19 @@ def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo
     (tmp_path / "media").symlink_to(qa_dir / "media")
     (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
     rows = [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None), qa_row(image="media/gone.png"),
-            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None)]
+            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None),
+            qa_row(image=None, video="media/clip.mp4", start=25.0)]
     path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
     report_path = tmp_path / "report.json"
     rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
                f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
     report = json.loads(report_path.read_text())
-    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 6 and report["files"]["qa.jsonl"]["bad"] == 5
+    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 7 and report["files"]["qa.jsonl"]["bad"] == 6
     reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
-    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6)}, reasons
+    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6, 7)}, reasons
+    # a start past the clip's end names the start ("empty time window [d, d) s" before)
+    assert re.search(r"start_seconds 25 is at or past the end of the clip \(\d+\.\d{3} s\): its window holds no frame",
+                     reasons[f"{path}:7"]), reasons[f"{path}:7"]
     assert reasons[f"{path}:6"].startswith("GRPO needs an 'answer'")
     assert reasons[f"{path}:2"].startswith("unreadable image")
     assert "neither 'video' nor 'image'" in reasons[f"{path}:3"]

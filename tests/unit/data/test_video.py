@@ -54,8 +54,14 @@ def test_min_frames_and_sample_indices_rule():
     assert sample_indices(10, 5.0, end_seconds=0.3).tolist() == [0, 1]  # 1 sample < min_frames=2
     assert sample_indices(300, 29.97, fps=2.0)[:3].tolist() == [0, 15, 30]
     assert len(sample_indices(300 * 30, 30.0)) == 240  # 300 s at 2 fps capped at 240
-    with pytest.raises(ClipDecodeError, match="empty time window"):
-        sample_indices(10, 5.0, start_seconds=5.0, where="c.mp4")
+    with pytest.raises(ClipDecodeError, match=r"^c.mp4: empty time window \[1.000, 0.500\) s in a 2.000 s clip$"):
+        sample_indices(10, 5.0, start_seconds=1.0, end_seconds=0.5, where="c.mp4")
+    # a start past the clip's end names the start (it read "empty time window [2.000, 2.000) s" before)
+    for start in (2.0, 5.0):
+        with pytest.raises(ClipDecodeError) as raised:
+            sample_indices(10, 5.0, start_seconds=start, where="c.mp4")
+        assert str(raised.value) == (f"c.mp4: start_seconds {start:g} is at or past the end of the clip (2.000 s): "
+                                     "its window holds no frame")
     with pytest.raises(ClipDecodeError, match="fewer than min_frames=4"):
         sample_indices(3, 5.0, min_frames=4, where="c.mp4")
 

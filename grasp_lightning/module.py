@@ -409,13 +409,22 @@ class GraspModule(L.LightningModule):
         """
         trainer = self.trainer
         interval = getattr(trainer, "val_check_interval", None)  # unset for a time-based interval, which is fine
-        validates = trainer.limit_val_batches != 0 and getattr(trainer.datamodule, "hparams", {}).get("bench", 1)
+        validates = trainer.limit_val_batches != 0 and self._datamodule_validates(trainer.datamodule)
         if validates and isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
             raise GraspConfigError(
                 f"model.task.init_args.batching.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
                 f"validation at trainer.val_check_interval={interval} (a share of the epoch's announced length) would "
                 "never run: give trainer.val_check_interval in micro-batches (an integer, as configs/sgr.yaml's 200), "
-                "or turn validation off (data.source.bench=null)")
+                "or turn validation off (data.source.bench=null and no data.eval_suites)")
+
+    @staticmethod
+    def _datamodule_validates(datamodule) -> bool:
+        """Whether ``datamodule`` has anything to validate: GRASP-Bench (``data.source.bench``) or an evaluation
+        suite (``data.eval_suites``); ``True`` for a DataModule of another kind (its validation is unknown)."""
+        source = getattr(datamodule, "source", None)
+        if source is None or not hasattr(source, "bench"):
+            return True
+        return bool(source.bench) or bool(getattr(datamodule, "eval_suites", None))
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).

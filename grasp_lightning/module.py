@@ -214,7 +214,7 @@ class GraspModule(L.LightningModule):
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Load the policy (and the reference model if the task needs one). Idempotent.
+        """Load the policy (and the reference model where :attr:`builds_reference`). Idempotent.
 
         For ``fit`` outside DeepSpeed the trainable weights are kept in float32 (master weights, see
         :func:`~grasp_lightning.policy.keep_float32_masters`): ``trainer.precision: bf16-mixed`` still
@@ -226,6 +226,7 @@ class GraspModule(L.LightningModule):
                 (Lightning would cast the master weights back to half precision).
         """
         if self.policy is not None:
+            self._load_reference()  # a module evaluated first, then fitted: its reference comes now
             return
         self.processor = load_processor(self.policy_cfg.name_or_path,
                                         trust_remote_code=self.policy_cfg.trust_remote_code,
@@ -235,10 +236,25 @@ class GraspModule(L.LightningModule):
         self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
         if self.trainable_only_checkpoints:  # they lack the frozen base; load_state_dict checks what they hold
             self.strict_loading = False
-        if self.task.needs_reference and not self.uses_adapter_reference:
+        self._load_reference()
+        self.task.setup(self)
+
+    @property
+    def builds_reference(self) -> bool:
+        """True when the module loads a frozen reference model: the task needs one (``task.needs_reference``;
+        GRPO with ``beta != 0``), it is not the adapter-disabled policy (:attr:`uses_adapter_reference`), and
+        the trainer fits (or there is no trainer: a caller driving the task by hand). ``validate``, ``test``
+        and ``predict`` only generate with the policy, so they never load it."""
+        if not self.task.needs_reference or self.uses_adapter_reference:
+            return False
+        trainer = self._trainer
+        return trainer is None or trainer.state.fn == "fit"
+
+    def _load_reference(self) -> None:
+        """Load the reference model if :attr:`builds_reference` and not yet loaded."""
+        if self.builds_reference and self.reference_model is None:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
             object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
-        self.task.setup(self)
 
     def _needs_float32_masters(self) -> bool:
         """True for ``fit`` outside DeepSpeed: the optimizer must update float32 copies of the weights.
@@ -294,7 +310,8 @@ class GraspModule(L.LightningModule):
                 self.reference_model.to(self.device)
             yield self.reference_model
         else:
-            raise GraspConfigError("this task has no reference model (task.needs_reference is false)")
+            raise GraspConfigError("no reference model is loaded: the task does not need one (task.needs_reference is "
+                                   "false), or the trainer does not fit (validate, test and predict load none)")
 
     @property
     def rollout_engine(self) -> RolloutEngine:

@@ -952,3 +952,21 @@ def perturb_weights(model, seed, scale=0.05):
         for name, p in model.named_parameters():
             if "visual" not in name:
                 p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+class ModelLoads:
+    """Counts the models a run loads (:func:`grasp_lightning.policy.load_model`: the policy and the reference
+    both go through it), as a context manager over ``monkeypatch``; ``paths`` lists each load's
+    ``name_or_path``."""
+
+    def __init__(self, monkeypatch) -> None:
+        import grasp_lightning.policy as policy
+
+        self.paths: list[str] = []
+        real = policy.load_model
+
+        def counting(name_or_path, **kwargs):
+            self.paths.append(str(name_or_path))
+            return real(name_or_path, **kwargs)
+
+        monkeypatch.setattr(policy, "load_model", counting)

@@ -222,7 +222,7 @@ class GraspModule(L.LightningModule):
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Load the policy (and the reference model if the task needs one). Idempotent.
+        """Load the policy (and the reference model where :attr:`builds_reference`). Idempotent.
 
         For ``fit`` outside DeepSpeed the trainable weights are kept in float32 (master weights, see
         :func:`~grasp_lightning.policy.keep_float32_masters`): ``trainer.precision: bf16-mixed`` still
@@ -234,6 +234,7 @@ class GraspModule(L.LightningModule):
                 (Lightning would cast the master weights back to half precision).
         """
         if self.policy is not None:
+            self._load_reference()  # a module evaluated first, then fitted: its reference comes now
             return
         self.processor = load_processor(self.policy_cfg.name_or_path,
                                         trust_remote_code=self.policy_cfg.trust_remote_code,
@@ -243,10 +244,25 @@ class GraspModule(L.LightningModule):
         self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
         if self.trainable_only_checkpoints:  # they lack the frozen base; load_state_dict checks what they hold
             self.strict_loading = False
-        if self.task.needs_reference and not self.uses_adapter_reference:
+        self._load_reference()
+        self.task.setup(self)
+
+    @property
+    def builds_reference(self) -> bool:
+        """True when the module loads a frozen reference model: the task needs one (``task.needs_reference``;
+        GRPO with ``beta != 0``), it is not the adapter-disabled policy (:attr:`uses_adapter_reference`), and
+        the trainer fits (or there is no trainer: a caller driving the task by hand). ``validate``, ``test``
+        and ``predict`` only generate with the policy, so they never load it."""
+        if not self.task.needs_reference or self.uses_adapter_reference:
+            return False
+        trainer = self._trainer
+        return trainer is None or trainer.state.fn == "fit"
+
+    def _load_reference(self) -> None:
+        """Load the reference model if :attr:`builds_reference` and not yet loaded."""
+        if self.builds_reference and self.reference_model is None:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
             object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
-        self.task.setup(self)
 
     def _needs_float32_masters(self) -> bool:
         """True for ``fit`` outside DeepSpeed: the optimizer must update float32 copies of the weights.
@@ -302,7 +318,8 @@ class GraspModule(L.LightningModule):
                 self.reference_model.to(self.device)
             yield self.reference_model
         else:
-            raise GraspConfigError("this task has no reference model (task.needs_reference is false)")
+            raise GraspConfigError("no reference model is loaded: the task does not need one (task.needs_reference is "
+                                   "false), or the trainer does not fit (validate, test and predict load none)")
 
     @property
     def rollout_engine(self) -> RolloutEngine:
@@ -419,13 +436,22 @@ class GraspModule(L.LightningModule):
         """
         trainer = self.trainer
         interval = getattr(trainer, "val_check_interval", None)  # unset for a time-based interval, which is fine
-        validates = trainer.limit_val_batches != 0 and getattr(trainer.datamodule, "hparams", {}).get("bench", 1)
+        validates = trainer.limit_val_batches != 0 and self._datamodule_validates(trainer.datamodule)
         if validates and isinstance(interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
             raise GraspConfigError(
                 f"model.task.init_args.batching.dynamic_sampling=refill ends each epoch early by the windows it draws, so "
                 f"validation at trainer.val_check_interval={interval} (a share of the epoch's announced length) would "
                 "never run: give trainer.val_check_interval in micro-batches (an integer, as configs/sgr.yaml's 200), "
-                "or turn validation off (data.source.bench=null)")
+                "or turn validation off (data.source.bench=null and no data.eval_suites)")
+
+    @staticmethod
+    def _datamodule_validates(datamodule) -> bool:
+        """Whether ``datamodule`` has anything to validate: GRASP-Bench (``data.source.bench``) or an evaluation
+        suite (``data.eval_suites``); ``True`` for a DataModule of another kind (its validation is unknown)."""
+        source = getattr(datamodule, "source", None)
+        if source is None or not hasattr(source, "bench"):
+            return True
+        return bool(source.bench) or bool(getattr(datamodule, "eval_suites", None))
 
     def training_step(self, batch: Batch, batch_idx: int):
         """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).

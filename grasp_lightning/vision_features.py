@@ -16,7 +16,9 @@ unchanged; only the tower's work is skipped.
 Entries are found by content, not by position: a key is the medium, the grid ``(t, h, w)`` and an
 exact integer fingerprint of the grid's patch rows (the float bits summed with two position
 weightings in int64), so the lookup works for whichever layout asks (the ``B`` shared prompts, the
-``B*K`` naive rows, the groups :func:`grasp_lightning.tasks.grpo_rollouts.take_groups` keeps) and after a resume.
+``B*K`` naive rows, the groups :func:`grasp_lightning.tasks.grpo_rollouts.take_groups` keeps). The features are
+never checkpointed (derived from the data, they grow with the model and the clip: about 184 MiB for a
+30 s clip at 8B widths); a run resumed inside a window encodes its restored prompts again.
 The fingerprint is a hash: two different clips colliding on all of grid, patch count and both sums
 is not excluded, only far-fetched.
 
@@ -96,8 +98,7 @@ class VisionFeatures:
     Attributes:
         entries: key -> ``(embeds (T, D_text), deepstack)``, ``T`` the grid's merged visual tokens;
             ``deepstack`` is Qwen3-VL's per-layer ``(T, D_text)`` features (a list), ``None`` for Qwen3.5.
-        tower: the vision module the outputs came from (``None`` after :meth:`from_state`; the first
-            model it serves becomes it).
+        tower: the vision module the outputs came from (``None``: the first model it serves becomes it).
         computed: grids the tower encoded while this object was in use (misses).
         reused: grids served from ``entries`` (hits).
     """
@@ -151,33 +152,6 @@ class VisionFeatures:
             self.computed += other.computed
             self.reused += other.reused
         return self
-
-    def subset_for(self, prompt: dict[str, torch.Tensor]) -> "VisionFeatures":
-        """The entries of the clips and images ``prompt`` carries (:data:`PIXEL_KEYS`), those held."""
-        keys = []
-        for pixels, grid_key, medium in PIXEL_KEYS:
-            if grid_key in prompt and prompt[grid_key].shape[0]:
-                grids = prompt[grid_key]
-                chunks = torch.split(prompt[pixels], grids.prod(-1).tolist())
-                keys += [fingerprint(medium, chunk, grid) for chunk, grid in zip(chunks, grids)]
-        return VisionFeatures(entries={k: self.entries[k] for k in keys if k in self.entries}, tower=self.tower)
-
-    def state(self) -> dict:
-        """The entries as plain CPU tensors and lists (for ``torch.load(weights_only=True)``)."""
-        keys, embeds, deepstack = [], [], []
-        for key, (emb, deep) in self.entries.items():
-            keys.append(list(key))
-            embeds.append(emb.detach().cpu())
-            deepstack.append(None if deep is None else [d.detach().cpu() for d in deep])
-        return {"keys": keys, "embeds": embeds, "deepstack": deepstack}
-
-    @classmethod
-    def from_state(cls, state: dict | None) -> "VisionFeatures | None":
-        """The inverse of :meth:`state` (``None`` for ``None``)."""
-        if state is None:
-            return None
-        entries = {tuple(k): (e, d) for k, e, d in zip(state["keys"], state["embeds"], state["deepstack"])}
-        return cls(entries=entries)
 
     def _wrap(self, medium: str, original):
         """``get_<medium>_features`` that serves stored grids and stores the ones it computes."""

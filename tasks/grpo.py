@@ -14,7 +14,9 @@ PPO micro-batch). ``batching.rollout_batch_prompts`` caps the prompts per genera
 micro-batches per call; ``B`` gives the old per-micro-batch sampling). The ``dapo`` normaliser (loss
 tokens of the window over all ranks, TRL's ``num_items_in_batch``) and the ``batch`` advantage std
 (all ranks' rewards) are known before the first loss. The cache is checkpointed
-(:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples.
+(:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples; a
+checkpoint at the end of a window's last use holds no rollouts (nothing would reuse them), and none
+holds vision features (data-derived; the restored prompts are encoded again at their first forward).
 
 **Dynamic sampling** (DAPO Sec. 3.2, ``batching.dynamic_sampling``): ``off``; ``drop`` masks groups whose rewards are all equal out
 of the loss's numerator; ``refill`` also draws further windows of prompts from the data stream
@@ -153,6 +155,7 @@ class GRPOTask(Task):
         self._window_key: tuple | None = None  # (window index, dataset indices of its micro-batches)
         self._window_tokens = torch.tensor(0.0)  # loss tokens of the window over all ranks
         self._ready: tuple | None = None  # the micro-batch prepare() ran for
+        self._progress: tuple[int, int, int] | None = None  # (position, iteration, A) of the last micro-batch prepared
         self._window_stats: dict[str, float] = {}  # the rollout batch's sampling figures (logged once)
         self._restored = False  # the cache came from a checkpoint: prompts and items still to attach
         self.zero_variance_groups_total = 0
@@ -368,6 +371,7 @@ class GRPOTask(Task):
         batches, position, iteration, index = self._window_of(batch)
         key = (index, tuple(tuple(b.indices) for b in batches))
         self._ready = (id(batch), id(batch.window))
+        self._progress = (position, iteration, len(batches))
         if (iteration > 0 or position > 0) and key == self._window_key:
             if not self._restored or self._attach(ctx, batch.window, batches):
                 return
@@ -507,20 +511,35 @@ class GRPOTask(Task):
     def state_dict(self) -> dict:
         """The current window's rollouts (this rank), so a run resumed inside the window continues with
         the same samples: plain CPU tensors, lists and numbers (``torch.load(weights_only=True)``).
-        Prompts and items are not stored: they are re-read from the window's micro-batches, or decoded
-        again by dataset index (``Window.fetch``) for drawn prompts."""
-        if self._window_key is None:
-            return {}
+        Nothing derived from the data is stored: prompts and items are re-read from the window's
+        micro-batches, or decoded again by dataset index (``Window.fetch``) for drawn prompts, and their
+        vision features are encoded again (:meth:`_attach`). After the last micro-batch of the window's
+        last use (:meth:`window_done`: a step boundary with ``loss.num_iterations`` 1, or the last
+        iteration's) no rollout would be reused, so none is stored; the rollout request in flight
+        (``model.rollout.overlap``) is recorded either way."""
+        if self._window_key is None or self.window_done:
+            return self.prefetch.state_dict()
         index, indices = self._window_key
         return {**self.prefetch.state_dict(), "window_index": int(index), "window_indices": [list(x) for x in indices],
                 "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
                 "rollouts": [None if ro is None else rollout_state(ro) for ro in self._window_rollouts]}
+
+    @property
+    def window_done(self) -> bool:
+        """True after the last micro-batch of the current window's last use (its last position at iteration
+        ``loss.num_iterations - 1``): the next micro-batch opens a new window, so the cache is never reused."""
+        if self._progress is None:
+            return False
+        position, iteration, size = self._progress
+        return position == size - 1 and iteration >= self.loss.num_iterations - 1
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
         if not state:
             return
         self.prefetch.load_state_dict(state)
+        if "window_index" not in state:  # saved at the end of a window: nothing to reuse
+            return
         self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
         self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
         self._window_stats = dict(state.get("stats", {}))
@@ -529,8 +548,11 @@ class GRPOTask(Task):
 
     def _attach(self, ctx: TaskContext, window, batches: list[Batch]) -> bool:
         """Give restored rollouts their prompts and items (from the micro-batch with the same indices, or
-        decoded again by index); ``False`` (resample) where that fails."""
+        decoded again by index) and one empty store of vision features for the window (the frozen tower
+        encodes each clip again at its first forward and the later ones reuse it, as after sampling);
+        ``False`` (resample) where that fails."""
         device = ctx.device
+        vision = VisionFeatures.for_model(ctx.policy) if self.compute.encode_vision_once else None
         for i, ro in enumerate(self._window_rollouts):
             if ro is None:
                 continue
@@ -543,6 +565,7 @@ class GRPOTask(Task):
             source = source.to(device)
             ro.prompt = {k: v for k, v in source.inputs.items() if k != "labels"}
             ro.items = list(source.items)
+            ro.vision = vision
             for name in (*ROW_TENSORS, *TOKEN_TENSORS, "zero_variance"):
                 if getattr(ro, name) is not None:
                     setattr(ro, name, getattr(ro, name).to(device))

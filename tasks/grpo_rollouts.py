@@ -254,30 +254,26 @@ def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, to
 
 
 def rollout_state(ro: Rollout) -> dict:
-    """A rollout as plain CPU tensors and lists (prompt and items left out)."""
+    """A rollout as plain CPU tensors and lists: its completions, rewards, advantages and log-probs. Nothing
+    derived from the data is kept: the prompt, the items and the vision features (``ro.vision``) are left out,
+    to be re-read, decoded and encoded again on resume (:meth:`~grasp_lightning.tasks.grpo.GRPOTask._attach`;
+    the features of one clip at 8B widths are about 184 MiB)."""
     c = ro.completions
     out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
            "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
-           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens),
-           "vision": None if ro.vision is None else _vision_of(ro).state()}
+           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens)}
     for name in (*ROW_TENSORS, *TOKEN_TENSORS):
         value = getattr(ro, name)
         out[name] = None if value is None else value.detach().cpu()
     return out
 
 
-def _vision_of(ro: Rollout) -> VisionFeatures:
-    """The rollout's own vision features: those of its prompts (positions of a window share one store)."""
-    return ro.vision if ro.prompt is None else ro.vision.subset_for(ro.prompt)
-
-
 def rollout_from_state(state: dict) -> Rollout:
-    """The inverse of :func:`rollout_state` (``prompt`` still ``None``)."""
+    """The inverse of :func:`rollout_state` (``prompt``, ``items`` and ``vision`` still empty)."""
     completions = Completions(ids=state["ids"], mask=state["mask"], texts=list(state["texts"]),
                               truncated=state["truncated"], prompt_opened_think=list(state["opened"]))
     return Rollout(prompt=None, shared=bool(state["shared"]), completions=completions, terms=state["terms"],
                    rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
                    ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
                    rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
-                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"),
-                   vision=VisionFeatures.from_state(state.get("vision")))
+                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"))

@@ -167,6 +167,64 @@ def test_a_checkpoint_of_another_lora_run_is_refused(lora_runs, tmp_path):
         export_checkpoint(bad, tmp_path / "out", module.policy_cfg, module.lora_cfg)
 
 
+# ---------------------------------------------------------------------------- GRPO: nothing derived from data
+LORA_GRPO = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.yaml", "--config", "configs/demo.yaml",
+             "--data.source.bench=null", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false", "--trainer.accumulate_grad_batches=4", "--trainer.max_steps=1",
+             "--data.loader.batch_size=1", "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=16"]
+#: What a checkpointed rollout holds: the sampled completions and their scores (no prompt, item or vision feature).
+ROLLOUT_KEYS = {"shared", "indices", "texts", "opened", "ids", "mask", "truncated", "zero_variance", "prompt_tokens",
+                "terms", "rewards", "advantages", "penalty", "old_logp", "ref_logp", "loss_mask", "sampled_logp"}
+
+
+def run_state_tensors(checkpoint: dict) -> dict[str, torch.Tensor]:
+    """Every tensor of ``checkpoint`` outside the weights and the optimizer state, by path."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(x, path: str) -> None:
+        if torch.is_tensor(x):
+            found[path] = x
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+
+    for key, value in checkpoint.items():
+        if key not in ("state_dict", "optimizer_states"):
+            walk(value, key)
+    return found
+
+
+@pytest.mark.slow
+def test_lora_grpo_checkpoint_holds_adapters_optimizer_state_and_counters_only(in_repo, tmp_path):
+    """A LoRA GRPO-SGR run of the demo with accumulate 4 (K = 4, the frozen tower's features kept for the
+    window): its checkpoint at the step boundary holds the adapters, their AdamW state, the RNG streams and
+    counters, and no rollout (``num_iterations`` 1: nothing would reuse them). Before, it also held the
+    window's four rollouts with their vision features: 609,615 bytes, of which 122,880 were vision features,
+    against 469,659 now. With ``num_iterations`` 2 the checkpoint between the two uses keeps the rollouts,
+    without the vision features or anything else of the prompts."""
+    from grasp_lightning.module import TASK_STATE_KEY
+
+    cli = run_cli(LORA_GRPO, tmp_path / "one")
+    (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
+    sizes = check_trainable_only(ckpt, cli.model, whole=0)
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert checkpoint[TASK_STATE_KEY] == [{}]
+    rest = run_state_tensors(checkpoint)
+    assert {path: (t.dtype, tuple(t.shape)) for path, t in rest.items() if t.dim()} == \
+        {"grasp_rng_states[0]/torch": (torch.uint8, (5056,))}  # the CPU generator; the rest 0-d counters
+    assert sizes["weights"] == 139_264 and sizes["size"] < sizes["weights"] + sizes["adam"] + 60_000, sizes
+
+    cli = run_cli([*LORA_GRPO, "--model.task.init_args.loss.num_iterations=2"], tmp_path / "two")
+    (ckpt,) = Path(cli.trainer.log_dir).rglob("last.ckpt")
+    (state,) = torch.load(ckpt, map_location="cpu", weights_only=True)[TASK_STATE_KEY]
+    assert len(state["rollouts"]) == 4 and all(set(ro) == ROLLOUT_KEYS for ro in state["rollouts"])
+    assert [len(ro["indices"]) for ro in state["rollouts"]] == [1, 1, 1, 1]
+    assert all(ro["ids"].shape[0] == 4 and ro["ids"].shape[1] <= 16 for ro in state["rollouts"])
+
+
 # ---------------------------------------------------------------------------- the 2B widths
 @pytest.mark.slow
 @pytest.mark.real_shapes

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig, VideoConfig
+from grasp_lightning.errors import GraspConfigError
 from tests.helpers import (
     FAMILIES,
     FAST,
@@ -26,6 +27,7 @@ from tests.helpers import (
     TINY_MODELS,
     GradRecorder,
     MicroBatchLosses,
+    ModelLoads,
     WeightRecorder,
     event_tags,
     find_callback,
@@ -339,6 +341,24 @@ def test_validate_of_a_checkpoint_files_its_reports_under_its_step(in_repo, tmp_
     meta = json.load(open(bench / "step_2" / "results.json"))["meta"]
     assert (meta["step"], meta["checkpoint"]) == (2, str(ckpt))
     assert meta["model"] == "grasp_lightning/assets/tiny-qwen3vl"
+
+
+@pytest.mark.parametrize("command", ["validate", "predict"])
+def test_evaluation_and_predict_load_one_model_and_fit_loads_the_reference(command, tiny_model_path, in_repo, tmp_path,
+                                                                           monkeypatch):
+    """``configs/sgr.yaml`` (KL beta 0.05, a full fine-tune: a frozen reference copy when it fits): ``validate``
+    and ``predict`` load the policy alone; ``fit`` loads the policy and the reference from the same path."""
+    loads = ModelLoads(monkeypatch)
+    common = ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", *FAST, *SHORT,
+              f"--model.policy.name_or_path={tiny_model_path}", "--data.source.val_limit=2"]
+    cli = run_cli([command, *common], tmp_path / command)
+    assert loads.paths == [str(tiny_model_path)] and cli.model.reference_model is None
+    assert cli.model.task.needs_reference and not cli.model.builds_reference
+    with pytest.raises(GraspConfigError, match="validate, test and predict load none"), cli.model.reference():
+        pass
+    loads.paths.clear()
+    cli = run_cli(["fit", *common, "--trainer.max_steps=1", "--trainer.limit_val_batches=0"], tmp_path / "fit")
+    assert loads.paths == [str(tiny_model_path)] * 2 and cli.model.reference_model is not None
 
 
 def test_validate_prints_the_table_and_writes_reports(tiny_model_path, in_repo, tmp_path, capsys):

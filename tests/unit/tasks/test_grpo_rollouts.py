@@ -373,6 +373,19 @@ def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_p
                 tmp_path / "half")
 
 
+def test_refill_runs_with_validation_off_by_bench_null(in_repo, tmp_path):
+    """The fix the refusal names: ``--data.source.bench null`` (no GRASP-Bench, no other suite) leaves nothing to
+    validate, so ``refill`` with the per-epoch ``val_check_interval`` of configs/demo.yaml runs (it read a
+    ``bench`` key the grouped data options no longer have, and refused)."""
+    from tests.helpers import run_cli
+
+    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
+    cli = run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--data.source.bench=null",
+                   "--trainer.max_steps=1"], tmp_path)
+    assert cli.trainer.global_step == 1 and cli.trainer.val_check_interval == 1.0
+    assert cli.datamodule.val_suites == []
+
+
 # ----------------------------------------------------------------------------------- refill on two ranks
 class _IndexTask(grpo_task.GRPOTask):
     """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a

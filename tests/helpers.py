@@ -974,6 +974,11 @@ class ModelLoads:
 
 #: The command line in a child process that records each model it loads (``AutoModelForImageTextToText.from_pretrained``:
 #: the policy, a reference and export's base all go through it) to the file ``$GRASP_MODEL_LOADS``, one path a line.
+#: What a CPU process adds to ``plan-memory``'s GPU figure (GiB; measured on the size tier's commands): the
+#: interpreter with torch, Lightning, transformers and the tokenizer (about 0.9 GiB), the pages of the bf16 weight
+#: file while it is read (up to 1 GiB at the 2B widths), and the allocator's slack.
+PROCESS_GIB = 2.5
+
 _MEASURED_MAIN = """
 import os, sys
 from transformers import AutoModelForImageTextToText as Auto

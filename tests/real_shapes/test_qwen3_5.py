@@ -34,9 +34,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    PROCESS_GIB,
     TIMES,
     check_data_counts_prompt_tokens,
     check_rendered_prompt_and_labels,
+    run_measured,
     scratch,
     standin_args,
     write_dataset,
@@ -151,3 +153,30 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     rollouts.clear()
     del run, module, policy, out, ro
     gc.collect()
+
+
+def test_validate_of_sgr_loads_one_model_within_the_plan(standin35, data_root, tmp_path):
+    """The size tier at the 9B widths (``tests/real_shapes/test_sizes.py`` at 2B): ``validate`` with
+    ``configs/sgr.yaml`` (KL beta 0.05: a reference copy at ``fit``) loads the policy alone, and its peak
+    resident set (``VmHWM`` of the child process) stays below one bf16 copy of the stand-in's parameters
+    (``plan-memory``'s count x 2 B) plus what a CPU process adds (:data:`tests.helpers.PROCESS_GIB`). The load
+    count is what shows a reference here: the bf16 weights stay memory-mapped from the safetensors file and only
+    the pages a forward touches become resident, so an unused second copy would add almost nothing to the
+    peak on this CPU (on a GPU it is 5.9 GB more). For the same reason there is no lower bound (the
+    248,320-row embedding's unused rows never become resident)."""
+    from grasp_lightning.commands.plan_memory import plan_from_config
+
+    configs = ["configs/sgr.yaml", "configs/demo.yaml"]
+    args = [*standin_args(standin35, data_root, dtype="bfloat16"), "--data.loader.batch_size=1",
+            "--data.source.val_limit=1", "--model.evaluation.max_new_tokens=4", "--trainer.enable_model_summary=false"]
+    run = run_measured(["validate", *(a for c in configs for a in ("--config", c)), *args,
+                        f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"],
+                       tmp_path / "validate")
+    TIMES["Qwen3.5 validate configs/sgr.yaml (1 item, 4 new tokens)"] = run["seconds"]
+    plan = plan_from_config(configs, args=args, video_seconds=2.0, text_tokens=128)
+    one_copy = 2 * plan.params_total  # bf16, as validate loads it (the plan's weights are fit's float32 masters)
+    print(f"[size tier] Qwen3.5 validate SGR: peak RSS {run['peak_rss'] / 2**30:.2f} GiB, one bf16 copy "
+          f"{one_copy / 2**30:.2f} GiB, {run['seconds']:.0f} s")
+    assert plan.params_total == 2_974_209_632 and plan.reference_model > 0
+    assert run["loads"] == [str(standin35)]
+    assert run["peak_rss"] < one_copy + PROCESS_GIB * 2**30, (run["peak_rss"] / 2**30, one_copy / 2**30)

@@ -24,6 +24,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
+from grasp_lightning.callbacks.watch import RunWatch
 from grasp_lightning.datamodule import GraspDataModule
 from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
@@ -69,6 +70,8 @@ class GraspCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.policy.name_or_path", "data.prompt.processor")
         parser.link_arguments("model.policy.trust_remote_code", "data.prompt.trust_remote_code")
+        # on in every run, whatever its config lists (a config of one's own too): `--watch.console false`
+        parser.add_lightning_class_args(RunWatch, "watch")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
         """LightningCLI's subcommand parser, described by the command table's line and its how-to page

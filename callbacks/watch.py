@@ -8,7 +8,7 @@ On every logged optimizer step of ``fit`` (the steps the module writes its ``tra
 
       step 3/12 | reward 0.4120 (accuracy 0.2500) | kl 0.00123 | len 143.0 | zero-var 0.50 | loss 0.0123 | lr 1.00e-03 | 2.31 s/step | ETA 0:00:21
 
-  and for SFT ``step 3/12 | loss 2.3450 | 812 tok/s | lr ... | 1.20 s/step | ETA ...`` (tok/s: the step's
+  and for SFT ``step 3/12 | loss 2.345 | 812 tok/s | lr ... | 1.20 s/step | ETA ...`` (tok/s: the step's
   response tokens, ``train/tokens/loss``, per second of the step). The values are the logged ones: the
   module's ``last_step_metrics`` (``train/...``, ``docs/metrics.md``), the step time of
   :class:`~grasp_lightning.callbacks.timing.StepTiming` when the trainer has one (``time/optimizer_step_s``,
@@ -71,7 +71,7 @@ def console_line(step: int, total: int | None, values: dict[str, float], eta_s: 
         if "train/zero_variance_groups/fraction" in values:
             parts.append(f"zero-var {values['train/zero_variance_groups/fraction']:.2f}")
     if "train/loss" in values:
-        parts.append(f"loss {values['train/loss']:.4f}")
+        parts.append(f"loss {values['train/loss']:.4g}")
     if "train/reward/mean" not in values and get("train/tokens/loss") and seconds:
         parts.append(f"{values['train/tokens/loss'] / seconds:.0f} tok/s")
     if get("lr") is not None:

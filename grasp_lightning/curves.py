@@ -35,6 +35,9 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("step time (s)", ("time/optimizer_step_s",)),
 )
 
+#: Line styles of the first, second, ... run of a comparison.
+LINE_STYLES = ("-", "--", ":", "-.")
+
 
 class CurvesError(GraspError):
     """A run folder without a readable curves history."""
@@ -94,7 +97,8 @@ def plot_runs(runs: dict[str, list[dict[str, float]]], out: str | Path | None = 
     """Draw the histories of ``runs`` (label -> records) into one figure, and save it as PNG at ``out``.
 
     Every panel of :data:`PANELS` with data gets a line per run and tag, labelled ``"<run>: <tag>"``
-    (``"<tag>"`` alone for a single run); a series of one point is drawn as a marker.
+    (``"<tag>"`` alone for a single run), a colour per tag and a line style per run (solid, dashed, dotted,
+    dash-dot); a series of one point is drawn as a marker.
 
     Returns:
         The matplotlib ``Figure`` (closed from pyplot's registry; its axes and lines stay readable).
@@ -116,12 +120,16 @@ def plot_runs(runs: dict[str, list[dict[str, float]]], out: str | Path | None = 
     cols = 2 if len(panels) > 1 else 1
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 3.2 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (name, tags) in zip(axes.flat, panels):
-        for label, run_tags in tags.items():
-            for tag in run_tags:
+        order = list(dict.fromkeys(t for run_tags in tags.values() for t in run_tags))
+        for index, (label, run_tags) in enumerate(tags.items()):
+            for tag in run_tags:  # a colour per tag, a line style per run
                 steps, values = series(runs[label], tag)
                 line_label = tag if len(runs) == 1 else f"{label}: {tag}"
-                ax.plot(steps, values, label=line_label, marker="o" if len(steps) < 2 else None, markersize=3)
+                ax.plot(steps, values, label=line_label, color=colors[order.index(tag) % len(colors)],
+                        linestyle=LINE_STYLES[index % len(LINE_STYLES)], marker="o" if len(steps) < 2 else None,
+                        markersize=3)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("optimizer step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -49,7 +49,10 @@ class GraspTrainer(L.Trainer):
 
 
 class GraspCLI(LightningCLI):
-    """LightningCLI with the links between model and data that GRASP needs (built by :func:`build_cli`).
+    """LightningCLI with the links between model and data that GRASP needs (built by :func:`build_cli`), and
+    the group ``watch``: :class:`grasp_lightning.callbacks.watch.RunWatch` (a console line per logged step,
+    ``curves.jsonl`` and ``curves.png`` in the run folder) joins every run's callbacks, whatever its config
+    lists, so that a config of one's own has it too (``--watch.console false`` etc. turn its parts off).
 
     Args:
         args, kwargs: LightningCLI's.

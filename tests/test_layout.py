@@ -27,6 +27,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.parsing": 1,
     "grasp_lightning.grpo_math": 1,
     "grasp_lightning.loggers": 1,  # texts, tables, histograms, images to every Lightning logger (imports none of ours)
+    "grasp_lightning.curves": 1,  # a run's curves history and its picture (matplotlib)
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows

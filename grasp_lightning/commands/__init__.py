@@ -59,6 +59,8 @@ COMMANDS: dict[str, Command] = {
     "plan-memory": Command("grasp_lightning.commands.plan_memory",
                            "per-GPU memory of a config (weights, gradients, optimizer, reference, activations, "
                            "KV cache); --table: the memory table of docs/scaling.md", doc="docs/scaling.md"),
+    "plot": Command("grasp_lightning.commands.plot", "draw the training curves of run folders into one PNG, to compare runs",
+                    doc="docs/metrics.md"),
     "build-model": Command("grasp_lightning.synthetic.tiny",
                            "write the offline tiny Qwen3-VL, or a stand-in of a real checkpoint (--like)"),
     "make-sample": Command("grasp_lightning.synthetic.sample_data",

@@ -24,6 +24,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
+from grasp_lightning.callbacks.watch import RunWatch
 from grasp_lightning.datamodule import GraspDataModule
 from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
@@ -48,7 +49,10 @@ class GraspTrainer(L.Trainer):
 
 
 class GraspCLI(LightningCLI):
-    """LightningCLI with the links between model and data that GRASP needs (built by :func:`build_cli`).
+    """LightningCLI with the links between model and data that GRASP needs (built by :func:`build_cli`), and
+    the group ``watch``: :class:`grasp_lightning.callbacks.watch.RunWatch` (a console line per logged step,
+    ``curves.jsonl`` and ``curves.png`` in the run folder) joins every run's callbacks, whatever its config
+    lists, so that a config of one's own has it too (``--watch.console false`` etc. turn its parts off).
 
     Args:
         args, kwargs: LightningCLI's.
@@ -69,6 +73,8 @@ class GraspCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.policy.name_or_path", "data.prompt.processor")
         parser.link_arguments("model.policy.trust_remote_code", "data.prompt.trust_remote_code")
+        # on in every run, whatever its config lists (a config of one's own too): `--watch.console false`
+        parser.add_lightning_class_args(RunWatch, "watch")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
         """LightningCLI's subcommand parser, described by the command table's line and its how-to page

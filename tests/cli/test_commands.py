@@ -17,8 +17,8 @@ from grasp_lightning.task import Task
 from tests.helpers import REPO
 
 #: Every command users are told about: LightningCLI's four, ours, and the synthetic models' and data's.
-EXPECTED = ["fit", "validate", "test", "predict", "export", "pipeline", "check-data", "plan-memory", "build-model",
-            "make-sample"]
+EXPECTED = ["fit", "validate", "test", "predict", "export", "pipeline", "check-data", "plan-memory", "plot",
+            "build-model", "make-sample"]
 
 
 def test_the_table_holds_every_command_and_help_lists_them() -> None:
@@ -67,6 +67,9 @@ def test_every_command_has_its_own_help(name, in_repo, capsys) -> None:
     assert "usage:" in out
     if COMMANDS[name].lightning:  # LightningCLI's subcommand parser: the trainer, model and data arguments
         assert "--trainer.max_steps" in out and "--model.task" in out and "--data.video.fps" in out
+        assert "--watch.console" in out and "--watch.curves" in out  # the console line and curves.png of every run
+    if name == "plot":
+        assert "RUN_DIR" in out and "--out" in out
     if name in ("export", "check-data"):  # the run's configuration plus the command's own arguments
         assert "--model.policy.name_or_path" in out and ("--out" in out if name == "export" else "--files" in out)
 

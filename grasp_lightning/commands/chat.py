@@ -33,6 +33,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TextIO
 
+from transformers import TextStreamer
+
 from grasp_lightning.errors import GraspConfigError, GraspDataError
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--frames_fps", type=float, default=2.0,
                         help="a folder of frames: the frames per second they were taken at")
     parser.add_argument("--stream", type=bool | None, default=None,
-                        help="print tokens as they come (default: when stdout is a terminal)")
+                        help="print tokens as they come (default: when stdout is a terminal and the engine is hf)")
 
 
 # ---------------------------------------------------------------------- the clip
@@ -232,13 +234,7 @@ class Chat:
         return text
 
 
-try:
-    from transformers import TextStreamer as _TextStreamer
-except ImportError:  # pragma: no cover - transformers is a dependency
-    _TextStreamer = object
-
-
-class _Streamer(_TextStreamer):
+class _Streamer(TextStreamer):
     """``TextStreamer`` writing to ``out`` (not stdout) and leaving the final newline to :meth:`Chat.answer`."""
 
     def __init__(self, tokenizer, out: TextIO) -> None:
@@ -286,7 +282,8 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
     cfg = run.config
     if not cfg.get("clip"):
         raise GraspConfigError("chat needs --clip <an mp4, an image or a folder of frames> (after --config)")
-    stream = cfg.stream if cfg.get("stream") is not None else stdout.isatty()
+    # streaming needs generate's streamer: the hf engine (a vLLM server answers whole completions)
+    stream = cfg.stream if cfg.get("stream") is not None else stdout.isatty() and run.module.eval_engine_name == "hf"
     interactive = cfg.interactive or not cfg.get("question")
     with tempfile.TemporaryDirectory(prefix="grasp-chat-") as tmp:
         try:

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
@@ -45,6 +46,23 @@ log = logging.getLogger(__name__)
 # state_dict. This DataModule restores the position itself (state_dict below), so the warning
 # does not apply here.
 warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+
+
+@dataclasses.dataclass
+class DecodedMedia:
+    """An item's media as :meth:`GraspDataset.decode` returns them.
+
+    Attributes:
+        frames: ``(T, H, W, 3)`` uint8 frames of the clip, ``None`` without one.
+        metadata: the processor's video metadata (real timestamps), ``None`` without a clip.
+        resize_frames: the processor resizes the frames (``False``: the released rule sized them).
+        image: ``(H, W, 3)`` uint8 RGB image, ``None`` without one.
+    """
+
+    frames: np.ndarray | None = None
+    metadata: dict | None = None
+    resize_frames: bool = True
+    image: np.ndarray | None = None
 
 
 class GraspDataset(Dataset):
@@ -114,28 +132,46 @@ class GraspDataset(Dataset):
                 raise GraspDataError(item.origin, "SFT needs an assistant target (an `output: true` text or "
                                                   "`response`), this row has none")
             target = item.response
-        image = None
+        if self.encoder is not None and target is None and item.image is None and item.clip is not None:
+            data = open_media(self.store, item.clip.path, item.origin)
+            return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
+        return self.encode_decoded(item, self.decode(item), target)
+
+    def decode(self, item: GraspItem) -> DecodedMedia:
+        """The item's image and clip, decoded as :meth:`encode` takes them: the clip at ``fps`` within
+        ``max_frames`` and ``max_pixels`` (or the released rule's size), the image as ``(H, W, 3)`` uint8.
+
+        Raises:
+            ClipNotFoundError, ClipDecodeError: a missing or unreadable clip or image (naming the item's
+                origin and the file).
+        """
+        media = DecodedMedia()
         if item.image is not None:  # generic QA rows (grasp_lightning/data/qa.py)
-            image = decode_image(open_media(self.store, item.image, item.origin), f"{item.origin} ({item.image})")
-        frames = metadata = None
-        resize_frames = True
+            media.image = decode_image(open_media(self.store, item.image, item.origin), f"{item.origin} ({item.image})")
         if item.clip is not None:
             data = open_media(self.store, item.clip.path, item.origin)
-            if self.encoder is not None and target is None and image is None:
-                return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
             clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
                                end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
                                max_pixels=decode_max_pixels(self.max_pixels, self.frame_max_tokens),
                                where=f"{item.origin} ({item.clip.path})", sampling=self.sampling)
-            frames, metadata = clip.frames, video_metadata(clip)
+            frames, media.metadata = clip.frames, video_metadata(clip)
             sizing = self.frame_sizing(*frames.shape[:3])
-            frames = resize_area(frames, sizing.passed)  # unchanged unless the released rule shrinks them
-            resize_frames = sizing.processor_resizes
-        return encode_example(self.processor, item, frames, metadata, target=target,
+            media.frames = resize_area(frames, sizing.passed)  # unchanged unless the released rule shrinks them
+            media.resize_frames = sizing.processor_resizes
+        return media
+
+    def encode_decoded(self, item: GraspItem, media: DecodedMedia, target: str | None = None):
+        """Encode ``item``'s prompt (and ``target``) around media :meth:`decode` returned (of this item, or of
+        another item with the same clip and image: ``chat`` asks several questions about one decoded clip).
+
+        Raises:
+            TokenBudgetError: the prompt or target is over its budget.
+        """
+        return encode_example(self.processor, item, media.frames, media.metadata, target=target,
                               system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
                               max_target_tokens=self.max_target_tokens, instruction=self.instruction,
-                              image=image, max_image_pixels=self.max_image_pixels,
-                              resize_frames=resize_frames)
+                              image=media.image, max_image_pixels=self.max_image_pixels,
+                              resize_frames=media.resize_frames)
 
     def frame_sizing(self, frames: int, height: int, width: int) -> ClipFrames:
         """How ``frames`` decoded frames of ``height x width`` pixels reach the processor and how many visual

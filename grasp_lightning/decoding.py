@@ -254,7 +254,7 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
                        max_new_tokens: int = 1024, do_sample: bool = True, temperature: float = 1.0,
                        top_p: float = 1.0, top_k: int | None = None,
                        stop_strings: tuple[str, ...] = ("</answer>",), share_prompt: bool = False,
-                       compile_decode: bool = False, compile_backend="inductor") -> Completions:
+                       compile_decode: bool = False, compile_backend="inductor", streamer=None) -> Completions:
     """Generate ``K = num_return_sequences`` completions per prompt.
 
     Args:
@@ -277,6 +277,8 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
             (:mod:`grasp_lightning.compiled_decode`; with ``share_prompt`` the shared prefill fills the
             static cache). Same tokens as eager decoding; log-probs to float tolerance.
         compile_backend: the ``torch.compile`` backend (a name, or a callable) of ``compile_decode``.
+        streamer: a transformers streamer (``TextStreamer``) that ``generate`` hands each new token to
+            (``chat`` on a terminal); ``None``: none.
 
     Returns:
         :class:`Completions` with ``N = B * K`` rows.
@@ -296,6 +298,8 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
     if stop_strings:
         gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+    if streamer is not None:
+        gen_kwargs.update(streamer=streamer)
     if compile_decode:
         from grasp_lightning.compiled_decode import decode_compile_config, prefill_static, static_cache_for
 

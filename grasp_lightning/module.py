@@ -247,13 +247,17 @@ class GraspModule(L.LightningModule):
         self._load_reference()
         self.task.setup(self)
 
+    #: Set by a caller that drives the module without a trainer only to answer (``chat``): no reference model.
+    answers_only: bool = False
+
     @property
     def builds_reference(self) -> bool:
         """True when the module loads a frozen reference model: the task needs one (``task.needs_reference``;
         GRPO with ``beta != 0``), it is not the adapter-disabled policy (:attr:`uses_adapter_reference`), and
         the trainer fits (or there is no trainer: a caller driving the task by hand). ``validate``, ``test``
-        and ``predict`` only generate with the policy, so they never load it."""
-        if not self.task.needs_reference or self.uses_adapter_reference:
+        and ``predict`` only generate with the policy, so they never load it; nor does a module driven without a
+        trainer that only answers (:attr:`answers_only`, ``chat``)."""
+        if not self.task.needs_reference or self.uses_adapter_reference or self.answers_only:
             return False
         trainer = self._trainer
         return trainer is None or trainer.state.fn == "fit"
@@ -596,21 +600,33 @@ class GraspModule(L.LightningModule):
                                    f"DataModule's val_suites: {[s.name for s in self.suites.suites]})")
         self.suites.update(suite, self._answer(batch).texts, batch)
 
-    def _answer(self, batch: Batch):
+    def _answer(self, batch: Batch, streamer=None):
         """One completion per prompt of ``batch`` with the ``model.evaluation`` decoding (eval mode), by
         :attr:`eval_engine` (``generate``, or a vLLM server synced to :attr:`eval_weights_version`).
 
+        Args:
+            batch: left-padded prompts.
+            streamer: a transformers ``TextStreamer`` fed each token as it is generated (``chat``); only the
+                ``hf`` engine takes one.
+
         Raises:
             EngineError: the vLLM engine failed or refused a prompt (:mod:`grasp_lightning.engines.vllm`).
+            GraspConfigError: a ``streamer`` with an engine other than ``hf``.
         """
         cfg = self.eval_cfg
+        stream = {}
+        if streamer is not None:
+            if self.eval_engine_name != "hf":
+                raise GraspConfigError(f"streaming tokens needs model.evaluation.engine hf, not {self.eval_engine_name}")
+            stream["streamer"] = streamer
         was_training = self.policy.training
         self.policy.eval()
         try:
             completions = self.eval_engine.answer(
                 self.policy, self.tokenizer, batch.inputs, max_new_tokens=self.eval_max_new_tokens,
                 do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
-                stop_strings=("</answer>",) if cfg.stop_at_answer else (), policy_version=self.eval_weights_version)
+                stop_strings=("</answer>",) if cfg.stop_at_answer else (), policy_version=self.eval_weights_version,
+                **stream)
         finally:
             self.policy.train(was_training)
         return completions

@@ -47,6 +47,8 @@ COMMANDS: dict[str, Command] = {
     "predict": Command(_TRAIN, "answer every evaluation suite's items, or data.source.predict_file's, without "
                                "scoring them: one JSON line per item naming the model, checkpoint and decoding; "
                                "a rerun answers only what is missing", lightning=True, doc="docs/predict.md"),
+    "chat": Command("grasp_lightning.commands.chat", "ask the model one question (or many) about one clip, an image "
+                                                     "or a folder of frames and read its reasoning", doc="docs/chat.md"),
     "export": Command("grasp_lightning.commands.export",
                       "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory",
                       doc="docs/scaling.md"),

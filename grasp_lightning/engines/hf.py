@@ -23,11 +23,12 @@ class HFEngine(RolloutEngine):
             compile_decode=cfg.compile_decode, compile_backend=cfg.compile_backend)
 
     def answer(self, policy, tokenizer, prompt, *, max_new_tokens, do_sample=False, temperature=1.0, top_p=1.0,
-               stop_strings=(), policy_version=0) -> Completions:
-        """See :meth:`RolloutEngine.answer`: ``generate`` on the policy, no group-shared prefill."""
+               stop_strings=(), policy_version=0, streamer=None) -> Completions:
+        """See :meth:`RolloutEngine.answer`: ``generate`` on the policy, no group-shared prefill; ``streamer``
+        (a transformers ``TextStreamer``, or ``None``) receives each token as it is generated."""
         return sample_completions(
             policy, tokenizer, prompt, num_return_sequences=1, max_new_tokens=max_new_tokens, do_sample=do_sample,
-            temperature=temperature, top_p=top_p, stop_strings=tuple(stop_strings))
+            temperature=temperature, top_p=top_p, stop_strings=tuple(stop_strings), streamer=streamer)
 
 
 _HF: HFEngine | None = None

@@ -17,7 +17,7 @@ from grasp_lightning.task import Task
 from tests.helpers import REPO
 
 #: Every command users are told about: LightningCLI's four, ours, and the synthetic models' and data's.
-EXPECTED = ["fit", "validate", "test", "predict", "export", "pipeline", "check-data", "plan-memory", "plot",
+EXPECTED = ["fit", "validate", "test", "predict", "chat", "export", "pipeline", "check-data", "plan-memory", "plot",
             "build-model", "make-sample"]
 
 

@@ -48,7 +48,8 @@ COMMANDS: dict[str, Command] = {
                                "scoring them: one JSON line per item naming the model, checkpoint and decoding; "
                                "a rerun answers only what is missing", lightning=True, doc="docs/predict.md"),
     "export": Command("grasp_lightning.commands.export",
-                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory",
+                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory and its "
+                      "model card (--push_to_hub uploads it)",
                       doc="docs/scaling.md"),
     "pipeline": Command("grasp_lightning.commands.pipeline",
                         "a multi-stage recipe, each stage starting from the previous stage's export",

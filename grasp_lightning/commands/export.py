@@ -141,7 +141,8 @@ def trained_model(state: dict[str, torch.Tensor], policy: PolicyConfig, lora: Lo
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, policy: PolicyConfig,
                       lora: LoraConfig | None = None, *, merge_lora: bool = True, dtype: str | None = None,
-                      overwrite: bool = False, config: dict | None = None, license: str = GRASP_LICENSE) -> Path:
+                      overwrite: bool = False, config: dict | None = None, license: str = GRASP_LICENSE,
+                      run: Path | None = None) -> Path:
     """Write the policy of ``ckpt_path`` (and its processor) as a Hugging Face directory at ``out``.
 
     Args:
@@ -157,6 +158,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         config: the run's configuration as a dict; when given, ``README.md`` (the model card,
             :func:`grasp_lightning.commands.model_card.build_card`) is written beside the weights.
         license: the card's licence (Hub identifier); GRASP-trained weights: ``cc-by-nc-4.0``.
+        run: the run folder whose ``bench/latest`` table the card shows; default: the checkpoint's
+            (:func:`grasp_lightning.commands.model_card.run_folder`).
 
     Returns:
         ``out`` as a ``Path``.
@@ -187,7 +190,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
         if config is not None:
             card = build_card(config, {**info, "out": str(out), "epoch": checkpoint.get("epoch")},
-                              run=run_folder(ckpt_path), license=license)
+                              run=run or run_folder(ckpt_path), license=license)
             card.save(tmp / "README.md")
         publish(tmp, out)
     finally:
@@ -226,12 +229,12 @@ def main(argv: list[str]) -> Path:
         raise GraspConfigError("export needs --ckpt_path <checkpoint> and --out <directory> (after --config)")
     out = export_checkpoint(cfg.ckpt_path, cfg.out, run.module.policy_cfg, run.module.lora_cfg,
                             merge_lora=cfg.merge_lora, dtype=cfg.dtype, overwrite=cfg.overwrite,
-                            config=_plain(cfg), license=cfg.license)
+                            config=plain_config(cfg), license=cfg.license)
     if cfg.push_to_hub:
         log.info("uploaded %s: %s", out, push_folder(out, cfg.push_to_hub))
     return out
 
 
-def _plain(cfg) -> dict:
-    """The parsed configuration as plain dicts and lists (the model card's recipe)."""
+def plain_config(cfg) -> dict:
+    """A parsed configuration (jsonargparse ``Namespace``) as plain dicts and lists (the model card's recipe)."""
     return json.loads(json.dumps(cfg.as_dict(), default=str))

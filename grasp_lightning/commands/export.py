@@ -30,7 +30,8 @@
 * ``README.md``: the model card (:mod:`grasp_lightning.commands.model_card`): the Hub's metadata block
   (``base_model``, ``license``, ``library_name``, ``pipeline_tag``, ``tags``, ``datasets``), the recipe's
   settings from the configuration, the checkpoint's steps, the run's last ``bench/latest`` table and
-  the loading code. ``--license`` sets its licence (default ``cc-by-nc-4.0``: GRASP's data licence).
+  the loading code. ``--license`` sets its licence (default ``cc-by-nc-4.0``: GRASP's data licence),
+  ``--base_model`` its ``base_model`` (the Hub id of a base loaded from a local folder).
 * ``--push_to_hub REPO``: after the export, upload ``--out`` to the Hub model repository ``REPO``; without
   a token, with ``HF_HUB_OFFLINE`` set or without the network it says why in one line and exits 1
   (the export stays on disk).
@@ -142,7 +143,7 @@ def trained_model(state: dict[str, torch.Tensor], policy: PolicyConfig, lora: Lo
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, policy: PolicyConfig,
                       lora: LoraConfig | None = None, *, merge_lora: bool = True, dtype: str | None = None,
                       overwrite: bool = False, config: dict | None = None, license: str = GRASP_LICENSE,
-                      run: Path | None = None) -> Path:
+                      run: Path | None = None, base_model: str | None = None) -> Path:
     """Write the policy of ``ckpt_path`` (and its processor) as a Hugging Face directory at ``out``.
 
     Args:
@@ -160,6 +161,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         license: the card's licence (Hub identifier); GRASP-trained weights: ``cc-by-nc-4.0``.
         run: the run folder whose ``bench/latest`` table the card shows; default: the checkpoint's
             (:func:`grasp_lightning.commands.model_card.run_folder`).
+        base_model: the card's ``base_model`` (a Hub id); default: ``policy.name_or_path``, or the base an
+            export there names.
 
     Returns:
         ``out`` as a ``Path``.
@@ -190,7 +193,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
         if config is not None:
             card = build_card(config, {**info, "out": str(out), "epoch": checkpoint.get("epoch")},
-                              run=run or run_folder(ckpt_path), license=license)
+                              run=run or run_folder(ckpt_path), license=license, base_model=base_model)
             card.save(tmp / "README.md")
         publish(tmp, out)
     finally:
@@ -211,6 +214,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
     parser.add_argument("--license", type=str, default=GRASP_LICENSE,
                         help="the model card's licence (GRASP-trained weights: cc-by-nc-4.0)")
+    parser.add_argument("--base_model", type=str | None, default=None,
+                        help="the model card's base_model: the Hub id of a base loaded from a local folder")
     parser.add_argument("--push_to_hub", type=str | None, default=None,
                         help="upload --out to this Hub model repository (needs a token and the network)")
 
@@ -229,7 +234,7 @@ def main(argv: list[str]) -> Path:
         raise GraspConfigError("export needs --ckpt_path <checkpoint> and --out <directory> (after --config)")
     out = export_checkpoint(cfg.ckpt_path, cfg.out, run.module.policy_cfg, run.module.lora_cfg,
                             merge_lora=cfg.merge_lora, dtype=cfg.dtype, overwrite=cfg.overwrite,
-                            config=plain_config(cfg), license=cfg.license)
+                            config=plain_config(cfg), license=cfg.license, base_model=cfg.base_model)
     if cfg.push_to_hub:
         log.info("uploaded %s: %s", out, push_folder(out, cfg.push_to_hub))
     return out

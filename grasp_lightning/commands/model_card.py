@@ -132,7 +132,7 @@ def recipe_settings(config: dict) -> tuple[str, list[tuple[str, Any]]]:
 
 
 def build_card(config: dict, info: dict, *, run: Path | None, license: str = GRASP_LICENSE,
-               datasets: list[str] | None = None):
+               datasets: list[str] | None = None, base_model: str | None = None):
     """The :class:`~huggingface_hub.ModelCard` of an export.
 
     Args:
@@ -141,13 +141,14 @@ def build_card(config: dict, info: dict, *, run: Path | None, license: str = GRA
         run: the run folder (its ``bench/latest/`` evaluation), or ``None``.
         license: the weights' licence (Hub identifier); GRASP-trained weights: ``cc-by-nc-4.0``.
         datasets: the Hub datasets it was trained on; default ``[interlive/GRASP]``.
+        base_model: the card's ``base_model``; default: ``info["base_model"]`` through :func:`base_model_of`.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
     task_class, rows = recipe_settings(config)
     task_name = task_class.rsplit(".", 1)[-1]
     adapter = bool(info.get("lora")) and not info.get("lora_merged")
-    base = base_model_of(str(info.get("base_model")))
+    base = base_model or base_model_of(str(info.get("base_model")))
     kind = "grpo" if "GRPO" in task_name else "sft" if "SFT" in task_name else task_name.lower()
     tags = ["grasp", "grasp-lightning", "video", "social-reasoning", kind] + (["lora"] if info.get("lora") else [])
     data = ModelCardData(base_model=base, license=license, library_name="peft" if adapter else "transformers",

@@ -63,20 +63,23 @@ def test_export_writes_a_model_card_the_hub_parser_reads(grpo_export):
 
 
 def test_push_to_hub_offline_says_why_in_one_line_and_exits_1(grpo_export, monkeypatch, capsys):
-    """On the command line: the export is written, then one line says why it was not uploaded; exit 1."""
+    """On the command line: the export is written (its card naming ``--base_model``), then one line says why
+    it was not uploaded; exit 1."""
     from grasp_lightning.__main__ import main
 
     out = grpo_export["out"].parent / "export_push"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(sys, "argv", ["grasp_lightning", "export", "--config", str(grpo_export["log_dir"] / "config.yaml"),
                                       "--ckpt_path", str(grpo_export["ckpt"]), "--out", str(out),
-                                      "--push_to_hub", "someone/grasp-demo"])
+                                      "--push_to_hub", "someone/grasp-demo", "--base_model", "Qwen/Qwen3-VL-2B-Instruct"])
     assert main() == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and err[0] == ("error: HubPushError: --push_to_hub someone/grasp-demo: not uploaded: HF_HUB_OFFLINE is set "
                       f"(offline mode); unset it and run again, or upload {out} later with "
                       f"`hf upload someone/grasp-demo {out}`")
-    assert (out / "README.md").is_file()
+    from huggingface_hub import ModelCard
+
+    assert ModelCard.load(out / "README.md").data.base_model == "Qwen/Qwen3-VL-2B-Instruct"  # --base_model
 
 
 def test_push_without_a_token_or_network_names_the_reason(tmp_path, monkeypatch):

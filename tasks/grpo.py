@@ -107,6 +107,12 @@ from grasp_lightning.vision_features import VisionFeatures, reuse_vision
 
 log = logging.getLogger(__name__)
 
+#: :meth:`GRPOTask.step_warnings` warns at or above these step values: every completion cut off at the budget
+#: (``completion_length/truncated_fraction``), every group with equal rewards (``zero_variance_groups/fraction``).
+#: docs/metrics.md's "What healthy looks like" states them (``tests/test_healthy_ranges.py`` checks they agree).
+WARN_TRUNCATED_FRACTION = 1.0
+WARN_ZERO_VARIANCE_FRACTION = 1.0
+
 
 class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
@@ -720,12 +726,12 @@ class GRPOTask(Task):
         the step had equal rewards (no advantage, so no policy gradient), each naming what to change."""
         out = []
         budget = ctx.rollout_cfg.max_new_tokens
-        if metrics.get("completion_length/truncated_fraction") == 1.0:
+        if metrics.get("completion_length/truncated_fraction", 0.0) >= WARN_TRUNCATED_FRACTION:
             out.append(f"every completion of this step was cut off at model.rollout.max_new_tokens={budget} tokens "
                        "before it ended: none reached its answer, so the rewards cannot tell them apart. Raise "
                        "model.rollout.max_new_tokens (and model.evaluation.max_new_tokens for validation) to fit the "
                        "<think>...</think><answer>...</answer> format")
-        if metrics.get("zero_variance_groups/fraction") == 1.0:
+        if metrics.get("zero_variance_groups/fraction", 0.0) >= WARN_ZERO_VARIANCE_FRACTION:
             out.append(f"every group of this step has equal rewards for all its model.rollout.num_generations="
                        f"{ctx.rollout_cfg.num_generations} completions: every advantage is 0, so the policy "
                        "gradient is 0 (only the KL term acts). Make the completions differ (model.rollout.temperature, "

@@ -50,7 +50,8 @@ COMMANDS: dict[str, Command] = {
     "chat": Command("grasp_lightning.commands.chat", "ask the model one question (or many) about one clip, an image "
                                                      "or a folder of frames and read its reasoning", doc="docs/chat.md"),
     "export": Command("grasp_lightning.commands.export",
-                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory",
+                      "a Lightning checkpoint (or DeepSpeed directory) -> a Hugging Face model directory and its "
+                      "model card (--push_to_hub uploads it)",
                       doc="docs/scaling.md"),
     "pipeline": Command("grasp_lightning.commands.pipeline",
                         "a multi-stage recipe, each stage starting from the previous stage's export",

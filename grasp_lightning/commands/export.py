@@ -27,6 +27,15 @@
   weights plus the adapters). ``--merge_lora false`` writes the adapter alone; it then loads onto
   the original (un-quantized) base named in ``adapter_config.json``.
 
+* ``README.md``: the model card (:mod:`grasp_lightning.commands.model_card`): the Hub's metadata block
+  (``base_model``, ``license``, ``library_name``, ``pipeline_tag``, ``tags``, ``datasets``), the recipe's
+  settings from the configuration, the checkpoint's steps, the run's last ``bench/latest`` table and
+  the loading code. ``--license`` sets its licence (default ``cc-by-nc-4.0``: GRASP's data licence),
+  ``--base_model`` its ``base_model`` (the Hub id of a base loaded from a local folder).
+* ``--push_to_hub REPO``: after the export, upload ``--out`` to the Hub model repository ``REPO``; without
+  a token, with ``HF_HUB_OFFLINE`` set or without the network it says why in one line and exits 1
+  (the export stays on disk).
+
 The directory is written under a temporary name beside ``--out`` and renamed into place when
 complete (:func:`grasp_lightning.checkpointing.publish`), so a crash never leaves a half-written
 model under the final name.
@@ -44,6 +53,7 @@ from pathlib import Path
 import torch
 
 from grasp_lightning.checkpointing import check_trainable_state, partial_path, publish, require_complete
+from grasp_lightning.commands.model_card import GRASP_LICENSE, build_card, push_folder, run_folder
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.policy import LoraConfig, PolicyConfig, load_model, load_policy, load_processor, resolve_dtype
 from grasp_lightning.quantization import dense_state_dict
@@ -132,7 +142,8 @@ def trained_model(state: dict[str, torch.Tensor], policy: PolicyConfig, lora: Lo
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, policy: PolicyConfig,
                       lora: LoraConfig | None = None, *, merge_lora: bool = True, dtype: str | None = None,
-                      overwrite: bool = False) -> Path:
+                      overwrite: bool = False, config: dict | None = None, license: str = GRASP_LICENSE,
+                      run: Path | None = None, base_model: str | None = None) -> Path:
     """Write the policy of ``ckpt_path`` (and its processor) as a Hugging Face directory at ``out``.
 
     Args:
@@ -145,6 +156,13 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
         dtype: dtype of the saved weights (``float32``, ``bfloat16``, ``float16``); default: the
             policy's configured dtype (``auto`` keeps the loaded dtype).
         overwrite: replace an existing ``out``.
+        config: the run's configuration as a dict; when given, ``README.md`` (the model card,
+            :func:`grasp_lightning.commands.model_card.build_card`) is written beside the weights.
+        license: the card's licence (Hub identifier); GRASP-trained weights: ``cc-by-nc-4.0``.
+        run: the run folder whose ``bench/latest`` table the card shows; default: the checkpoint's
+            (:func:`grasp_lightning.commands.model_card.run_folder`).
+        base_model: the card's ``base_model`` (a Hub id); default: ``policy.name_or_path``, or the base an
+            export there names.
 
     Returns:
         ``out`` as a ``Path``.
@@ -173,6 +191,10 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, poli
                 "lora_merged": bool(lora.enabled and merge_lora),
                 "quantize": lora.quantize if lora.enabled else None, "dtype": str(dtype or policy.dtype)}
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        if config is not None:
+            card = build_card(config, {**info, "out": str(out), "epoch": checkpoint.get("epoch")},
+                              run=run or run_folder(ckpt_path), license=license, base_model=base_model)
+            card.save(tmp / "README.md")
         publish(tmp, out)
     finally:
         if tmp.exists():
@@ -190,6 +212,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--merge_lora", type=bool, default=True, help="merge LoRA adapters (merge_and_unload)")
     parser.add_argument("--dtype", type=str | None, default=None, help="dtype of the saved weights")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
+    parser.add_argument("--license", type=str, default=GRASP_LICENSE,
+                        help="the model card's licence (GRASP-trained weights: cc-by-nc-4.0)")
+    parser.add_argument("--base_model", type=str | None, default=None,
+                        help="the model card's base_model: the Hub id of a base loaded from a local folder")
+    parser.add_argument("--push_to_hub", type=str | None, default=None,
+                        help="upload --out to this Hub model repository (needs a token and the network)")
 
 
 def main(argv: list[str]) -> Path:
@@ -204,5 +232,14 @@ def main(argv: list[str]) -> Path:
     cfg = run.config
     if not cfg.get("ckpt_path") or not cfg.get("out"):
         raise GraspConfigError("export needs --ckpt_path <checkpoint> and --out <directory> (after --config)")
-    return export_checkpoint(cfg.ckpt_path, cfg.out, run.module.policy_cfg, run.module.lora_cfg,
-                             merge_lora=cfg.merge_lora, dtype=cfg.dtype, overwrite=cfg.overwrite)
+    out = export_checkpoint(cfg.ckpt_path, cfg.out, run.module.policy_cfg, run.module.lora_cfg,
+                            merge_lora=cfg.merge_lora, dtype=cfg.dtype, overwrite=cfg.overwrite,
+                            config=plain_config(cfg), license=cfg.license, base_model=cfg.base_model)
+    if cfg.push_to_hub:
+        log.info("uploaded %s: %s", out, push_folder(out, cfg.push_to_hub))
+    return out
+
+
+def plain_config(cfg) -> dict:
+    """A parsed configuration (jsonargparse ``Namespace``) as plain dicts and lists (the model card's recipe)."""
+    return json.loads(json.dumps(cfg.as_dict(), default=str))

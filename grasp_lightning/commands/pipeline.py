@@ -126,7 +126,7 @@ def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
     """Fit, save the final weights and export them; the stage result (rank 0; other ranks: ``{}``)."""
     from lightning.pytorch.trainer.states import TrainerStatus
 
-    from grasp_lightning.commands.export import export_checkpoint
+    from grasp_lightning.commands.export import export_checkpoint, plain_config
 
     cli = _stage_cli(args, root)
     trainer, module = cli.trainer, cli.model
@@ -142,7 +142,8 @@ def _fit_stage(args: list[str], root: Path, resume: Path | None) -> dict:
     trainer.save_checkpoint(final, weights_only=True)
     if not trainer.is_global_zero:
         return {}
-    export = export_checkpoint(final, root / "export", module.policy_cfg, module.lora_cfg, overwrite=True)
+    export = export_checkpoint(final, root / "export", module.policy_cfg, module.lora_cfg, overwrite=True,
+                               config=plain_config(cli.config), run=Path(trainer.log_dir or root))  # with its card
     if final.is_dir():  # DeepSpeed saves a folder
         shutil.rmtree(final)
     else:

@@ -105,6 +105,15 @@ def test_grpo_learning_prints_the_reward_before_and_after(tmp_path: Path, run_sc
     assert len(saved["rewards"]) == 3 and all(0.0 <= r <= 1.35 for r in saved["rewards"])
 
 
+def test_healthy_ranges_summarises_every_grpo_step(tmp_path: Path, run_script) -> None:
+    out = run_script(["benchmarks/healthy_ranges.py", "--sft-steps", "2", "--grpo-steps", "3", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "healthy_ranges_tiny.json").read_text())
+    assert {k: saved[k] for k in out} == out and len(saved["steps"]) == 3  # the file adds every step's values
+    kl = out["summary"]["train/kl"]
+    assert out["summary"]["train/clip_ratio"]["max"] == 0.0 and out["summary"]["train/ratio/mean"]["min"] == 1.0
+    assert kl["steps"] == 3 and 0.0 <= kl["min"] <= kl["median"] <= kl["max"]
+
+
 def test_faults_quick_recovers_every_training_fault(run_script) -> None:
     out = run_script(["benchmarks/faults.py", "--quick"], timeout=1200)
     assert out["faults_tried"] >= 8 and out["faults_recovered"] == out["faults_tried"]

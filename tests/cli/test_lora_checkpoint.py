@@ -127,6 +127,7 @@ def test_lora_resume_from_adapters_only_continues_exactly(lora_runs):
 def test_export_of_an_adapters_only_checkpoint_reproduces_the_trained_logits(lora_runs, merge, tmp_path):
     """``export`` loads the base from ``model.policy.name_or_path`` and the adapters from the checkpoint:
     merged (``merge_and_unload``) or as an adapter directory, both give the trained policy's logits."""
+    from huggingface_hub import ModelCard
     from transformers import AutoModelForImageTextToText
 
     from grasp_lightning.__main__ import main as dispatch
@@ -142,6 +143,10 @@ def test_export_of_an_adapters_only_checkpoint_reproduces_the_trained_logits(lor
                          "--merge_lora", str(merge).lower()]) == 0
         model = AutoModelForImageTextToText.from_pretrained(out).eval()
     assert (out / "adapter_config.json").exists() is not merge
+    card = ModelCard.load(out / "README.md")  # the model card: an adapter loads through peft, onto the base
+    assert (card.data.library_name, "lora" in card.data.tags) == ("transformers" if merge else "peft", True)
+    assert ("PeftModel.from_pretrained(base, path)" in card.text) is not merge
+    assert "| `model.lora.r` | `16` |" in card.text
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=IDS).logits, trained, rtol=1e-5, atol=1e-5)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 from transformers import AutoConfig
 
 from grasp_lightning.commands.config import override_args
@@ -75,6 +76,10 @@ def test_two_stages_interrupted_then_resumed_at_the_stage_and_step(tiny_model_pa
     assert scalars(first)["train/kl"][0][1] == 0.0
     export_info = json.loads((Path(sgr["export"]) / "export_info.json").read_text())
     assert export_info["global_step"] == 4
+    # each export's card names the first stage's base (SGR started from SFT's export)
+    cards = [ModelCard.load(Path(d) / "README.md") for d in (sft_export, sgr["export"])]
+    assert [c.data.base_model for c in cards] == [str(tiny_model_path)] * 2
+    assert "- Task: `grasp_lightning.tasks.grpo.GRPOTask`" in cards[1].text and "- Training steps: 4" in cards[1].text
     family = AutoConfig.from_pretrained(tiny_model_path).model_type
     assert [AutoConfig.from_pretrained(d).model_type for d in (sft_export, sgr["export"])] == [family, family]
     # the final report sits in the run folder

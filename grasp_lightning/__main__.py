@@ -78,6 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # through LightningCLI would bury it
         print(f"error: {type(e).__name__}: {e}\n(GRASP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 1
+    except Exception as e:
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        if not isinstance(e, MisconfigurationException) or argv is not None or os.environ.get("GRASP_TRACEBACK"):
+            raise
+        # Lightning refusing the trainer settings (a GPU recipe on a machine without one): its message, one line
+        print(f"error: {type(e).__name__}: {e} (the trainer settings: trainer.accelerator, trainer.devices, "
+              f"trainer.strategy, trainer.precision; on a CPU add --config configs/demo.yaml after the recipe)"
+              "\n(GRASP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
     return status if isinstance(status, int) else 0
 
 

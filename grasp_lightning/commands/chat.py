@@ -284,6 +284,9 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
         raise GraspConfigError("chat needs --clip <an mp4, an image or a folder of frames> (after --config)")
     # streaming needs generate's streamer: the hf engine (a vLLM server answers whole completions)
     stream = cfg.stream if cfg.get("stream") is not None else stdout.isatty() and run.module.eval_engine_name == "hf"
+    if cfg.get("question") is not None and not cfg.question.strip():  # "" is a question left blank, not "ask on stdin"
+        print(f"error: {cfg.clip}: 'question' is empty (leave --question out to ask on stdin)", file=stderr)
+        return BAD_INPUT
     interactive = cfg.interactive or not cfg.get("question")
     with tempfile.TemporaryDirectory(prefix="grasp-chat-") as tmp:
         try:

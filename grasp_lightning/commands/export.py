@@ -68,7 +68,7 @@ def load_checkpoint_state(ckpt_path: str | os.PathLike) -> dict:
     DeepSpeed checkpoint directory (consolidated to float32 on the CPU).
 
     Raises:
-        GraspConfigError: missing path, incomplete directory, or no ``state_dict`` in it.
+        GraspConfigError: missing path, incomplete directory, a file torch cannot read, or no ``state_dict`` in it.
     """
     path = Path(ckpt_path)
     require_complete(path)
@@ -78,7 +78,13 @@ def load_checkpoint_state(ckpt_path: str | os.PathLike) -> dict:
         with tempfile.TemporaryDirectory(prefix="grasp-export-") as tmp:
             checkpoint = convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "fp32.ckpt")
     else:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        import pickle
+
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:  # not a torch file at all
+            raise GraspConfigError(f"{path}: not a Lightning checkpoint (torch.load cannot read it: "
+                                   f"{type(e).__name__}); give a last.ckpt or a DeepSpeed checkpoint folder") from e
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise GraspConfigError(f"{path}: not a Lightning checkpoint (no 'state_dict')")
     return checkpoint

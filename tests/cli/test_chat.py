@@ -118,6 +118,13 @@ def test_a_bad_clip_is_one_line_naming_the_file(case, tmp_path, clip, in_repo) -
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {given}: ") and reason in err
 
 
+def test_an_empty_question_is_refused_not_taken_for_stdin(clip, in_repo) -> None:
+    """``--question ""`` is a question left blank: one line, status 2 (it used to read questions from stdin)."""
+    status, printed, err = chat([f"--clip={clip}", "--question="], stdin="Who is Person 0 looking at?\n")
+    assert status == BAD_INPUT == 2 and printed == ""
+    assert err == f"error: {clip}: 'question' is empty (leave --question out to ask on stdin)\n"
+
+
 def doc_commands() -> list[str]:
     """The shell commands of docs/chat.md's Quick start."""
     text = (REPO / "docs" / "chat.md").read_text(encoding="utf-8")

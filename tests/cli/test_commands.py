@@ -48,6 +48,30 @@ def test_a_configuration_error_on_the_command_line_is_its_message_alone() -> Non
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "max_resample must be >= 0" in proc.stderr
 
 
+def test_a_gpu_recipe_on_a_cpu_machine_is_one_line_naming_the_demo_overlay() -> None:
+    """``fit --config configs/sgr.yaml`` without ``configs/demo.yaml`` on a machine without a GPU: Lightning's
+    refusal of the trainer settings, in one line with what to do, status 1 (a 44-line traceback before)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "grasp_lightning", "fit", "--config", "configs/sgr.yaml", "--trainer.max_steps=1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: MisconfigurationException: ") and "--config configs/demo.yaml" in line, line
+    assert "Traceback" not in proc.stderr
+
+
+def test_export_of_a_file_that_is_no_checkpoint_says_so(tmp_path) -> None:
+    """``export --ckpt_path`` naming a file torch cannot read (a YAML here): one error naming the file, not
+    torch's advice to load it with ``weights_only=False``."""
+    from grasp_lightning.commands.export import load_checkpoint_state
+    from grasp_lightning.errors import GraspConfigError
+
+    bad = tmp_path / "run.yaml"
+    bad.write_text("model: {}\n")
+    with pytest.raises(GraspConfigError, match=rf"{re.escape(str(bad))}: not a Lightning checkpoint \(torch.load cannot"):
+        load_checkpoint_state(bad)
+
+
 def test_no_command_lists_them_too_and_an_unknown_one_is_refused(capsys) -> None:
     assert dispatch([]) == 2
     out = capsys.readouterr().out

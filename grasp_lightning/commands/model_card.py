@@ -15,11 +15,14 @@ own licence (Qwen3-VL: Apache-2.0), which the card names beside it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from grasp_lightning.errors import GraspError
+
+log = logging.getLogger(__name__)
 
 #: The GRASP dataset on the Hugging Face Hub (``datasets`` of the card's metadata).
 GRASP_DATASET = "interlive/GRASP"
@@ -153,9 +156,12 @@ def build_card(config: dict, info: dict, *, run: Path | None, license: str = GRA
     tags = ["grasp", "grasp-lightning", "video", "social-reasoning", kind] + (["lora"] if info.get("lora") else [])
     data = ModelCardData(base_model=base, license=license, library_name="peft" if adapter else "transformers",
                          pipeline_tag=PIPELINE_TAG, tags=tags, datasets=datasets or [GRASP_DATASET])
+    if Path(str(base)).exists() or str(base).startswith((".", "/")) or str(base).count("/") != 1:
+        log.warning("the model card's base_model %r is not a Hugging Face Hub id (owner/name): the Hub will not "
+                    "link it; give export --base_model OWNER/NAME", base)
     step = info.get("global_step")
     lines = [
-        f"# {Path(str(info.get('out', 'model'))).name}",
+        f"# {Path(str(base)).name}, trained with grasp_lightning ({task_name})",
         "",
         f"A {task_name} run of grasp_lightning on `{base}`, exported from "
         f"`{info.get('source_checkpoint')}` after **{step} optimizer steps** (`global_step` {step}, epoch "

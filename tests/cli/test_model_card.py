@@ -42,6 +42,7 @@ def test_export_writes_a_model_card_the_hub_parser_reads(grpo_export):
 
     card = ModelCard.load(grpo_export["out"] / "README.md")
     assert card.data.base_model == TINY
+    assert card.text.lstrip().startswith("# tiny-qwen3vl, trained with grasp_lightning (GRPOTask)\n")
     assert card.data.license == "cc-by-nc-4.0"
     assert card.data.library_name == "transformers"
     assert card.data.pipeline_tag == "image-text-to-text"
@@ -97,3 +98,18 @@ def test_push_without_a_token_or_network_names_the_reason(tmp_path, monkeypatch)
     with pytest.raises(HubPushError, match=r"^--push_to_hub a/b: not uploaded: .*http://127\.0\.0\.1:9") as e:
         push_folder(tmp_path, "a/b", endpoint="http://127.0.0.1:9")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("base", "warns"), [("grasp_lightning/assets/tiny-qwen3vl", True), ("/models/qwen", True),
+                                             ("Qwen/Qwen3-VL-8B-Instruct", False)])
+def test_a_base_model_that_is_no_hub_id_is_named_in_a_warning(base, warns, caplog):
+    """The Hub links ``base_model`` only as ``owner/name``: a local path gets a warning naming ``--base_model``."""
+    from grasp_lightning.commands.model_card import build_card
+
+    with caplog.at_level("WARNING", logger="grasp_lightning.commands.model_card"):
+        card = build_card({"model": {"task": {"class_path": "grasp_lightning.tasks.sft.SFTTask"}}},
+                          {"base_model": base, "global_step": 3}, run=None)
+    assert card.data.base_model == base
+    named = [r.getMessage() for r in caplog.records if "--base_model" in r.getMessage()]
+    assert named == ([f"the model card's base_model {base!r} is not a Hugging Face Hub id (owner/name): the Hub will "
+                      "not link it; give export --base_model OWNER/NAME"] if warns else [])

@@ -23,7 +23,7 @@ micro-batches, K = 2, 1 step), ``validate`` with ``configs/sgr.yaml`` and with `
   :data:`PROCESS_GIB` (one model: with the reference, ``validate`` of ``configs/sgr.yaml`` held 1.9 GiB more);
 - ``validate`` with ``configs/sgr.yaml`` peaks within 10 % of ``validate`` with ``configs/sft.yaml``.
 
-Cost on 2 CPU cores: 4 to 6.5 minutes, by the machine's load (the stand-in 0.5 min; the full fine-tune
+Cost on 2 CPU cores: 2.5 to 6.5 minutes, by the machine's load (the stand-in 0.5 min; the full fine-tune
 1-1.9 min, its 5.4 GB checkpoint included; each other command 0.3-1.3 min; the figures are printed in the session's time
 table). Peak resident set 11.7 GiB (the full fine-tune's AdamW step), 4.2 GiB for the others.
 The Qwen3.5-9B family's ``validate`` of ``configs/sgr.yaml`` (one model, peak against the plan) is measured

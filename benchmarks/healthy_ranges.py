@@ -23,9 +23,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import lightning as L  # noqa: E402
+from grpo_learning import _data, _trainer  # noqa: E402 (sibling script; benchmarks/ is sys.path[0] when run as a script)
 
-from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig, VideoConfig  # noqa: E402
-from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
 from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
 from grasp_lightning.tasks.grpo import GRPOTask, LossConfig, RewardConfig  # noqa: E402
@@ -39,14 +38,6 @@ TAGS = ("train/reward/mean", "train/reward/std", "train/kl", "train/entropy", "t
         "train/loss")
 
 
-def _data(train_file: str, mode: str, batch_size: int) -> GraspDataModule:
-    """The bundled sample's rows (no bench), 8 frames of at most 4,096 pixels."""
-    return GraspDataModule(source=SourceConfig(root=str(REPO / "grasp_lightning/assets/sample"), train_file=train_file,
-                                               bench=None),
-                           video=VideoConfig(max_frames=8, max_pixels=4096),
-                           loader=LoaderConfig(mode=mode, batch_size=batch_size, num_workers=0, seed=0))
-
-
 class StepRecorder(L.Callback):
     """Every optimizer step's reduced ``train/`` values (``GraspModule.last_step_metrics``)."""
 
@@ -56,11 +47,6 @@ class StepRecorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         values = getattr(pl_module, "last_step_metrics", None) or {}
         self.steps.append({k: float(v) for k, v in values.items()})
-
-
-def _trainer(steps: int, callbacks: list) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", max_steps=steps, max_epochs=-1, logger=False, callbacks=callbacks,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 
 def summarise(steps: list[dict[str, float]], tags=TAGS, edge: int = 5) -> dict[str, dict[str, float]]:

@@ -1036,3 +1036,25 @@ def run_measured(args: list[str], out: Path, timeout: float = 600.0) -> dict:
     assert proc.returncode == 0 and seconds <= timeout, (args[0], proc.returncode, f"{seconds:.0f} s", text[-4000:])
     return {"peak_rss": int(peak.read_text()) * 1024, "loads": loads.read_text().split() if loads.exists() else [],
             "seconds": seconds, "log": text}
+
+
+def run_state_tensors(checkpoint: dict) -> dict:
+    """Every tensor of ``checkpoint`` outside the weights and the optimizer state, by path."""
+    import torch
+
+    found: dict = {}
+
+    def walk(x, path: str) -> None:
+        if torch.is_tensor(x):
+            found[path] = x
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+
+    for key, value in checkpoint.items():
+        if key not in ("state_dict", "optimizer_states"):
+            walk(value, key)
+    return found

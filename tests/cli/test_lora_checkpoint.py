@@ -21,7 +21,7 @@ import torch
 
 from grasp_lightning.checkpointing import check_trainable_state
 from grasp_lightning.errors import GraspConfigError
-from tests.helpers import REPO, read_steps, run_cli
+from tests.helpers import REPO, read_steps, run_cli, run_state_tensors
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -180,26 +180,6 @@ LORA_GRPO = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/lora.ya
 #: What a checkpointed rollout holds: the sampled completions and their scores (no prompt, item or vision feature).
 ROLLOUT_KEYS = {"shared", "indices", "texts", "opened", "ids", "mask", "truncated", "zero_variance", "prompt_tokens",
                 "terms", "rewards", "advantages", "penalty", "old_logp", "ref_logp", "loss_mask", "sampled_logp"}
-
-
-def run_state_tensors(checkpoint: dict) -> dict[str, torch.Tensor]:
-    """Every tensor of ``checkpoint`` outside the weights and the optimizer state, by path."""
-    found: dict[str, torch.Tensor] = {}
-
-    def walk(x, path: str) -> None:
-        if torch.is_tensor(x):
-            found[path] = x
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, f"{path}[{i}]")
-
-    for key, value in checkpoint.items():
-        if key not in ("state_dict", "optimizer_states"):
-            walk(value, key)
-    return found
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import PROCESS_GIB, TIMES, run_measured, scratch, standin_args, write_dataset
+from tests.helpers import PROCESS_GIB, TIMES, run_measured, run_state_tensors, scratch, standin_args, write_dataset
 
 pytestmark = [pytest.mark.real_shapes, pytest.mark.slow]
 
@@ -96,21 +96,7 @@ def _describe(ckpt: Path) -> dict:
     from grasp_lightning.module import TASK_STATE_KEY
 
     checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
-    others: dict[str, tuple] = {}
-
-    def walk(x, path: str) -> None:
-        if torch.is_tensor(x):
-            others[path] = (x.dtype, tuple(x.shape))
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, f"{path}[{i}]")
-
-    for key, value in checkpoint.items():
-        if key not in ("state_dict", "optimizer_states"):
-            walk(value, key)
+    others = {path: (x.dtype, tuple(x.shape)) for path, x in run_state_tensors(checkpoint).items()}
     (optimizer,) = checkpoint["optimizer_states"]
     return {"bytes": ckpt.stat().st_size, "weights": {n: tuple(t.shape) for n, t in checkpoint["state_dict"].items()},
             "adam": [tuple(s["exp_avg"].shape) for _, s in sorted(optimizer["state"].items())],

@@ -4,7 +4,7 @@
 
 On the bundled tiny models of both families (Qwen3-VL, Qwen3.5), two RL prompts of the sample data
 with their 8-frame clips, group-shared prefill, greedy decoding with no stop, float32:
-:func:`grasp_lightning.decoding.sample_completions` eager and with ``compile_decode`` per backend.
+:func:`grasp_lightning.engines.decoding.sample_completions` eager and with ``compile_decode`` per backend.
 Each path runs once to warm up (the compile happens there; its seconds are reported as
 ``first_call_s``), then ``--repeats`` timed calls; tokens/s = generated tokens / the best timed call.
 Also checks the compiled tokens equal the eager ones. Prints one JSON line.
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from grasp_lightning.decoding import sample_completions
+    from grasp_lightning.engines.decoding import sample_completions
 
     report: dict = {"device": "cpu", "threads": torch.get_num_threads(), "k": args.k, "new_tokens": args.new_tokens,
                     "torch": torch.__version__, "families": {}}

@@ -418,7 +418,7 @@ def run_phase(phase: str, mode: str, sizes: dict, model_dir: Path, data_root: Pa
 def fla_initial_state_check() -> dict:
     """Whether flash-linear-attention's ``chunk_gated_delta_rule`` returns the gradient of its initial state.
 
-    The group-shared scoring of Qwen3.5 (:mod:`grasp_lightning.shared_prompt`) runs the completions'
+    The group-shared scoring of Qwen3.5 (:mod:`grasp_lightning.grpo.scoring`) runs the completions'
     linear-attention layers from the prompt's recurrent state, which carries the prompt's gradient;
     a kernel that drops ``d initial_state`` silently cuts that path. Compares the kernel's output and
     the gradients of ``q`` and of the initial state with transformers' reference

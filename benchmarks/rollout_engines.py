@@ -66,7 +66,7 @@ import torch  # noqa: E402
 
 from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
-from grasp_lightning.decoding import RolloutConfig  # noqa: E402
+from grasp_lightning.engines.decoding import RolloutConfig  # noqa: E402
 from grasp_lightning.engines.hf import HFEngine  # noqa: E402
 from grasp_lightning.engines.vllm import VLLMEngine  # noqa: E402
 from grasp_lightning.engines.vllm_config import VLLMConfig  # noqa: E402

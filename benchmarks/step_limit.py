@@ -19,14 +19,14 @@ logprob_chunk_size=256))``, the defaults) in the same process:
    reference scoring, the policy's scoring and the loss) plus the backward, timed in process CPU
    seconds (``time.process_time``: steadier than wall time on a shared machine); the two paths
    alternate ``--steps`` times, the medians are reported. Vision forwards per prompt are counted by a
-   forward pre-hook on the tower (:class:`grasp_lightning.vision_features.VisionForwardCounter`):
+   forward pre-hook on the tower (:class:`grasp_lightning.grpo.vision.VisionForwardCounter`):
    the grids it encodes over the step divided by the prompts. The two paths' losses are printed too
    (they agree to float rounding).
 2. **Scoring memory.** The LM head + selective log-softmax + entropy of K = 8 x 1,024 completion
    tokens (``--score-k``, ``--score-tokens``) with the real vocabulary: final hidden states
    ``(K, Lc, 2048)`` and the 2B stand-in's head ``(151,936, 2048)``, both bf16 as the recipes train,
    scored without gradients as the reference and old-policy scoring do
-   (``shared_prompt.logps_and_entropy`` on the full logits, against
+   (``scoring.logps_and_entropy`` on the full logits, against
    ``chunked_logps.chunked_logps_and_entropy``). Each path runs in a fresh subprocess; its peak is
    the process's peak resident memory (``VmHWM``, reset through ``/proc/self/clear_refs`` once the
    inputs are built) less its resident memory at that point: every byte torch's CPU allocator held
@@ -96,8 +96,8 @@ def _peak_bytes() -> int:
 
 def scoring_peak(path: str, k: int, tokens: int, chunk: int, grad: bool, hidden_size: int = HIDDEN) -> int:
     """Peak bytes one scoring pass adds to this process: ``before`` (full logits) or ``after`` (chunked)."""
-    from grasp_lightning.chunked_logps import chunked_logps_and_entropy
-    from grasp_lightning.shared_prompt import logps_and_entropy
+    from grasp_lightning.grpo.logprobs import chunked_logps_and_entropy
+    from grasp_lightning.grpo.scoring import logps_and_entropy
 
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(hidden_size, VOCAB, bias=False, dtype=torch.bfloat16, device="meta").to_empty(device="cpu")
@@ -153,7 +153,7 @@ def build(tmp: Path, sizes: dict) -> tuple[Path, object]:
 
 def run_step(module, batch, once: bool, chunk: int | None) -> dict:
     """One GRPO step (training_step + backward) on the given path; CPU s, wall s, vision grids, loss."""
-    from grasp_lightning.vision_features import VisionForwardCounter
+    from grasp_lightning.grpo.vision import VisionForwardCounter
 
     task = module.task
     task.compute.encode_vision_once, task.compute.logprob_chunk_size = once, chunk
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"peak_bytes": peak}))
         return
 
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig
     from grasp_lightning.tasks.grpo import GRPOTask, LossConfig

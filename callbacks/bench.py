@@ -2,8 +2,8 @@
 section, tables and figures (GRASP-Bench: the top level of ``results.json``, ``table.md`` laid out
 like the paper's Table 1, and a bar chart of the 16 category accuracies; MMSI, TVQA+, HumanSense, ... of
 ``data.eval_suites``: a section and ``table_<name>.md`` each). The files, in ``<run folder>/bench/``
-(:func:`grasp_lightning.loggers.run_dir`), are the ground truth; every logger also gets each suite's
-figures and texts (:func:`grasp_lightning.loggers.log_image` and :func:`~grasp_lightning.loggers.log_text`:
+(:func:`grasp_lightning.monitoring.loggers.run_dir`), are the ground truth; every logger also gets each suite's
+figures and texts (:func:`grasp_lightning.monitoring.loggers.log_image` and :func:`~grasp_lightning.monitoring.loggers.log_text`:
 TensorBoard images and text, W&B ``wandb.Image`` and ``wandb.Html``, MLflow step images and ``.md``
 artifacts; CSV none).
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from grasp_lightning.evaluation.suite_report import write_results
-from grasp_lightning.loggers import log_image, log_text, run_dir
+from grasp_lightning.monitoring.loggers import log_image, log_text, run_dir
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ distribution of them, over the step's completion tokens on every rank.
 
 Everything goes under one section, ``kl/``, of every logger: the scalar ``kl/max`` and the distribution
 ``kl/per_token`` of the k3 estimates of the step's completion tokens
-(:func:`grasp_lightning.loggers.log_histogram`: a histogram in TensorBoard and W&B, summary metrics
+(:func:`grasp_lightning.monitoring.loggers.log_histogram`: a histogram in TensorBoard and W&B, summary metrics
 ``kl/per_token/p50, ...`` in MLflow and CSV). A step is the whole accumulation window on every rank: the
 loss tokens of all its micro-batches (:class:`grasp_lightning.callbacks.step_window.StepWindow`), gathered from every
 rank, written once when the optimizer has stepped, at the step's 0-based index (where the module writes
@@ -23,7 +23,7 @@ import torch
 from typing_extensions import override
 
 from grasp_lightning.callbacks.step_window import StepWindow
-from grasp_lightning.loggers import log_histogram
+from grasp_lightning.monitoring.loggers import log_histogram
 
 log = logging.getLogger(__name__)
 

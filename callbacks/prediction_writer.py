@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from grasp_lightning.errors import GraspDataError
-from grasp_lightning.loggers import runs_root
+from grasp_lightning.monitoring.loggers import runs_root
 from grasp_lightning.predictions import PredictionSetup
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class PredictionWriter(BasePredictionWriter):
 
     Args:
         output: the JSONL file; ``None``: ``predictions.jsonl`` in the folder every run of the logger's
-            name shares (:func:`~grasp_lightning.loggers.runs_root`: ``runs/<name>/predictions.jsonl`` for
+            name shares (:func:`~grasp_lightning.monitoring.loggers.runs_root`: ``runs/<name>/predictions.jsonl`` for
             the recipes), so the same command finds it again. Under several processes each rank writes
             ``<stem>.rank<N>.jsonl``.
         resume: leave out the items that a line of the file (any rank's) answered with this run's setup

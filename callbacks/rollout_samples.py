@@ -1,8 +1,8 @@
 """Rollout samples: every N optimizer steps, the K completions of a few prompts with their reward terms,
 extracted answers and named participants, as a table ``rollouts/samples`` in every logger
-(:func:`grasp_lightning.loggers.log_table`: TensorBoard a Markdown text, W&B a ``wandb.Table``, MLflow a
+(:func:`grasp_lightning.monitoring.loggers.log_table`: TensorBoard a Markdown text, W&B a ``wandb.Table``, MLflow a
 logged table; none in CSV) and a JSONL file, the ground truth (``rollouts.jsonl`` in the run's folder,
-:func:`grasp_lightning.loggers.run_dir`). Reads ``module.last_task_output.rollout``
+:func:`grasp_lightning.monitoring.loggers.run_dir`). Reads ``module.last_task_output.rollout``
 (:class:`~grasp_lightning.task.RolloutRecord`); changes nothing.
 """
 
@@ -15,7 +15,7 @@ import lightning as L
 from typing_extensions import override
 
 from grasp_lightning.callbacks.step_window import StepWindow
-from grasp_lightning.loggers import log_table, run_dir
+from grasp_lightning.monitoring.loggers import log_table, run_dir
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
 from grasp_lightning.task import RolloutRecord
 
@@ -60,7 +60,7 @@ class RolloutSamples(L.Callback):
     Args:
         every_n_steps: interval in optimizer steps (the first step, 0, is always written).
         num_prompts: groups (prompts) per dump; each has its K completions.
-        filename: JSONL file in the run's folder (:func:`grasp_lightning.loggers.run_dir`).
+        filename: JSONL file in the run's folder (:func:`grasp_lightning.monitoring.loggers.run_dir`).
 
     Attributes:
         dumps: the steps written so far.

@@ -16,8 +16,8 @@ On every logged optimizer step of ``fit`` (the steps the module writes its ``tra
   (what ``LearningRateMonitor`` logs). The ETA is the mean step time so far times the steps left
   (``trainer.estimated_stepping_batches``: ``max_steps`` or the epochs' steps);
 * appends the step's record (those values, ``lr``, and after each validation the ``val/`` values of
-  ``trainer.callback_metrics``) to ``<run folder>/curves.jsonl`` (:data:`grasp_lightning.curves.HISTORY_FILE`);
-* draws ``<run folder>/curves.png`` (:func:`grasp_lightning.curves.plot_runs`) at each checkpoint save
+  ``trainer.callback_metrics``) to ``<run folder>/curves.jsonl`` (:data:`grasp_lightning.monitoring.curves.HISTORY_FILE`);
+* draws ``<run folder>/curves.png`` (:func:`grasp_lightning.monitoring.curves.plot_runs`) at each checkpoint save
   (when the history grew since the last picture) and at the end of ``fit``.
 
 The CLI adds it to every ``fit`` (``--watch.console``, ``--watch.curves``: the group ``watch`` of
@@ -40,8 +40,8 @@ from typing_extensions import override
 
 from grasp_lightning.callbacks.step_window import StepWindow
 from grasp_lightning.callbacks.timing import StepTiming
-from grasp_lightning.curves import HISTORY_FILE, PICTURE_FILE, plot_runs
-from grasp_lightning.loggers import run_dir
+from grasp_lightning.monitoring.curves import HISTORY_FILE, PICTURE_FILE, plot_runs
+from grasp_lightning.monitoring.loggers import run_dir
 
 log = logging.getLogger(__name__)
 

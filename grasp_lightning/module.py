@@ -31,12 +31,12 @@ from grasp_lightning.checkpointing import (
     trainable_state,
 )
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.decoding import (  # noqa: F401 (RolloutConfig: also importable from here)
+from grasp_lightning.engines import make_engine
+from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.decoding import (  # noqa: F401 (RolloutConfig: also importable from here)
     RolloutConfig,
     sample_completions,
 )
-from grasp_lightning.engines import make_engine
-from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.engines.vllm_config import ENGINES
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol

@@ -1,6 +1,6 @@
 """Text parsing of model completions: answer letters, tag blocks, reasoning, named participants and time spans.
 
-Pure functions on strings, shared by the rewards (:mod:`grasp_lightning.rewards`), the GRPO task and
+Pure functions on strings, shared by the rewards (:mod:`grasp_lightning.grpo.rewards`), the GRPO task and
 GRASP-Bench scoring. The formats follow ``docs/data-format.md``: a completion looks like
 ``<think> ... <gaze>...</gaze> ... <gesture>...</gesture> ... </think><answer>B</answer>``, people
 are written ``Person N`` (0-based) or ``PN``.
@@ -272,7 +272,7 @@ def parse_time_spans(text: str) -> list[tuple[float, float]]:
     (no unit on the end) is not a span: it may count persons or options. A span whose end is not after
     its start (``from 3s to 1s``, ``from 2s to 2s``) is malformed and skipped. Tags are not special:
     ``<gaze>from 1.0s to 2.5s</gaze>`` gives ``(1.0, 2.5)``. Source: the project's own format for the
-    ``temporal_grounding`` reward (:mod:`grasp_lightning.rewards`), written to match the bench
+    ``temporal_grounding`` reward (:mod:`grasp_lightning.grpo.rewards`), written to match the bench
     questions' wording ("Between 1.5s and 3.5s, ...", ``docs/data-format.md``).
 
     Args:

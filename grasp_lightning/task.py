@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from grasp_lightning.decoding import RolloutConfig
+from grasp_lightning.engines.decoding import RolloutConfig
 
 if TYPE_CHECKING:
     from grasp_lightning.data.collate import Batch
@@ -160,9 +160,9 @@ class Task:
         samples_rollouts: the task samples completions from the policy during training
             (``model.rollout``: K per prompt); the memory planner then counts the rollout KV cache.
         shares_prompt: a group's clip is encoded and its prompt prefilled once for its K completions
-            (``grasp_lightning/shared_prompt.py``); the planner counts one prompt per group.
+            (``grasp_lightning/grpo/scoring.py``); the planner counts one prompt per group.
         logprob_chunk_size: the task's log-probs run the LM head over this many tokens at a time
-            (:mod:`grasp_lightning.chunked_logps`); the planner then counts one chunk's logits.
+            (:mod:`grasp_lightning.grpo.logprobs`); the planner then counts one chunk's logits.
             ``None``: the full ``(N, L, V)`` logits.
     """
 

@@ -24,7 +24,7 @@ of the loss's numerator; ``refill`` also draws further windows of prompts from t
 rollout batch holds as many groups with distinct rewards as the window has prompts, at most
 ``batching.max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
 the first useful groups in sampling order, then, if the budget ran out, masked degenerate groups
-(:func:`grasp_lightning.tasks.grpo_rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
+(:func:`grasp_lightning.grpo.rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
 (never more than ``B`` prompts in one). Useful groups drawn beyond that are *drawn and unused*: sampled
 and scored (their rewards count in ``dynamic_sampling/reward_mean_tried``), not trained, not returned to
 the stream, and counted in ``dynamic_sampling/groups_unused``. In that sense no prompt is lost or seen
@@ -38,7 +38,7 @@ steps with the old log-probs of the sampling policy: the DataModule yields each 
 times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
 
 **Overlap** (``model.rollout.overlap: 1``, vLLM engine): the next window is sampled by the server while
-this one trains, one step stale (:mod:`grasp_lightning.tasks.grpo_overlap`); ``num_iterations > 1`` and
+this one trains, one step stale (:mod:`grasp_lightning.grpo.overlap`); ``num_iterations > 1`` and
 ``refill`` are refused with it, and the importance-sampling correction is always on.
 
 **Metrics** are the optimizer step's: each micro-batch returns its parts (means with their counts,
@@ -48,7 +48,7 @@ sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per r
 
 A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
 and reference log-prob forwards) runs once per prompt (``compute.share_prompt``, default; exact, see
-:mod:`grasp_lightning.shared_prompt`); ``false`` repeats each prompt K times like TRL.
+:mod:`grasp_lightning.grpo.scoring`); ``false`` repeats each prompt K times like TRL.
 """
 
 from __future__ import annotations
@@ -60,24 +60,14 @@ import time
 import torch
 from typing_extensions import override
 
-from grasp_lightning import grpo_math
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.formats import persons_shown
 from grasp_lightning.data.records import GraspItem
-from grasp_lightning.decoding import RolloutConfig
 from grasp_lightning.engines import engine_of
+from grasp_lightning.engines.decoding import RolloutConfig
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
-from grasp_lightning.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
-from grasp_lightning.shared_prompt import (
-    completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
-    prompt_tokens_forwarded,
-    score_completions,
-    sharing_unsupported_reason,
-)
-from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
-from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
-from grasp_lightning.tasks.grpo_config import (  # noqa: F401 (the value lists are re-exported)
+from grasp_lightning.grpo import objective
+from grasp_lightning.grpo.config import (  # noqa: F401 (the value lists are re-exported)
     ADVANTAGES,
     DYNAMIC_SAMPLING,
     KEY,
@@ -88,8 +78,9 @@ from grasp_lightning.tasks.grpo_config import (  # noqa: F401 (the value lists a
     LossConfig,
     RewardConfig,
 )
-from grasp_lightning.tasks.grpo_overlap import DEFAULT_OVERLAP_CAP, RolloutPrefetch, check_overlap
-from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
+from grasp_lightning.grpo.overlap import DEFAULT_OVERLAP_CAP, RolloutPrefetch, check_overlap
+from grasp_lightning.grpo.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
+from grasp_lightning.grpo.rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
     ROW_TENSORS,
     TOKEN_TENSORS,
     Rollout,
@@ -103,7 +94,16 @@ from grasp_lightning.tasks.grpo_rollouts import (  # noqa: F401 (Rollout and the
     take_completion,
     take_groups,
 )
-from grasp_lightning.vision_features import VisionFeatures, reuse_vision
+from grasp_lightning.grpo.scoring import (
+    completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
+    prompt_tokens_forwarded,
+    score_completions,
+    sharing_unsupported_reason,
+)
+from grasp_lightning.grpo.vision import VisionFeatures, reuse_vision
+from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
+from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
+from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +118,9 @@ class GRPOTask(Task):
     """GRPO with a weighted list of reward terms (SGR when ``social_grounding`` is among them).
 
     Sampling settings (K, temperature, top-p, budget) are read, when needed, from the context's
-    ``model.rollout`` (:class:`grasp_lightning.decoding.RolloutConfig`, ``ctx.rollout_cfg``), never
+    ``model.rollout`` (:class:`grasp_lightning.engines.decoding.RolloutConfig`, ``ctx.rollout_cfg``), never
     copied, so ``configs/demo.yaml`` can shrink them for any recipe. The task's own settings come in
-    groups (:mod:`grasp_lightning.tasks.grpo_config`), each kept as the attribute of its name
+    groups (:mod:`grasp_lightning.grpo.config`), each kept as the attribute of its name
     (``task.loss.beta``).
 
     Args:
@@ -147,7 +147,7 @@ class GRPOTask(Task):
         self.loss = dataclasses.replace(loss)
         self.batching = dataclasses.replace(batching)
         self.compute = dataclasses.replace(compute)
-        # resolved and checked here (grasp_lightning.rewards.resolve_reward): a bad entry fails at start-up
+        # resolved and checked here (grasp_lightning.grpo.rewards.resolve_reward): a bad entry fails at start-up
         self.reward_terms = [resolve_reward(entry, key=KEY + "reward.terms") for entry in self.reward.terms]
         labels = [term.label for term in self.reward_terms]
         if len(set(labels)) != len(labels):
@@ -210,13 +210,13 @@ class GRPOTask(Task):
         """The rollout settings are read from the context wherever they are used, never copied.
 
         With ``model.rollout.overlap: 1`` and no ``importance_sampling_cap``, the cap becomes
-        :data:`~grasp_lightning.tasks.grpo_overlap.DEFAULT_OVERLAP_CAP` (TRL's default, 2.0): the correction is
+        :data:`~grasp_lightning.grpo.overlap.DEFAULT_OVERLAP_CAP` (TRL's default, 2.0): the correction is
         on whenever rollouts are a step stale.
 
         Raises:
             GraspConfigError: ``model.rollout.num_generations`` < 2; an overlong buffer longer than
                 ``model.rollout.max_new_tokens``; ``model.rollout.overlap: 1`` with ``num_iterations > 1`` or
-                ``dynamic_sampling: refill`` (:func:`~grasp_lightning.tasks.grpo_overlap.check_overlap`).
+                ``dynamic_sampling: refill`` (:func:`~grasp_lightning.grpo.overlap.check_overlap`).
         """
         self._num_generations = rollout_cfg.num_generations
         if self.splits_groups:
@@ -264,14 +264,14 @@ class GRPOTask(Task):
         if dapo_penalty:
             rewards = rewards + penalty
         if self.advantage.kind == "released":
-            adv = grpo_math.released_advantages(terms, weights, k)
+            adv = objective.released_advantages(terms, weights, k)
             if dapo_penalty:
-                adv = adv + grpo_math.released_advantages(penalty[:, None], weights.new_ones(1), k)
+                adv = adv + objective.released_advantages(penalty[:, None], weights.new_ones(1), k)
         else:
-            adv = grpo_math.group_advantages(rewards, k, scale=self.advantage.kind, eps=self.advantage.eps, batch_std=batch_std)
+            adv = objective.group_advantages(rewards, k, scale=self.advantage.kind, eps=self.advantage.eps, batch_std=batch_std)
         if penalty is not None and self.reward.overlong_mode == "released":
             adv = adv + penalty
-        return rewards, grpo_math.clip_advantages(adv, self.advantage.clip)
+        return rewards, objective.clip_advantages(adv, self.advantage.clip)
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
         """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
@@ -283,7 +283,7 @@ class GRPOTask(Task):
     def overlong(self, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Soft overlong penalty ``(N,)`` (≤ 0) for completion lengths in tokens (DAPO Eq. 13) under a
         budget of ``max_new_tokens`` (``model.rollout.max_new_tokens``)."""
-        return grpo_math.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
+        return objective.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
                                      self.reward.overlong_penalty)
 
     @torch.no_grad()
@@ -325,7 +325,7 @@ class GRPOTask(Task):
         penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
                    if self.overlong_buffer_tokens(cfg.max_new_tokens) else None)
         rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
-        zero_var = grpo_math.zero_variance_groups(rewards, k)
+        zero_var = objective.zero_variance_groups(rewards, k)
         t2 = time.perf_counter()
         loss_mask = completions.mask.clone()
         if self.dynamic_sampling != "off":
@@ -396,11 +396,11 @@ class GRPOTask(Task):
         rollouts = [ro for ro in self._window_rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
-        local = torch.cat([tokens.reshape(1).cpu(), grpo_math.reward_moments(rewards)]).to(device)
+        local = torch.cat([tokens.reshape(1).cpu(), objective.reward_moments(rewards)]).to(device)
         total = ctx.cross_rank.sum(local).cpu()
         self._window_tokens = total[0]
         if self.advantage.kind == "batch":
-            std = grpo_math.std_from_moments(total[1:])
+            std = objective.std_from_moments(total[1:])
             for ro in rollouts:
                 ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
                                                             k=ctx.rollout_cfg.num_generations)
@@ -446,7 +446,7 @@ class GRPOTask(Task):
     def _sample(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout]:
         """One rollout per generation call over the non-empty ``batches``; with ``model.rollout.overlap``
         the window's batch comes from the request submitted a step earlier, and the next window's is
-        submitted before this one is scored (:class:`~grasp_lightning.tasks.grpo_overlap.RolloutPrefetch`)."""
+        submitted before this one is scored (:class:`~grasp_lightning.grpo.overlap.RolloutPrefetch`)."""
         def chunked(micro: list[Batch]) -> list[Batch]:
             return [merge_batches(chunk, _pad_id(ctx)) for chunk in self._chunks([b for b in micro if len(b)])]
 
@@ -460,9 +460,9 @@ class GRPOTask(Task):
         :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
 
         Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the window's prompt
-        count of groups (:func:`~grasp_lightning.tasks.grpo_rollouts.refill_selection`: useful ones first, masked degenerate
+        count of groups (:func:`~grasp_lightning.grpo.rollouts.refill_selection`: useful ones first, masked degenerate
         ones if the budget ran out) split evenly over the non-empty positions
-        (:func:`~grasp_lightning.tasks.grpo_rollouts.even_split`); none for a window with no prompt on this rank. Collective
+        (:func:`~grasp_lightning.grpo.rollouts.even_split`); none for a window with no prompt on this rank. Collective
         under refill: one ``cross_rank.sum`` per try, on every rank, an empty one included.
         """
         pad = _pad_id(ctx)
@@ -611,7 +611,7 @@ class GRPOTask(Task):
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
         sampler = self._sampler_correction(logp, ro, mask)
-        loss, lm = grpo_math.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
+        loss, lm = objective.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
                                   epsilon_high=self.loss.epsilon_high, beta=self.loss.beta, loss_type=self.loss.type,
                                   max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
                                   token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
@@ -629,7 +629,7 @@ class GRPOTask(Task):
             metrics = combine(prepared, metrics)
         kl_tokens = None
         if ro.ref_logp is not None:
-            kl_tokens = grpo_math.k3_kl(logp.detach(), ro.ref_logp, self.loss.kl_clamp)[mask.bool()]
+            kl_tokens = objective.k3_kl(logp.detach(), ro.ref_logp, self.loss.kl_clamp)[mask.bool()]
         record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
                                reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
                                advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
@@ -748,7 +748,7 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
     ``grounding/precision`` and ``grounding/recall``: means over the completions with ground truth
     (naming nobody counts as 0); ``grounding/enumeration_rate``: among those naming at least one
     person, the share naming every person the item shows (at least two;
-    :func:`grasp_lightning.rewards.enumerates`), as ``val/grounding/enumeration_rate``. Each is a
+    :func:`grasp_lightning.grpo.rewards.enumerates`), as ``val/grounding/enumeration_rate``. Each is a
     :class:`~grasp_lightning.step_metrics.Mean` with its count, so the step's value is over every such
     completion of the step; a key is left out when nothing is averaged.
     """

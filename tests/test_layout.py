@@ -24,26 +24,28 @@ CHECKOUT_LOADERS = (REPO / "grasp_lightning" / "tasks" / "__init__.py", REPO / "
 RANKS: dict[str, int] = {
     "grasp_lightning": 0,  # the package root: version only
     "grasp_lightning.errors": 0,
+    "grasp_lightning.grpo": 0,  # the GRPO step's parts, by stage (its __init__ imports nothing)
     "grasp_lightning.parsing": 1,
-    "grasp_lightning.grpo_math": 1,
-    "grasp_lightning.loggers": 1,  # texts, tables, histograms, images to every Lightning logger (imports none of ours)
-    "grasp_lightning.curves": 1,  # a run's curves history and its picture (matplotlib)
+    "grasp_lightning.grpo.objective": 1,  # advantages, ratio, clip, KL and the loss normalisations (torch only)
+    "grasp_lightning.monitoring": 1,  # loggers (texts, tables, images to every Lightning logger) and curves
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
-    "grasp_lightning.engines.vllm_config": 2,  # model.rollout.vllm's settings (read by decoding.RolloutConfig)
+    "grasp_lightning.grpo.config": 2,  # the GRPO task's setting groups
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
-    "grasp_lightning.rewards": 3,
+    "grasp_lightning.grpo.rewards": 3,  # the reward terms (GRASP-Bench's scoring reads them too)
+    "grasp_lightning.grpo.logprobs": 3,  # chunked log-probs and entropy
+    "grasp_lightning.grpo.vision": 3,  # the vision features, computed once per rollout batch
+    "grasp_lightning.grpo.scoring": 3,  # log-prob forwards over the shared prompt and its completions
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
-    "grasp_lightning.shared_prompt": 3,
-    "grasp_lightning.compiled_decode": 3,  # the HF engine's static cache and compiled decode step
-    "grasp_lightning.decoding": 3,
     "grasp_lightning.checkpointing": 3,
     "grasp_lightning.strategies": 3,
     "grasp_lightning.predictions": 3,  # predict's records
+    "grasp_lightning.engines": 4,  # rollout engines: decoding, HF generate, the vLLM client (its server imports none of ours)
     "grasp_lightning.task": 4,
-    "grasp_lightning.engines": 4,  # rollout engines: HF generate, the vLLM client (its server imports none of ours)
+    "grasp_lightning.grpo.rollouts": 5,  # rollout records and their selection into micro-batches
+    "grasp_lightning.grpo.overlap": 5,  # the next rollout batch sampled while this one trains
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,

@@ -383,7 +383,7 @@ def test_shortcut_reasoning_states_the_prior_exactly_where_it_holds_and_costs_gr
     alone elsewhere and in every bench item; the clips and questions are those of the world without the
     option. The Social Grounding Reward scores a target stating the prior (1 + R) * P = 2 * 2/3 (1 for the
     object: P = 1/2, the pointer is not in the gaze event) against 2 for the gaze sentence alone."""
-    from grasp_lightning.rewards import social_grounding
+    from grasp_lightning.grpo.rewards import social_grounding
 
     options = world.WorldOptions(shortcut=0.7, temporal=True, shortcut_reasoning=True)
     stated = []

@@ -247,7 +247,7 @@ class _Streamer(TextStreamer):
 
 
 def _prompt_opens_think(tokenizer, input_ids) -> bool:
-    from grasp_lightning.decoding import prompt_opens_think
+    from grasp_lightning.engines.decoding import prompt_opens_think
 
     return bool(prompt_opens_think(tokenizer, input_ids)[0])
 

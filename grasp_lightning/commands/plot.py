@@ -3,7 +3,7 @@ more ``fit`` run folders in one PNG, a line per run (e.g. SGR against plain GRPO
 
 Each run folder holds ``curves.jsonl`` (written during ``fit`` by
 :class:`grasp_lightning.callbacks.watch.RunWatch`, whatever the logger); the panels are those of
-:data:`grasp_lightning.curves.PANELS` (reward and its terms, bench accuracy, KL, length, zero-variance
+:data:`grasp_lightning.monitoring.curves.PANELS` (reward and its terms, bench accuracy, KL, length, zero-variance
 groups, loss, learning rate, step time). A missing folder, or one without metrics, is refused with one
 line on stderr (exit status 1).
 """
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from grasp_lightning.curves import CurvesError, plot_runs, read_history
+from grasp_lightning.monitoring.curves import CurvesError, plot_runs, read_history
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def plot(runs: Sequence[str], out: str | Path, labels: Sequence[str] | None = None, title: str | None = None):
     """Draw the runs' curves into ``out``; return the matplotlib ``Figure``
-    (:func:`grasp_lightning.curves.plot_runs`).
+    (:func:`grasp_lightning.monitoring.curves.plot_runs`).
 
     Raises:
         CurvesError: a folder is missing or has no metrics, or the labels do not match the folders.

@@ -26,8 +26,8 @@ from typing_extensions import override
 
 from grasp_lightning.callbacks.watch import RunWatch
 from grasp_lightning.datamodule import GraspDataModule
-from grasp_lightning.loggers import run_dir
 from grasp_lightning.module import GraspModule
+from grasp_lightning.monitoring.loggers import run_dir
 from grasp_lightning.paths import resolve_config_args, resolve_package_paths
 
 # The shipped tasks, imported so that jsonargparse knows them as subclasses of Task: without a --config
@@ -37,7 +37,7 @@ from grasp_lightning.tasks import grpo, sft  # noqa: F401
 
 class GraspTrainer(L.Trainer):
     """Lightning's ``Trainer`` whose ``log_dir`` is the run's own folder for every logger type
-    (:func:`grasp_lightning.loggers.run_dir`, broadcast from rank zero like Lightning's): the same as
+    (:func:`grasp_lightning.monitoring.loggers.run_dir`, broadcast from rank zero like Lightning's): the same as
     Lightning's for TensorBoard and CSV; for W&B and MLflow the folder beside the run's checkpoints
     instead of the store's root (every run's ``config.yaml`` there overwrote the last; with an MLflow
     database store it is ``None`` and saving the config failed)."""

@@ -293,7 +293,7 @@ def persons_shown(item: GraspItem) -> frozenset[int]:
     build with the options, :func:`user_text`) and in its options, plus its ground-truth participants.
 
     What ``grounding/enumeration_rate`` compares the named people with
-    (:func:`grasp_lightning.rewards.enumerates`).
+    (:func:`grasp_lightning.grpo.rewards.enumerates`).
     """
     named = persons_named(item.question) | persons_named("\n".join(item.options))
     return frozenset(named) | item.participants

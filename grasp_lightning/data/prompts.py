@@ -35,7 +35,7 @@ INSTRUCTION = (
 )
 IGNORE_INDEX = -100
 #: The Qwen chat format's vision special tokens (placeholders the processor expands): never sampled
-#: (``grasp_lightning/decoding.py``), a reward of 0 when they appear (``grasp_lightning/rewards.py``).
+#: (``grasp_lightning/engines/decoding.py``), a reward of 0 when they appear (``grasp_lightning/grpo/rewards.py``).
 VISION_TOKENS: tuple[str, ...] = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
                                   "<|video_pad|>")
 #: The Qwen chat format's turn tokens; with :data:`VISION_TOKENS` the special tokens of a Qwen vocabulary.

@@ -72,7 +72,7 @@ class SocialEvent:
             for an event built in code (then :attr:`source` stands for it).
         span: ``(start, end)`` seconds from the clip start when the data gives the event's time
             (optional keys ``start_seconds``/``end_seconds``; ``0 <= start < end``), else ``None``.
-            Read by the ``temporal_grounding`` reward (:mod:`grasp_lightning.rewards`).
+            Read by the ``temporal_grounding`` reward (:mod:`grasp_lightning.grpo.rewards`).
     """
 
     source: str

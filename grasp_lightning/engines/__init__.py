@@ -3,7 +3,7 @@
 One interface, two engines:
 
 * :class:`~grasp_lightning.engines.hf.HFEngine` (``hf``, the default and the reference): transformers' ``generate`` on the
-  trainer's own policy, with the exact group-shared prefill (:mod:`grasp_lightning.shared_prompt`).
+  trainer's own policy, with the exact group-shared prefill (:mod:`grasp_lightning.grpo.scoring`).
 * :class:`grasp_lightning.engines.vllm.VLLMEngine` (``vllm``): a vLLM server in vLLM's own Python
   environment and process, fed the trainer's video and image embeddings, its weights reloaded after
   every optimizer step that changed the policy; it can also decode evaluation (``model.evaluation.engine``).
@@ -17,7 +17,7 @@ The interface: :mod:`grasp_lightning.engines.base`; the HF engine: :mod:`grasp_l
 :mod:`grasp_lightning.engines.vllm_config`.
 
 Import only what you use: this package's ``__init__`` imports nothing at module level, because
-:mod:`grasp_lightning.decoding` reads :mod:`grasp_lightning.engines.vllm_config`.
+:mod:`grasp_lightning.engines.decoding` reads :mod:`grasp_lightning.engines.vllm_config`.
 """
 
 
@@ -26,7 +26,7 @@ def make_engine(cfg, *, model_path: str | None = None, rank: int = 0):
     configured here (its server starts at the first ``sample``).
 
     Args:
-        cfg: ``model.rollout`` (:class:`grasp_lightning.decoding.RolloutConfig`).
+        cfg: ``model.rollout`` (:class:`grasp_lightning.engines.decoding.RolloutConfig`).
         model_path: what a vLLM server loads when ``model.rollout.vllm.model`` is unset
             (``model.policy.name_or_path``).
         rank: this process's global rank (names the server's log and weight files).

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from grasp_lightning.decoding import Completions, RolloutConfig
+from grasp_lightning.engines.decoding import Completions, RolloutConfig
 
 
 @dataclass
@@ -22,7 +22,7 @@ class PendingSample:
         generation_seconds: wall time of the request itself (seconds; set once it is answered).
         wait_seconds: wall time :meth:`RolloutEngine.collect` blocked waiting for it (seconds).
         future: the request in flight (``None`` once answered synchronously).
-        finish: turns the server's answer into :class:`~grasp_lightning.decoding.Completions`.
+        finish: turns the server's answer into :class:`~grasp_lightning.engines.decoding.Completions`.
         completions: the answer, once collected.
     """
 
@@ -66,7 +66,7 @@ class RolloutEngine:
                 the weights updates it first when its copy is older.
 
         Returns:
-            :class:`~grasp_lightning.decoding.Completions` with ``N = B * K`` rows.
+            :class:`~grasp_lightning.engines.decoding.Completions` with ``N = B * K`` rows.
         """
         raise NotImplementedError
 
@@ -88,7 +88,7 @@ class RolloutEngine:
                 weights updates it first when its copy is another.
 
         Returns:
-            :class:`~grasp_lightning.decoding.Completions` with ``B`` rows.
+            :class:`~grasp_lightning.engines.decoding.Completions` with ``B`` rows.
         """
         raise NotImplementedError
 

@@ -3,12 +3,12 @@ the default and the reference the vLLM engine is checked against)."""
 
 from __future__ import annotations
 
-from grasp_lightning.decoding import Completions, sample_completions
 from grasp_lightning.engines.base import RolloutEngine
+from grasp_lightning.engines.decoding import Completions, sample_completions
 
 
 class HFEngine(RolloutEngine):
-    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.decoding.sample_completions`),
+    """transformers' ``generate`` on the policy itself (:func:`grasp_lightning.engines.decoding.sample_completions`),
     eager or with ``model.rollout.compile_decode``'s static cache and compiled decode step; nothing to sync,
     nothing to close."""
 

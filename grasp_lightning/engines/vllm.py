@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from grasp_lightning.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.engines.base import PendingSample, RolloutEngine
+from grasp_lightning.engines.decoding import Completions, RolloutConfig, eos_ids, finish_completions, vision_token_ids
 from grasp_lightning.engines.vllm_config import VLLMConfig
 from grasp_lightning.engines.weight_sync import Entry, SyncFolder
 from grasp_lightning.errors import GraspConfigError, GraspError
@@ -117,7 +117,7 @@ def video_embeddings(policy, pixel_values_videos: torch.Tensor, video_grid_thw: 
         ``V`` tensors ``(N_i / merge², hidden * (1 + len(deepstack)))``: main features, then each
         DeepStack level's (transformers ``get_video_features``; vLLM ``Qwen3_VisionTransformer``).
     """
-    from grasp_lightning.shared_prompt import vl_core
+    from grasp_lightning.grpo.scoring import vl_core
 
     core = vl_core(policy)
     return _per_item(core, core.get_video_features(pixel_values_videos, video_grid_thw, return_dict=True),
@@ -136,7 +136,7 @@ def image_embeddings(policy, pixel_values: torch.Tensor, image_grid_thw: torch.T
         ``I`` tensors ``(N_i / merge², hidden * (1 + len(deepstack)))``, laid out as :func:`video_embeddings`
         (transformers ``get_image_features``; vLLM ``Qwen3_VisionTransformer``).
     """
-    from grasp_lightning.shared_prompt import vl_core
+    from grasp_lightning.grpo.scoring import vl_core
 
     core = vl_core(policy)
     return _per_item(core, core.get_image_features(pixel_values, image_grid_thw, return_dict=True), image_grid_thw)
@@ -529,7 +529,7 @@ class VLLMEngine(RolloutEngine):
         """The server's prompt entries for a left-padded batch, and each row's own (unpadded) prompt ids.
 
         A row may carry one video, one image, or one of each (generic QA rows; mixed batches too): the grids
-        are matched to the rows as the model matches them (:func:`grasp_lightning.shared_prompt.grids_per_row`),
+        are matched to the rows as the model matches them (:func:`grasp_lightning.grpo.scoring.grids_per_row`),
         each image's run of ``<|image_pad|>`` is folded back to one (:func:`fold_image_prompt`) and its
         embeddings sent as vLLM's Qwen3-VL ``image_embeds``. The batch's embeddings are written to one file
         of the run's folder (``embeddings_file``), which :meth:`sample` removes once the server has answered.
@@ -538,7 +538,7 @@ class VLLMEngine(RolloutEngine):
             EngineError: a prompt with neither a clip nor an image, or more than one of either (vLLM is
                 started with at most one of each per prompt), naming the row.
         """
-        from grasp_lightning.shared_prompt import grids_per_row
+        from grasp_lightning.grpo.scoring import grids_per_row
 
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
         videos, images = grids_per_row(prompt, "video_grid_thw"), grids_per_row(prompt, "image_grid_thw")

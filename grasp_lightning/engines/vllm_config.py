@@ -1,5 +1,5 @@
 """Settings of the vLLM rollout engine (``model.rollout.vllm``); no heavy imports, read by
-:class:`grasp_lightning.decoding.RolloutConfig`."""
+:class:`grasp_lightning.engines.decoding.RolloutConfig`."""
 
 from __future__ import annotations
 

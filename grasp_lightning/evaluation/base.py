@@ -111,7 +111,7 @@ class SuiteReport:
         top_level: ``section``'s keys go to the top level of ``results.json`` (GRASP-Bench, so readers
             of GRASP-only results see no change) instead of under ``"suites": {name: ...}``.
         files: file name -> text, written into every report folder (``bench/step_<N>/``, ``bench/latest/``).
-        texts: logger tag -> Markdown text (every logger's, :func:`grasp_lightning.loggers.log_text`).
+        texts: logger tag -> Markdown text (every logger's, :func:`grasp_lightning.monitoring.loggers.log_text`).
         printout: what ``validate``/``test`` print to stdout for this suite.
     """
 

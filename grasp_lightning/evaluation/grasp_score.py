@@ -20,13 +20,13 @@ Definitions (the contract of :meth:`BenchAccuracy.compute`):
   naming at least one person / eligible items) instead.
 - ``grounding/enumeration_rate``: among the naming eligible items (those in ``grounding/n``) whose
   shown people are known, the share that *enumerate*: the named set covers every person the item
-  shows, and it shows at least two (:func:`grasp_lightning.rewards.enumerates`). The people an item
+  shows, and it shows at least two (:func:`grasp_lightning.grpo.rewards.enumerates`). The people an item
   shows are those named in its question and options plus its ground-truth participants
   (:func:`grasp_lightning.data.formats.persons_shown`). It counts directly the failure that the
   SGR's precision penalises ("enumerating every visible person lowers P").
 - ``grounding/temporal_iou``: the mean, over the items with at least one ground-truth event span
   (``start_seconds``/``end_seconds``), of the ``temporal_grounding`` score of the completion
-  (:func:`grasp_lightning.rewards.temporal_grounding`; 0 when it names no span). The project's own
+  (:func:`grasp_lightning.grpo.rewards.temporal_grounding`; 0 when it names no span). The project's own
   metric: the paper names temporal alignment as future work.
 - A value with nothing to average over (a category, difficulty or group without items, precision
   without any naming item) is ``NaN``; the key set of :meth:`BenchAccuracy.compute` is always the
@@ -52,7 +52,7 @@ from grasp_lightning.data.records import (
     normalise_category,
 )
 from grasp_lightning.errors import GraspDataError
-from grasp_lightning.rewards import enumerates, temporal_grounding
+from grasp_lightning.grpo.rewards import enumerates, temporal_grounding
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 _DIFF_INDEX = {d: i for i, d in enumerate(DIFFICULTIES)}

@@ -97,10 +97,10 @@ GIB = 2**30
 SFT_LOGIT_BYTES = 10
 #: The same for GRPO scoring of completion positions: bf16 logits (2) + the float32 rows that
 #: ``logsumexp`` keeps for backward (4); the no-grad entropy works one row at a time
-#: (``grasp_lightning/shared_prompt.py: logps_and_entropy``).
+#: (``grasp_lightning/grpo/scoring.py: logps_and_entropy``).
 GRPO_LOGIT_BYTES = 6
 #: Bytes per position and vocabulary entry of one chunk of chunked GRPO scoring
-#: (``grasp_lightning/chunked_logps.py``), at its peak in the backward's recompute: the bf16 logits (2),
+#: (``grasp_lightning/grpo/logprobs.py``), at its peak in the backward's recompute: the bf16 logits (2),
 #: their float32 scaled copy (4), the float32 softmax of the gradient (4) and the bf16 gradient of the
 #: logits (2). Only one chunk exists at a time; the hidden states it starts from are the final norm's
 #: output, already among the activations.
@@ -365,7 +365,7 @@ def _rollout(spec: RunSpec, text, prompt: int, completion: int, sequences: int, 
 
     Without ``shares_prompt`` the ``B x K`` rows are prefilled together; with it the ``B`` prompts
     are prefilled once and the cache is repeated K times (``cache.batch_repeat_interleave(K)``;
-    ``shared_prompt.expand_cache`` for the linear-attention states; both copies live for a moment),
+    ``scoring.expand_cache`` for the linear-attention states; both copies live for a moment),
     so the cache itself is as large either way.
     """
     if not spec.samples_rollouts:

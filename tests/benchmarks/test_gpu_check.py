@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from grasp_lightning.tasks.grpo_config import ComputeConfig
+from grasp_lightning.grpo.config import ComputeConfig
 from tests.helpers import REPO
 
 
@@ -113,7 +113,7 @@ def test_split_arms_set_only_the_three_changes(tmp_path) -> None:
     the keys are real ``GRPOTask`` compute (``ComputeConfig``) and ``RolloutConfig`` arguments."""
     import inspect
 
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
 
     task_args, rollout_args = set(inspect.signature(ComputeConfig).parameters), set(inspect.signature(RolloutConfig).parameters)
     on = {"vision_once": ("compute", "encode_vision_once", True), "chunked_logps": ("compute", "logprob_chunk_size", 256),

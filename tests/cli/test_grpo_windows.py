@@ -17,15 +17,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grasp_lightning import grpo_math
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig
 from grasp_lightning.data.windows import Window
-from grasp_lightning.decoding import Completions, RolloutConfig
+from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.grpo import objective
+from grasp_lightning.grpo.config import AdvantageConfig, BatchingConfig, LossConfig, RewardConfig
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
-from grasp_lightning.tasks.grpo_config import AdvantageConfig, BatchingConfig, LossConfig, RewardConfig
 from tests.helpers import REPO, free_port, run_cli, scalars, spawn_two_ranks
 
 
@@ -349,7 +349,7 @@ class _TruncationTask(GRPOTask):
         mask = torch.ones(n, 3, dtype=torch.bool)
         comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
-                       old_logp=None, ref_logp=None, zero_variance=grpo_math.zero_variance_groups(r, 2),
+                       old_logp=None, ref_logp=None, zero_variance=objective.zero_variance_groups(r, 2),
                        indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from grasp_lightning.data.records import ClipRef, GraspItem
-from grasp_lightning.rewards import compute_rewards
+from grasp_lightning.grpo.rewards import compute_rewards
 from tests.helpers import REPO, blocks, command, run_cli, scalars, section
 
 OWN_TASK = "docs/own-task.md"

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from grasp_lightning.commands.config import config_args, load_run
-from grasp_lightning.rewards import compute_rewards
+from grasp_lightning.grpo.rewards import compute_rewards
 
 SGR = ["configs/sgr.yaml", "configs/released/sgr.yaml"]
 AS_RUN = [*SGR, "configs/released/sgr_as_run.yaml"]

@@ -281,7 +281,7 @@ def test_lora_grpo_adapts_every_decoder_layer_and_trains_only_the_adapters(sft_e
     from transformers import AutoModelForImageTextToText
 
     from grasp_lightning.__main__ import main as dispatch
-    from grasp_lightning.shared_prompt import layer_types
+    from grasp_lightning.grpo.scoring import layer_types
 
     cli = run_cli([*one_sgr_step_args("sgr", "lora", "demo"), f"--model.policy.name_or_path={sft_export}",
                    "--trainer.callbacks+=tests.helpers.WeightRecorder"], tmp_path)

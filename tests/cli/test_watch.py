@@ -1,4 +1,4 @@
-"""A run one can watch (callbacks/watch.py, grasp_lightning/curves.py, ``plot``): a GRPO-SGR demo ``fit`` in
+"""A run one can watch (callbacks/watch.py, grasp_lightning/monitoring/curves.py, ``plot``): a GRPO-SGR demo ``fit`` in
 a real process, its console captured in a file, shows one line per logged step with the logged
 reward, KL, length and step time; its run folder holds ``curves.jsonl`` and ``curves.png``; ``plot``
 draws two run folders into one figure and refuses a missing or empty folder with one line."""
@@ -88,7 +88,7 @@ def test_the_run_folder_keeps_the_logged_history_and_draws_it(demo_run) -> None:
 
 def test_plot_compares_two_run_folders_in_one_figure(demo_run, tmp_path, capsys) -> None:
     from grasp_lightning.commands.plot import main, plot
-    from grasp_lightning.curves import read_history, series
+    from grasp_lightning.monitoring.curves import read_history, series
 
     folder, _ = demo_run
     other = tmp_path / "grpo"

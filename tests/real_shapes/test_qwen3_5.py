@@ -17,7 +17,7 @@ forward (measured: 106 s against 2.8 s for (128 x 12288) @ (12288 x 4096)), and 
 4-layer stand-in over 48 tokens did not finish in 7 minutes. So the test takes one SGR training step of
 the recipe (rollout through the group-shared prefill, rewards, advantages, reference and policy
 log-probs on the shared path, the clipped loss with the KL) under ``torch.no_grad``; that the shared
-path's gradients equal the naive ones is tested on the tiny Qwen3.5 (``tests/unit/test_shared_prompt.py``).
+path's gradients equal the naive ones is tested on the tiny Qwen3.5 (``tests/unit/grpo/test_scoring.py``).
 
 Run alone: ``python -m pytest -q tests/real_shapes/test_qwen3_5.py``.
 """

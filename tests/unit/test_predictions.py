@@ -12,7 +12,7 @@ import pytest
 
 from grasp_lightning.data.datamodule_config import VideoConfig
 from grasp_lightning.datamodule import GraspDataModule
-from grasp_lightning.decoding import RolloutConfig
+from grasp_lightning.engines.decoding import RolloutConfig
 from grasp_lightning.module import EvalConfig, GraspModule
 from grasp_lightning.policy import LoraConfig, PolicyConfig
 from grasp_lightning.predictions import NOT_IN_SETUP_KEY, not_in_key, setup_settings

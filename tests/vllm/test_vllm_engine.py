@@ -86,8 +86,8 @@ def engine(vllm_python, tiny32):
 def _sampling_logp(model, prompt, completions, tokenizer):
     """The trainer's log-probs of the sampled tokens under the distribution that was sampled from: our
     scoring (temperature 1) with the vision placeholders removed, as both engines suppress them."""
-    from grasp_lightning.decoding import vision_token_ids
-    from grasp_lightning.shared_prompt import full_sequences
+    from grasp_lightning.engines.decoding import vision_token_ids
+    from grasp_lightning.grpo.scoring import full_sequences
 
     with torch.no_grad():
         logits = model(**full_sequences(prompt, completions.ids, completions.mask, K)).logits
@@ -97,7 +97,7 @@ def _sampling_logp(model, prompt, completions, tokenizer):
 
 
 def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag, tol=1e-4):
-    from grasp_lightning.decoding import sample_completions
+    from grasp_lightning.engines.decoding import sample_completions
 
     greedy = engine.sample(model, tokenizer, prompt, cfg, greedy=True, policy_version=engine.version)
     ours = sample_completions(model, tokenizer, prompt, num_return_sequences=1, max_new_tokens=cfg.max_new_tokens,
@@ -115,7 +115,7 @@ def _check_against_ours(engine, model, prompt, tokenizer, cfg, tag, tol=1e-4):
 
 
 def test_vllm_matches_our_sampler_before_and_after_two_weight_updates(engine, tiny32, prompts):
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
 
     prompt, tokenizer = prompts
     model = load_tiny_policy(tiny32)
@@ -136,7 +136,7 @@ def test_vllm_matches_our_sampler_before_and_after_two_weight_updates(engine, ti
 def test_vllm_after_a_lora_update_matches_the_peft_policy_and_leaves_it_unmerged(engine, tiny32, prompts):
     from peft import LoraConfig, get_peft_model
 
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
 
     prompt, tokenizer = prompts
     model = get_peft_model(load_tiny_policy(tiny32), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
@@ -158,7 +158,7 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
     greedy tokens identical to ``generate`` on the same batch, and sampled-token log-probs within 1e-4 of our
     scoring, every row."""
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from tests.helpers import make_qa_dataset
 
     folder = tmp_path_factory.mktemp("qa")
@@ -216,7 +216,7 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     from transformers import AutoModelForImageTextToText
 
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.vllm import VLLMEngine
 
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
@@ -250,7 +250,7 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
 
 def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32, prompts):
     """Runs last against the module's server: a request that outlives ``request_timeout_s``."""
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.vllm import EngineError
 
     prompt, tokenizer = prompts
@@ -265,7 +265,7 @@ def test_vllm_request_timeout_stops_the_server_with_a_clear_error(engine, tiny32
 
 
 def test_vllm_engine_bad_settings_and_a_server_that_cannot_start(vllm_python, tmp_path):
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.vllm import EngineError, VLLMEngine
     from grasp_lightning.errors import GraspConfigError
 

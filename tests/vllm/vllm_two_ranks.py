@@ -28,7 +28,7 @@ from tests.helpers import SAMPLE, K, load_tiny_policy, perturb_weights, vllm_cfg
 def main(model: str, out: str, sync_dir: str) -> None:
     """Run the check on this rank (see the module docstring)."""
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.decoding import RolloutConfig, sample_completions
+    from grasp_lightning.engines.decoding import RolloutConfig, sample_completions
     from grasp_lightning.engines.vllm import VLLMEngine
 
     dist.init_process_group("gloo")

@@ -18,9 +18,9 @@ import torch
 
 from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.qa import read_qa
-from grasp_lightning.decoding import sample_completions
+from grasp_lightning.engines.decoding import sample_completions
 from grasp_lightning.errors import ClipDecodeError, ClipNotFoundError, GraspFormatError
-from grasp_lightning.shared_prompt import (
+from grasp_lightning.grpo.scoring import (
     completion_logps,
     concat_prompts,
     full_sequences,
@@ -121,7 +121,7 @@ def test_bad_rows_name_file_and_line(qa_dir, tmp_path, row, error, message):
 def test_events_spans_and_extra_columns_reach_every_grounding_reward(qa_dir, tmp_path):
     """A generic QA row's ``events`` (with time spans) feed the by-modality, released-code and temporal
     rewards, and its unknown columns reach a reward of one's own as ``item.extra``; values by hand."""
-    from grasp_lightning.rewards import compute_rewards
+    from grasp_lightning.grpo.rewards import compute_rewards
 
     (tmp_path / "media").symlink_to(qa_dir / "media")
     row = qa_row(image=None, video="media/clip.mp4", participants=[5], difficulty_score=0.7, notes={"rater": 2},
@@ -349,7 +349,7 @@ def test_vllm_engine_requests_carry_each_rows_image_and_clip_and_refuse_a_row_wi
 
     from grasp_lightning.engines.vllm import EngineError, VLLMEngine
     from grasp_lightning.engines.vllm_config import VLLMConfig
-    from grasp_lightning.shared_prompt import select_prompts, vl_core
+    from grasp_lightning.grpo.scoring import select_prompts, vl_core
 
     batch, dm = _batch(qa_dir, "rl")
     tok = dm.processor.tokenizer

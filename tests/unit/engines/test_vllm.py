@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from grasp_lightning.tasks.grpo_config import LossConfig
+from grasp_lightning.grpo.config import LossConfig
 from tests.helpers import TINY
 
 VIDEO = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
@@ -81,7 +81,7 @@ def test_language_model_state_merges_lora_into_a_copy_and_leaves_out_the_vision_
 
 
 def test_truncated_importance_weights_scale_the_clipped_term_before_the_kl():
-    from grasp_lightning.grpo_math import grpo_loss, k3_kl
+    from grasp_lightning.grpo.objective import grpo_loss, k3_kl
 
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(4, 5, generator=g) - 2
@@ -115,8 +115,8 @@ def test_sampler_gap_metrics_and_the_capped_weights():
 
 
 def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
-    from grasp_lightning.decoding import RolloutConfig
     from grasp_lightning.engines import engine_of, make_engine
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
@@ -266,7 +266,7 @@ def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predic
     """``model.evaluation.engine``: ``None`` takes ``model.rollout.engine``'s; the vLLM one is synced to the
     evaluated weights outside ``fit`` (version -2, never 0, the model directory's); ``predict``'s setup key
     is unchanged for ``generate`` and differs for vLLM."""
-    from grasp_lightning.decoding import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm import VLLMEngine
     from grasp_lightning.errors import GraspConfigError

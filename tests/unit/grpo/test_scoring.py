@@ -1,4 +1,4 @@
-"""Group-shared rollouts and scoring (grasp_lightning/shared_prompt.py) against the naive repeated rows.
+"""Group-shared rollouts and scoring (grasp_lightning/grpo/scoring.py) against the naive repeated rows.
 
 Sampling from one prefill expanded K times must give plain ``generate``'s tokens and per-step
 logits; scoring the K completions against one prompt forward must give the naive per-row
@@ -23,9 +23,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grasp_lightning.decoding import sample_completions
+from grasp_lightning.engines.decoding import sample_completions
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.shared_prompt import (
+from grasp_lightning.grpo.scoring import (
     completion_logps,
     full_sequences,
     prefill_for_generation,
@@ -257,7 +257,7 @@ def test_hybrid_cache_expansion_repeats_every_layer_state(prompts, family):
     """After the shared prefill each layer's state has ``B*K`` rows, row ``b*K + j`` equal to prompt ``b``'s."""
     from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
 
-    from grasp_lightning.shared_prompt import _prompt_forward, expand_cache, layer_types
+    from grasp_lightning.grpo.scoring import _prompt_forward, expand_cache, layer_types
 
     inputs, _ = prompts
     model = load_model(family)
@@ -285,7 +285,7 @@ def test_hybrid_linear_states_are_what_the_completions_continue_from(state, monk
     """Negative control on Qwen3.5 (Qwen3-VL has no linear attention): zeroing the prompt's convolution
     window or recurrent state in the read-mode cache moves the completions' log-probs by four orders of
     magnitude more than the tolerance."""
-    from grasp_lightning import shared_prompt
+    from grasp_lightning.grpo import scoring
 
     family = "qwen3_5"
     dm = sample_rl_datamodule(TINY_MODELS[family])
@@ -295,8 +295,8 @@ def test_hybrid_linear_states_are_what_the_completions_continue_from(state, monk
     with torch.no_grad():
         right, _ = shared_completion_logps(model, inputs, ids, mask, K, temperature=1.0)
         getter = {"conv": "conv_window", "recurrent": "recurrent"}[state]
-        original = getattr(shared_prompt._PrefixLinearLayer, getter)
-        monkeypatch.setattr(shared_prompt._PrefixLinearLayer, getter, lambda self: torch.zeros_like(original(self)))
+        original = getattr(scoring._PrefixLinearLayer, getter)
+        monkeypatch.setattr(scoring._PrefixLinearLayer, getter, lambda self: torch.zeros_like(original(self)))
         wrong, _ = shared_completion_logps(model, inputs, ids, mask, K, temperature=1.0)
     gap = (wrong - right)[mask].abs().max().item()
     assert gap > 0.1, gap  # measured: 1.78 (conv window), 1.71 (recurrent state); the tolerance is 2e-5

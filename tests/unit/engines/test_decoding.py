@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grasp_lightning.decoding import (
+from grasp_lightning.engines.decoding import (
     completion_ends,
     completion_mask,
     prompt_opens_think,

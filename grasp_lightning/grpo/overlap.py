@@ -33,8 +33,8 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import engine_of
 from grasp_lightning.engines.base import PendingSample
 from grasp_lightning.errors import GraspConfigError, GraspError
+from grasp_lightning.grpo.vision import reuse_vision
 from grasp_lightning.step_metrics import Max, Mean, RankMean
-from grasp_lightning.vision_features import reuse_vision
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ graphs). Only the decode steps are compiled; the prefill (vision tower included)
 
 The group-shared prefill is kept: each prompt is forwarded once into a static cache of ``B`` rows,
 whose buffers are then repeated to ``B*K`` rows (:func:`expand_static_cache`), as
-:func:`grasp_lightning.shared_prompt.prefill_for_generation` does with a ``DynamicCache``. Qwen3.5's
+:func:`grasp_lightning.grpo.scoring.prefill_for_generation` does with a ``DynamicCache``. Qwen3.5's
 hybrid cache is supported: transformers' ``StaticCache`` gives its Gated DeltaNet layers a
 ``LinearAttentionLayer`` (convolution window and recurrent state, fixed shape) and its full-attention
 layers a ``StaticLayer``. A model whose static cache is not compileable is refused by name
@@ -24,7 +24,7 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
 from transformers.generation import CompileConfig
 
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.shared_prompt import TEXT_KEYS, VISION_KEYS, _rope_deltas, repeat_linear_states, vl_core
+from grasp_lightning.grpo.scoring import TEXT_KEYS, VISION_KEYS, _rope_deltas, repeat_linear_states, vl_core
 
 KEY = "model.rollout.compile_decode"
 
@@ -65,7 +65,7 @@ def expand_static_cache(cache: StaticCache, k: int) -> None:
 
     Static key/value buffers are re-assigned repeated and re-marked as static addresses (their data
     pointers must stay fixed for CUDA graphs); linear-attention convolution and recurrent states are
-    repeated as in :func:`grasp_lightning.shared_prompt.expand_cache`. The fill level
+    repeated as in :func:`grasp_lightning.grpo.scoring.expand_cache`. The fill level
     (``cumulative_length``) is shared by all rows and unchanged.
     """
     for layer in cache.layers:
@@ -84,13 +84,13 @@ def prefill_static(model, prompt: dict[str, torch.Tensor], k: int,
                    max_new_tokens: int) -> tuple[dict[str, torch.Tensor], StaticCache]:
     """Prefill the ``B`` prompts once into a static cache and expand it to ``B*K`` rows for ``generate(cache=...)``.
 
-    The static counterpart of :func:`grasp_lightning.shared_prompt.prefill_for_generation`: the last
+    The static counterpart of :func:`grasp_lightning.grpo.scoring.prefill_for_generation`: the last
     prompt token is left out of the prefill (``generate``'s first step forwards it), the model's
     ``rope_deltas`` are set to the repeated ``(B*K, 1)`` offsets, and the cache holds
     ``Lp - 1 + max_new_tokens + 1`` positions (room for every decode step).
 
     Args:
-        model: a Qwen-VL-style generation model (see :func:`grasp_lightning.shared_prompt.sharing_unsupported_reason`).
+        model: a Qwen-VL-style generation model (see :func:`grasp_lightning.grpo.scoring.sharing_unsupported_reason`).
         prompt: left-padded prompt inputs of ``B`` prompts (``input_ids`` ``(B, Lp)``) with their vision inputs.
         k: group size K.
         max_new_tokens: the completion budget in tokens.

@@ -2,7 +2,7 @@
 
 Pure functions, mirroring TRL 1.16's ``GRPOTrainer`` (``trl/trainer/grpo_trainer.py``:
 ``_generate_and_score_completions`` for advantages, ``_compute_loss`` for the loss) so results can be
-checked side by side (``tests/unit/test_grpo_math.py``), plus the released GRASP variant of the
+checked side by side (``tests/unit/grpo/test_objective.py``), plus the released GRASP variant of the
 advantage (each reward term centred within its group, then weighted).
 
 Layout: ``N = G * K`` rows, where the ``K`` rollouts of one prompt are consecutive rows, and ``L``

@@ -21,11 +21,11 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.decoding import Completions
+from grasp_lightning.engines.decoding import Completions
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.grpo.rollouts import even_split
 from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
-from grasp_lightning.tasks.grpo_rollouts import even_split
 from tests.helpers import SAMPLE, TINY
 
 K = 3
@@ -407,7 +407,7 @@ class _IndexTask(grpo_task.GRPOTask):
                            prompt_opened_think=[False] * n)
         return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
                                  terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
-                                 zero_variance=grpo_task.grpo_math.zero_variance_groups(rewards, 2),
+                                 zero_variance=grpo_task.objective.zero_variance_groups(rewards, 2),
                                  indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
                                  items=list(batch.items))
 
@@ -704,7 +704,7 @@ def test_overlap_samples_the_next_window_during_the_step_one_step_stale(world, m
     resumed.load_state_dict(state)
     module.policy_version = 3
     versions.clear()
-    with _caplog_of("tasks.grpo_overlap") as records:
+    with _caplog_of("grpo.overlap") as records:
         sampled = resumed.prepare(module, nxt)
     assert versions[0] == 3 and float(sampled["rollout/staleness"]) == 0.0  # sampled again, with the restored weights
     assert any("sampling it again now" in r.getMessage() for r in records)
@@ -733,7 +733,7 @@ def _caplog_of(suffix: str):
 
 
 def test_take_completion_keeps_one_row_per_group_with_the_group_advantage() -> None:
-    from grasp_lightning.tasks.grpo_rollouts import Rollout, take_completion
+    from grasp_lightning.grpo.rollouts import Rollout, take_completion
 
     k, groups = 4, 2
     ids = torch.arange(groups * k * 3).reshape(groups * k, 3)
@@ -757,7 +757,7 @@ def test_take_completion_keeps_one_row_per_group_with_the_group_advantage() -> N
 @pytest.mark.parametrize("key, value", [("loss", {"num_iterations": 2}), ("loss", {"type": "dapo"}),
                                         ("batching", {"dynamic_sampling": "refill"})])
 def test_the_rollout_micro_batch_refuses_what_does_not_apply(key, value) -> None:
-    from grasp_lightning.tasks.grpo_config import BatchingConfig, LossConfig
+    from grasp_lightning.grpo.config import BatchingConfig, LossConfig
 
     groups = {"loss": LossConfig(**(value if key == "loss" else {})),
               "batching": BatchingConfig(micro_batch="rollout", **(value if key == "batching" else {}))}

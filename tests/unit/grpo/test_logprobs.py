@@ -1,4 +1,4 @@
-"""Chunked log-probs (grasp_lightning/chunked_logps.py) against the full-logits path.
+"""Chunked log-probs (grasp_lightning/grpo/logprobs.py) against the full-logits path.
 
 The LM head over chunks of completion tokens, recomputed in the backward, must give the log-probs,
 entropies and gradients of ``logps_and_entropy`` on the full ``(N, Lc, V)`` logits (float32: the
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grasp_lightning import grpo_math
-from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits, output_head
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.shared_prompt import logps_and_entropy, score_completions
+from grasp_lightning.grpo import objective
+from grasp_lightning.grpo.logprobs import chunked_logps_and_entropy, hidden_states_as_logits, output_head
+from grasp_lightning.grpo.scoring import logps_and_entropy, score_completions
 from tests.helpers import K, assert_grad_close, load_model, random_completions
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -121,7 +121,7 @@ def test_chunked_scoring_through_lora_and_the_grpo_loss(prompts, family):  # noq
     def run(chunk):
         model.zero_grad(set_to_none=True)
         logp, entropy = score_completions(model, inputs, ids, mask, K, 1.0, True, chunk_size=chunk)
-        loss, _ = grpo_math.grpo_loss(logp, old, ref, advantages, mask, epsilon=0.2, epsilon_high=None, beta=0.05,
+        loss, _ = objective.grpo_loss(logp, old, ref, advantages, mask, epsilon=0.2, epsilon_high=None, beta=0.05,
                                  loss_type="grpo", max_completion_length=ids.shape[1])
         loss.backward()
         return loss.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

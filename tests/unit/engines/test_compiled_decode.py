@@ -1,9 +1,9 @@
-"""The compiled decode (grasp_lightning/compiled_decode.py, ``model.rollout.compile_decode``) against eager decoding.
+"""The compiled decode (grasp_lightning/engines/compiled_decode.py, ``model.rollout.compile_decode``) against eager decoding.
 
 On both tiny families (Qwen3-VL; the hybrid Qwen3.5, whose Gated DeltaNet layers get transformers'
 static ``LinearAttentionLayer``), greedy decoding through a static cache and a compiled decode step
 must give eager decoding's tokens, and per-step log-probs within the shared-prefill tolerances of
-``tests/unit/test_shared_prompt.py``. The compile backend is a counting wrapper of ``aot_eager`` (the
+``tests/unit/grpo/test_scoring.py``. The compile backend is a counting wrapper of ``aot_eager`` (the
 FX graph traced by dynamo, run through AOTAutograd without code generation), so the test proves the
 decode step went through ``torch.compile`` without inductor's C++ build time on a CPU.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grasp_lightning.compiled_decode import prefill_static, static_cache_for
-from grasp_lightning.decoding import RolloutConfig, sample_completions
+from grasp_lightning.engines.compiled_decode import prefill_static, static_cache_for
+from grasp_lightning.engines.decoding import RolloutConfig, sample_completions
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.shared_prompt import prefill_for_generation, repeat_prompts, vl_core
+from grasp_lightning.grpo.scoring import prefill_for_generation, repeat_prompts, vl_core
 from tests.helpers import LOGIT_TOLS, K, generate_with_logits, load_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -77,7 +77,7 @@ def test_static_shared_prefill_decodes_the_eager_tokens_and_logps(prompts, famil
     assert static.layers[-1].max_cache_len == length + 10 + 1 and static.is_compileable
     assert vl_core(model).rope_deltas.shape == (2 * K, 1)
     backend = CountingBackend()
-    from grasp_lightning.compiled_decode import decode_compile_config
+    from grasp_lightning.engines.compiled_decode import decode_compile_config
 
     compiled = generate_with_logits(model, tok, text, cache=static, compile_config=decode_compile_config(backend), **_greedy())
     assert backend.graphs >= 1  # the decode step went through torch.compile

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grasp_lightning import grpo_math
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
+from grasp_lightning.grpo import objective
 
 #: The prefix of every key below, as a config or the command line spells it.
 KEY = "model.task.init_args."
@@ -29,9 +29,9 @@ class RewardConfig:
     budget's end, ``model.rollout.max_new_tokens``), off unless a buffer is set.
 
     Attributes:
-        terms: reward terms: names in grasp_lightning.rewards.REWARDS, import paths of a reward function of one's own
+        terms: reward terms: names in grasp_lightning.grpo.rewards.REWARDS, import paths of a reward function of one's own
             (``my_pkg.rewards:length_bonus``, ``my_pkg.rewards.length_bonus`` or ``path/to/file.py:length_bonus``;
-            signatures in grasp_lightning.rewards) or, from Python, the functions themselves. Metrics name a term by
+            signatures in grasp_lightning.grpo.rewards) or, from Python, the functions themselves. Metrics name a term by
             its label: the registry name, or the function's name (``train/rewards/length_bonus/mean``).
         weights: one weight per term (SGR recipe: 1.0, 0.1, 0.05, 0.2); null: 1.0 each.
         overlong_buffer: the overlong penalty's ramp over the last this-many tokens of the budget (released recipe:
@@ -99,7 +99,7 @@ class LossConfig:
     """The clipped-ratio objective with a k3 KL to the reference model (DeepSeekMath GRPO; TRL ``grpo_loss``).
 
     Attributes:
-        type: grpo, bnpo, dapo or dr_grpo (TRL's loss_type; grasp_lightning.grpo_math.grpo_loss); dapo divides by the loss
+        type: grpo, bnpo, dapo or dr_grpo (TRL's loss_type; grasp_lightning.objective.grpo_loss); dapo divides by the loss
             tokens of the whole accumulation window over all ranks.
         epsilon: lower clip range of the ratio.
         epsilon_high: upper clip range; null: the same as epsilon.
@@ -130,7 +130,7 @@ class LossConfig:
         k = KEY + "loss."
         require(self.kl_clamp is None or (is_number(self.kl_clamp) and self.kl_clamp > 0), k + "kl_clamp",
                 "a number > 0 or null", self.kl_clamp)
-        require(self.type in grpo_math.LOSS_TYPES, k + "type", f"one of {grpo_math.LOSS_TYPES}", self.type)
+        require(self.type in objective.LOSS_TYPES, k + "type", f"one of {objective.LOSS_TYPES}", self.type)
         require(is_count(self.num_iterations), k + "num_iterations", ">= 1", self.num_iterations)
         require(self.importance_sampling_cap is None or (is_number(self.importance_sampling_cap)
                                                          and self.importance_sampling_cap >= 1.0),
@@ -197,13 +197,13 @@ class ComputeConfig:
 
     Attributes:
         share_prompt: encode each group's clip and prefill its prompt once for sampling and for the policy, old-policy
-            and reference scoring (grasp_lightning.shared_prompt); false: every prompt K times as separate rows, like
+            and reference scoring (grasp_lightning.grpo.scoring); false: every prompt K times as separate rows, like
             TRL. Models or prompts where sharing is not exact fall back to the rows with a warning.
         encode_vision_once: with a frozen vision tower (model.policy.freeze_vision), encode each rollout batch's clips
             once, at sampling, and reuse the outputs in every later forward of that batch
-            (grasp_lightning.vision_features); false: every forward runs the tower.
+            (grasp_lightning.grpo.vision); false: every forward runs the tower.
         logprob_chunk_size: completion tokens per chunk of the LM head and log-softmax in every scoring forward, so
-            no (B*K, Lc, V) logits exist (grasp_lightning.chunked_logps); null: the full logits.
+            no (B*K, Lc, V) logits exist (grasp_lightning.grpo.logprobs); null: the full logits.
     """
 
     share_prompt: bool = True

@@ -1,4 +1,4 @@
-"""The frozen vision tower once per rollout batch (grasp_lightning/vision_features.py).
+"""The frozen vision tower once per rollout batch (grasp_lightning/grpo/vision.py).
 
 Scoring with the kept vision features must give the log-probs, entropies and gradients of scoring
 that runs the tower (group-shared and naive rows, with and without gradient checkpointing, both
@@ -15,10 +15,10 @@ import logging
 import pytest
 import torch
 
-from grasp_lightning import vision_features
-from grasp_lightning.shared_prompt import score_completions, select_prompts
-from grasp_lightning.tasks.grpo_rollouts import rollout_from_state, rollout_state, take_groups
-from grasp_lightning.vision_features import VisionFeatures, VisionForwardCounter, fingerprint, reuse_vision
+from grasp_lightning.grpo import vision as vision_features
+from grasp_lightning.grpo.rollouts import rollout_from_state, rollout_state, take_groups
+from grasp_lightning.grpo.scoring import score_completions, select_prompts
+from grasp_lightning.grpo.vision import VisionFeatures, VisionForwardCounter, fingerprint, reuse_vision
 from tests.helpers import (
     LOGP_TOLS,
     TINY_MODELS,
@@ -90,7 +90,7 @@ def test_trained_tower_and_other_reference_tower_keep_todays_path(prompts, famil
     inputs, tok = prompts
     model = load_model(family, noise=0.1)
     vision_features._WARNED.clear()  # a tower id of an earlier test may be reused
-    with caplog.at_level(logging.WARNING, logger="grasp_lightning.vision_features"):
+    with caplog.at_level(logging.WARNING, logger="grasp_lightning.grpo.vision"):
         assert VisionFeatures.for_model(model) is None  # every parameter trains
     assert "the vision tower trains" in caplog.text and "visual." in caplog.text
     model.model.visual.requires_grad_(False)
@@ -153,7 +153,7 @@ def test_grpo_step_encodes_each_clip_once_with_the_same_loss(family, num_iterati
     # empty store (GRPOTask._attach), its first forward encodes each clip once, and it scores like the tower
     state = torch.load(_roundtrip(rollout_state(ro)), weights_only=True)
     assert "vision" not in state and rollout_from_state(state).vision is None
-    from grasp_lightning.shared_prompt import score_completions as score
+    from grasp_lightning.grpo.scoring import score_completions as score
 
     model = load_model(family, noise=0.0)  # the tiny checkpoint's own weights, as the module loaded them
     model.model.visual.requires_grad_(False)

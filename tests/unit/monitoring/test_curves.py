@@ -1,4 +1,4 @@
-"""grasp_lightning/curves.py: reading a run's curves.jsonl and drawing it."""
+"""grasp_lightning/monitoring/curves.py: reading a run's curves.jsonl and drawing it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grasp_lightning.curves import CurvesError, plot_runs, read_history, series
+from grasp_lightning.monitoring.curves import CurvesError, plot_runs, read_history, series
 
 
 def test_series_orders_steps_keeps_the_later_record_and_drops_non_finite(tmp_path) -> None:

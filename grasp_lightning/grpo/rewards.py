@@ -504,7 +504,7 @@ def compute_rewards(completions: list[str], items: list[GraspItem], names: Seque
         names: reward entries (names in :data:`REWARDS`, import paths or callables;
             :func:`resolve_reward`), in the column order wanted.
         opened_think: whether each completion's prompt ended with an opened ``<think>`` (one flag
-            for all, or ``N`` flags, e.g. :attr:`grasp_lightning.decoding.Completions.prompt_opened_think`).
+            for all, or ``N`` flags, e.g. :attr:`grasp_lightning.engines.decoding.Completions.prompt_opened_think`).
 
     Returns:
         Float32 tensor of shape ``(N, len(names))``, all values finite; a row whose completion holds

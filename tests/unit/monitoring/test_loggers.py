@@ -1,4 +1,4 @@
-"""grasp_lightning.loggers against the real loggers, read back from what each one stores: TensorBoard's
+"""grasp_lightning.monitoring.loggers against the real loggers, read back from what each one stores: TensorBoard's
 event files (EventAccumulator), a W&B offline run (its ``.wandb`` transaction log and ``files/media/``), an
 MLflow SQLite store (``MlflowClient``); then GRPO demo fits through the CLI with configs/wandb.yaml and
 configs/mlflow.yaml. No network: W&B runs offline (``WANDB_MODE=offline``, files under ``tmp_path``)."""
@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from PIL import Image
 
-from grasp_lightning import loggers
-from grasp_lightning.loggers import log_histogram, log_image, log_table, log_text, run_dir
+from grasp_lightning.monitoring import loggers
+from grasp_lightning.monitoring.loggers import log_histogram, log_image, log_table, log_text, run_dir
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -194,7 +194,7 @@ def test_csv_keeps_histogram_metrics_and_says_once_what_it_cannot_hold(tmp_path,
     monkeypatch.setattr(loggers, "skipped", Counter())  # the process's count so far: from this test only
     logger = CSVLogger(str(tmp_path), name="csv")
     trainer = _trainer(tmp_path, logger)
-    with caplog.at_level(logging.INFO, logger="grasp_lightning.loggers"):
+    with caplog.at_level(logging.INFO, logger="grasp_lightning.monitoring.loggers"):
         _log_all(trainer)
         _log_all(trainer, step=4)
     logger.save()
@@ -223,10 +223,10 @@ class _Elsewhere(Logger):
 def test_an_unknown_logger_type_gets_one_warning_naming_it_and_bad_images_raise(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(loggers, "_warned", set())
     trainer = _trainer(tmp_path, _Elsewhere())
-    with caplog.at_level(logging.WARNING, logger="grasp_lightning.loggers"):
+    with caplog.at_level(logging.WARNING, logger="grasp_lightning.monitoring.loggers"):
         _log_all(trainer)
     warned = [r.getMessage() for r in caplog.records if "_Elsewhere" in r.getMessage()]
-    assert len(warned) == 1 and "tests.unit.test_loggers._Elsewhere is not supported" in warned[0]
+    assert len(warned) == 1 and "tests.unit.monitoring.test_loggers._Elsewhere is not supported" in warned[0]
     with pytest.raises(ValueError, match="'bench/x'.*uint8"):
         log_image(trainer, "bench/x", IMAGE.astype(np.float32), 1)
 

@@ -1,4 +1,4 @@
-"""Tests of grasp_lightning.grpo_math against hand-computed values, under bad inputs, and against TRL.
+"""Tests of grasp_lightning.grpo.objective against hand-computed values, under bad inputs, and against TRL.
 
 Parity with TRL 1.16's own GRPO code on identical tensors: the loss comes from TRL's real
 ``GRPOTrainer._compute_loss``, called on an instance built with ``object.__new__`` (no model, no datasets) whose ``_get_per_token_logps_and_entropies`` is replaced
@@ -24,7 +24,7 @@ except ImportError:
     GRPOTrainer = None
 
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.grpo_math import (
+from grasp_lightning.grpo.objective import (
     clip_advantages,
     group_advantages,
     grpo_loss,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.decoding import Completions
-from grasp_lightning.shared_prompt import concat_prompts, repeat_prompts, select_prompts
-from grasp_lightning.vision_features import VisionFeatures
+from grasp_lightning.engines.decoding import Completions
+from grasp_lightning.grpo.scoring import concat_prompts, repeat_prompts, select_prompts
+from grasp_lightning.grpo.vision import VisionFeatures
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Rollout:
 
     Attributes:
         prompt: model inputs of the ``B`` prompts (left-padded ``(B, Lp)``, vision inputs once).
-        shared: the group's prompt work is shared (see :mod:`grasp_lightning.shared_prompt`), else naive rows.
+        shared: the group's prompt work is shared (see :mod:`grasp_lightning.grpo.scoring`), else naive rows.
         completions: the sampled completions (``ids`` ``(N, Lc)``, ``mask`` ``(N, Lc)``).
         terms: ``(N, T)`` reward terms; ``rewards``: ``(N,)`` weighted sum.
         advantages: ``(N,)``; ``old_logp``/``ref_logp``: ``(N, Lc)`` or ``None``.
@@ -45,7 +45,7 @@ class Rollout:
         weight_sync_seconds: wall time the engine spent updating its copy of the weights first.
         vision: the frozen vision tower's outputs for the prompts' clips and images, computed once at
             the rollout and fed to every later forward of these prompts
-            (:mod:`grasp_lightning.vision_features`); ``None`` where the tower trains.
+            (:mod:`grasp_lightning.grpo.vision`); ``None`` where the tower trains.
     """
 
     prompt: dict[str, torch.Tensor]
@@ -88,7 +88,7 @@ TOKEN_TENSORS = ("old_logp", "ref_logp", "loss_mask", "sampled_logp")
 
 def merge_batches(batches: list[Batch], pad_token_id: int) -> Batch:
     """One left-padded prompt batch from several micro-batches (prompts, clips, items and indices in
-    order; see :func:`grasp_lightning.shared_prompt.concat_prompts`)."""
+    order; see :func:`grasp_lightning.grpo.scoring.concat_prompts`)."""
     if len(batches) == 1:
         return batches[0]
     prompts = [{k: v for k, v in b.inputs.items() if k != "labels"} for b in batches]
@@ -248,7 +248,7 @@ def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int],
 def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
     """Repeat each prompt's rows and vision patches K times (naive rows).
 
-    Kept for callers of the old name; see :func:`grasp_lightning.shared_prompt.repeat_prompts`.
+    Kept for callers of the old name; see :func:`grasp_lightning.grpo.scoring.repeat_prompts`.
     """
     return repeat_prompts(inputs, k)
 

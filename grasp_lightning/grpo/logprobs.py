@@ -1,6 +1,6 @@
 """Per-token log-probs and entropies from the final hidden states, the LM head run over token chunks.
 
-The plain scoring path (:func:`grasp_lightning.shared_prompt.logps_and_entropy`) takes the model's
+The plain scoring path (:func:`grasp_lightning.grpo.scoring.logps_and_entropy`) takes the model's
 ``(N, Lc, V)`` logits: at K = 8 x 1,024 completion tokens and Qwen's V = 151,669 that is 1.24 G
 logits (2.5 GB in bf16), plus the float32 rows of the softmax and, in the backward, a gradient of
 the same size. Here the model returns its final hidden states ``(N, Lc, D)`` instead
@@ -15,7 +15,7 @@ gradient on a GPU.
 
 The result equals the full-logits path to float rounding (the head's matmul over a chunk of rows
 may sum in a different order), for log-probs, entropies and gradients, on both model families and
-through LoRA (``tests/unit/test_chunked_logps.py``).
+through LoRA (``tests/unit/grpo/test_logprobs.py``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def chunked_logps_and_entropy(hidden: torch.Tensor, head, completion_ids: torch.
     Returns:
         ``(logp, entropy)``: log-probs differentiable w.r.t. ``hidden`` and the head's parameters
         (each chunk recomputed in the backward), entropies without grad; equal to
-        :func:`grasp_lightning.shared_prompt.logps_and_entropy` on ``head(hidden)`` within float rounding.
+        :func:`grasp_lightning.grpo.scoring.logps_and_entropy` on ``head(hidden)`` within float rounding.
 
     Raises:
         GraspConfigError: ``temperature <= 0`` or ``chunk_size < 1``. ValueError: shapes do not match.

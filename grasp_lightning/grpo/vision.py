@@ -16,7 +16,7 @@ unchanged; only the tower's work is skipped.
 Entries are found by content, not by position: a key is the medium, the grid ``(t, h, w)`` and an
 exact integer fingerprint of the grid's patch rows (the float bits summed with two position
 weightings in int64), so the lookup works for whichever layout asks (the ``B`` shared prompts, the
-``B*K`` naive rows, the groups :func:`grasp_lightning.tasks.grpo_rollouts.take_groups` keeps). The features are
+``B*K`` naive rows, the groups :func:`grasp_lightning.grpo.rollouts.take_groups` keeps). The features are
 never checkpointed (derived from the data, they grow with the model and the clip: about 184 MiB for a
 30 s clip at 8B widths); a run resumed inside a window encodes its restored prompts again.
 The fingerprint is a hash: two different clips colliding on all of grid, patch count and both sums
@@ -25,7 +25,7 @@ is not excluded, only far-fetched.
 Exactness: the tower's output for a clip does not depend on the other clips of its batch (Qwen's
 vision attention is per grid, ``cu_seqlens``), so a reused output equals a recomputed one up to the
 float rounding of differently shaped matmuls; a frozen tower has no parameter gradient, so the
-language model's gradients are the same (``tests/unit/test_vision_features.py``).
+language model's gradients are the same (``tests/unit/grpo/test_vision.py``).
 """
 
 from __future__ import annotations

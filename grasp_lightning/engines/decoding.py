@@ -64,7 +64,7 @@ class RolloutConfig:
             computes the loss's log-probs itself with either.
         vllm: the vLLM engine's settings (:class:`grasp_lightning.engines.vllm_config.VLLMConfig`).
         compile_decode: the HF engine decodes with a static KV cache and a ``torch.compile``-d decode
-            step (:mod:`grasp_lightning.compiled_decode`), group-shared prefill kept; the same tokens
+            step (:mod:`grasp_lightning.engines.compiled_decode`), group-shared prefill kept; the same tokens
             as eager decoding. Off by default: compiling costs time on the first step and on every new
             prompt length, and pays on a GPU.
         compile_backend: the ``torch.compile`` backend of ``compile_decode`` (``inductor``: CUDA graphs
@@ -270,11 +270,11 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
         top_k: optional top-k.
         stop_strings: generation may stop once one of these has been produced.
         share_prompt: encode each clip and prefill each prompt once, then sample the K rows from the
-            expanded cache (:func:`grasp_lightning.shared_prompt.prefill_for_generation`); same tokens and
+            expanded cache (:func:`grasp_lightning.grpo.scoring.prefill_for_generation`); same tokens and
             logits as without, less work. Needs a model that
-            :func:`grasp_lightning.shared_prompt.sharing_unsupported_reason` accepts.
+            :func:`grasp_lightning.grpo.scoring.sharing_unsupported_reason` accepts.
         compile_decode: decode with a static KV cache and a compiled decode step
-            (:mod:`grasp_lightning.compiled_decode`; with ``share_prompt`` the shared prefill fills the
+            (:mod:`grasp_lightning.engines.compiled_decode`; with ``share_prompt`` the shared prefill fills the
             static cache). Same tokens as eager decoding; log-probs to float tolerance.
         compile_backend: the ``torch.compile`` backend (a name, or a callable) of ``compile_decode``.
         streamer: a transformers streamer (``TextStreamer``) that ``generate`` hands each new token to
@@ -301,7 +301,7 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
     if streamer is not None:
         gen_kwargs.update(streamer=streamer)
     if compile_decode:
-        from grasp_lightning.compiled_decode import decode_compile_config, prefill_static, static_cache_for
+        from grasp_lightning.engines.compiled_decode import decode_compile_config, prefill_static, static_cache_for
 
         gen_kwargs.update(compile_config=decode_compile_config(compile_backend))
         if share_prompt and num_return_sequences > 1:
@@ -311,7 +311,7 @@ def sample_completions(model, tokenizer, inputs: dict[str, torch.Tensor], *, num
             static_cache_for(model, 1)  # refuses a model without a compileable static cache, by name
             gen_kwargs.update(cache_implementation="static")
     elif share_prompt and num_return_sequences > 1:
-        from grasp_lightning.shared_prompt import prefill_for_generation
+        from grasp_lightning.grpo.scoring import prefill_for_generation
 
         inputs, cache = prefill_for_generation(model, inputs, num_return_sequences)
         gen_kwargs.update(num_return_sequences=1, cache=cache)

@@ -33,7 +33,7 @@ Continuing the recurrence from the prompt's state is the same recurrence as runn
 completion in one pass, regrouped into different 64-token chunks, so the results agree to float
 rounding (float32: ~1e-6), not bit for bit.
 
-Both equal the naive per-row computation within float tolerance (``tests/unit/test_shared_prompt.py``,
+Both equal the naive per-row computation within float tolerance (``tests/unit/grpo/test_scoring.py``,
 for Qwen3-VL and Qwen3.5). Sharing needs a Qwen-VL-style model (``get_rope_index`` and
 ``rope_deltas``), decoder layers that are full or linear attention (not sliding-window), and vision
 inputs; :func:`sharing_unsupported_reason` says why not otherwise, and callers fall back to the naive
@@ -56,10 +56,10 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
 )
 
-from grasp_lightning import grpo_math
-from grasp_lightning.chunked_logps import chunked_logps_and_entropy, hidden_states_as_logits
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.vision_features import VisionFeatures, inner_module, reuse_vision
+from grasp_lightning.grpo import objective
+from grasp_lightning.grpo.logprobs import chunked_logps_and_entropy, hidden_states_as_logits
+from grasp_lightning.grpo.vision import VisionFeatures, inner_module, reuse_vision
 
 #: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -434,7 +434,7 @@ def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
     The entropy is computed one row at a time, so at most one row's float32 copies of the
     ``(Lc, V)`` logits exist beside the logits themselves.
     """
-    logp = grpo_math.selective_log_softmax(logits, completion_ids, temperature)
+    logp = objective.selective_log_softmax(logits, completion_ids, temperature)
     with torch.no_grad():
         rows = []
         for row in logits:
@@ -450,7 +450,7 @@ def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: tor
 
     ``chunk_size``: ``None`` takes the model's ``(N, Lc, V)`` logits (:func:`logps_and_entropy`); an
     integer takes its final hidden states and applies the LM head over that many tokens at a time
-    (:func:`grasp_lightning.chunked_logps.chunked_logps_and_entropy`), so no ``(N, Lc, V)`` tensor exists.
+    (:func:`grasp_lightning.grpo.logprobs.chunked_logps_and_entropy`), so no ``(N, Lc, V)`` tensor exists.
 
     Returns:
         ``(logp, entropy)``, both ``(N, Lc)`` float32 (see :func:`logps_and_entropy`).
@@ -532,7 +532,7 @@ def score_completions(model, prompt: dict[str, torch.Tensor], completion_ids: to
 
     ``chunk_size``: the LM head over that many completion tokens at a time (``None``: full logits;
     :func:`completion_logps`). ``vision``: the rollout's vision features, fed to the model instead of
-    running its (frozen) vision tower again (:func:`grasp_lightning.vision_features.reuse_vision`).
+    running its (frozen) vision tower again (:func:`grasp_lightning.grpo.vision.reuse_vision`).
     """
     with reuse_vision(model, vision):
         if share:

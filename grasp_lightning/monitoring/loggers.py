@@ -139,7 +139,7 @@ def _warn_once(logger: Logger) -> None:
     name = f"{type(logger).__module__}.{type(logger).__qualname__}"
     if name not in _warned:
         _warned.add(name)
-        log.warning("logger %s is not supported by grasp_lightning.loggers: texts, tables, histograms and "
+        log.warning("logger %s is not supported by grasp_lightning.monitoring.loggers: texts, tables, histograms and "
                     "images are not written to it (scalars are)", name)
 
 

@@ -1,4 +1,4 @@
-"""Tests of grasp_lightning.rewards with hand-worked values of the Social Grounding Reward and of the temporal
+"""Tests of grasp_lightning.grpo.rewards with hand-worked values of the Social Grounding Reward and of the temporal
 grounding term (alone and composed with the paper's four terms)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from grasp_lightning.data.records import ClipRef, GraspItem, SocialEvent
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.rewards import (
+from grasp_lightning.grpo.rewards import (
     REWARDS,
     VISION_PLACEHOLDERS,
     compute_rewards,
@@ -347,22 +347,22 @@ def test_compute_rewards_length_mismatch_and_empty() -> None:
 # --- reward plugins: an import path instead of a registry name --------------------------------------
 
 def answer_is_b(completion: str, item: GraspItem) -> float:
-    """A reward plugin of the tests (``tests.unit.test_rewards.answer_is_b``): 3 for ``<answer>B</answer>``, else 0.5."""
+    """A reward plugin of the tests (``tests.unit.grpo.test_rewards.answer_is_b``): 3 for ``<answer>B</answer>``, else 0.5."""
     return 3.0 if "<answer>B</answer>" in completion else 0.5
 
 
 def opened(completion: str, item: GraspItem, opened_think: bool = False) -> float:
-    """A plugin that reads the ``opened_think`` flag (``tests.unit.test_rewards.opened``)."""
+    """A plugin that reads the ``opened_think`` flag (``tests.unit.grpo.test_rewards.opened``)."""
     return 2.0 if opened_think else -1.0
 
 
 def not_a_number(completion: str, item: GraspItem) -> float:
-    """A broken plugin (``tests.unit.test_rewards.not_a_number``): NaN for B, a string otherwise."""
+    """A broken plugin (``tests.unit.grpo.test_rewards.not_a_number``): NaN for B, a string otherwise."""
     return float("nan") if "<answer>B</answer>" in completion else "high"
 
 
 NOT_A_FUNCTION = 42
-PLUGIN, OPENED = "tests.unit.test_rewards.answer_is_b", "tests.unit.test_rewards.opened"
+PLUGIN, OPENED = "tests.unit.grpo.test_rewards.answer_is_b", "tests.unit.grpo.test_rewards.opened"
 
 
 def test_compute_rewards_with_plugins_by_import_path() -> None:
@@ -377,16 +377,16 @@ def test_compute_rewards_with_plugins_by_import_path() -> None:
 @pytest.mark.parametrize("text, shown", [("<answer>B</answer>", "nan"), ("<answer>A</answer>", "'high'")])
 def test_a_reward_that_returns_no_finite_number_is_an_error_naming_it(text, shown) -> None:
     item = make_item()
-    with pytest.raises(GraspConfigError, match=rf"reward 'tests.unit.test_rewards.not_a_number' returned {shown} for item "
+    with pytest.raises(GraspConfigError, match=rf"reward 'tests.unit.grpo.test_rewards.not_a_number' returned {shown} for item "
                                                rf"{item.uid}.*finite number"):
-        compute_rewards([text], [item], ["accuracy", "tests.unit.test_rewards.not_a_number"])
+        compute_rewards([text], [item], ["accuracy", "tests.unit.grpo.test_rewards.not_a_number"])
 
 
 @pytest.mark.parametrize("entry, says", [
     ("sgr", "unknown reward 'sgr'"),
-    ("tests.unit.test_rewards.missing", "has no attribute 'missing'"),
+    ("tests.unit.grpo.test_rewards.missing", "has no attribute 'missing'"),
     ("no_such_package_xyz.rewards.fn", "cannot import module 'no_such_package_xyz.rewards'"),
-    ("tests.unit.test_rewards.NOT_A_FUNCTION", "is a int, not a function"),
+    ("tests.unit.grpo.test_rewards.NOT_A_FUNCTION", "is a int, not a function"),
 ])
 def test_bad_reward_entries_fail_at_task_init_naming_the_entry(entry: str, says: str) -> None:
     from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
@@ -408,7 +408,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     import grasp_lightning.engines.hf as engines_hf
     import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.data.collate import Batch
-    from grasp_lightning.decoding import Completions, RolloutConfig
+    from grasp_lightning.engines.decoding import Completions, RolloutConfig
     from grasp_lightning.task import CrossRank
 
     texts = ["<answer>B</answer>", "<answer>A</answer>"]
@@ -439,7 +439,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
 # --- rewards of one's own: colon paths, files, batched functions, callables --------------------------
 
 def answers_per_batch(completions: list[str], items: list[GraspItem]) -> list[float]:
-    """A batched plugin (``tests.unit.test_rewards:answers_per_batch``): records each call's batch size."""
+    """A batched plugin (``tests.unit.grpo.test_rewards:answers_per_batch``): records each call's batch size."""
     answers_per_batch.calls.append(len(completions))
     return [float(len(completions))] * len(completions)
 
@@ -476,7 +476,7 @@ def test_colon_paths_files_and_callables_resolve_to_the_same_scores(tmp_path, mo
     texts = ["<answer>B</answer>", "<think>" + "x" * 50 + "</think><answer>A</answer>"]
     (tmp_path / "my_rewards.py").write_text(FILE_REWARD)
     monkeypatch.chdir(tmp_path)  # a file path is read from the working directory
-    out = compute_rewards(texts, [item] * 2, ["tests.unit.test_rewards:answer_is_b", "my_rewards.py:brevity", answer_is_b,
+    out = compute_rewards(texts, [item] * 2, ["tests.unit.grpo.test_rewards:answer_is_b", "my_rewards.py:brevity", answer_is_b,
                                               f"{tmp_path}/my_rewards.py:brevity"])
     assert out.tolist() == [[3.0, 1.0, 3.0, 1.0], [0.5, 0.0, 0.5, 0.0]]
 
@@ -485,19 +485,19 @@ def test_a_batched_reward_is_called_once_without_the_broken_rollouts() -> None:
     item = make_item()
     texts = ["<answer>B</answer>", "<|image_pad|><answer>B</answer>", "<answer>C</answer>"]
     answers_per_batch.calls.clear()
-    out = compute_rewards(texts, [item] * 3, ["accuracy", "tests.unit.test_rewards:answers_per_batch"])
+    out = compute_rewards(texts, [item] * 3, ["accuracy", "tests.unit.grpo.test_rewards:answers_per_batch"])
     assert answers_per_batch.calls == [2]  # one call, the placeholder row left out
     assert out.tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 2.0]]
-    with pytest.raises(GraspConfigError, match=r"reward 'tests.unit.test_rewards:wrong_length' returned 1 values for 2"):
-        compute_rewards(texts[:1] + texts[2:], [item] * 2, ["tests.unit.test_rewards:wrong_length"])
+    with pytest.raises(GraspConfigError, match=r"reward 'tests.unit.grpo.test_rewards:wrong_length' returned 1 values for 2"):
+        compute_rewards(texts[:1] + texts[2:], [item] * 2, ["tests.unit.grpo.test_rewards:wrong_length"])
 
 
 @pytest.mark.parametrize("entry, says", [
-    ("tests.unit.test_rewards:one_argument", r"cannot be called as fn\(completion, item\): too many positional"),
-    ("tests.unit.test_rewards:NotAFunction", "is a class, not a function"),
+    ("tests.unit.grpo.test_rewards:one_argument", r"cannot be called as fn\(completion, item\): too many positional"),
+    ("tests.unit.grpo.test_rewards:NotAFunction", "is a class, not a function"),
     ("missing_file.py:fn", "file 'missing_file.py' does not exist"),
     ("broken.py:fn", "file 'broken.py' fails to load: SyntaxError"),
-    ("tests.unit.test_rewards:", "is not an import path"),
+    ("tests.unit.grpo.test_rewards:", "is not an import path"),
 ])
 def test_bad_plugin_entries_name_the_entry_and_what_is_wrong(entry, says, tmp_path, monkeypatch) -> None:
     from grasp_lightning.tasks.grpo import GRPOTask, RewardConfig
@@ -537,9 +537,9 @@ def raises_batched(completions: list[str], items: list[GraspItem]) -> list[float
 
 
 @pytest.mark.parametrize("entry, says", [
-    ("tests.unit.test_rewards:numeric_string", r"returned '1.0' for item t \(test:1\); a reward must return a finite"),
-    ("tests.unit.test_rewards:raises", r"reward 'tests.unit.test_rewards:raises' raised KeyError: 'boom' on item t \(test:1\)"),
-    ("tests.unit.test_rewards:raises_batched", r"raised RuntimeError: model down on a batch of 2 completions, the first "
+    ("tests.unit.grpo.test_rewards:numeric_string", r"returned '1.0' for item t \(test:1\); a reward must return a finite"),
+    ("tests.unit.grpo.test_rewards:raises", r"reward 'tests.unit.grpo.test_rewards:raises' raised KeyError: 'boom' on item t \(test:1\)"),
+    ("tests.unit.grpo.test_rewards:raises_batched", r"raised RuntimeError: model down on a batch of 2 completions, the first "
                                           r"of item t \(test:1\)"),
 ])
 def test_a_reward_that_raises_or_returns_a_string_is_named_with_its_item(entry, says) -> None:
@@ -553,7 +553,7 @@ def test_enumerates_and_the_training_enumeration_rate() -> None:
     """``enumerates`` against ``persons_shown`` (question, options, gt), and ``grounding/enumeration_rate``
     of the GRPO step metrics: among completions with gt that name someone, the share naming all shown."""
     from grasp_lightning.data.formats import persons_shown
-    from grasp_lightning.rewards import enumerates
+    from grasp_lightning.grpo.rewards import enumerates
     from grasp_lightning.tasks.grpo import _grounding_metrics
 
     item = make_item(events=(("gaze", (0, 1)),))  # the question names Person 3; options 0, 1, 2

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig
 from grasp_lightning.data.windows import Window
 from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
@@ -240,19 +239,6 @@ def test_the_module_is_a_task_context_and_the_task_reads_k_from_it():
         GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=1))
     with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):  # and from any context
         GRPOTask().setup(types.SimpleNamespace(rollout_cfg=RolloutConfig(num_generations=1)))
-
-
-def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
-    from grasp_lightning.datamodule import GraspDataModule
-
-    dm = GraspDataModule(source=SourceConfig(bench=None))
-    assert dm.mode == "sft"  # stand-alone: no task connected
-    dm.connect(mode="rl")
-    assert dm.mode == "rl"
-    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="rl"))
-    agreeing.connect(mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.loader.mode='sft' contradicts the task, which consumes 'rl'"):
-        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="sft")).connect(mode="rl")
 
 
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:

@@ -265,8 +265,10 @@ def test_unit_test_files_name_a_module() -> None:
 
 
 def test_test_modules_import_only_the_helpers() -> None:
-    """Shared test code lives in ``tests/helpers.py``: no test module imports another test module or a
-    conftest (fixtures need no import), and the entry scripts next to the tests are imported only there."""
+    """Shared test code lives in the package ``tests/helpers/`` (a module per concern, none over 400 lines):
+    no test module imports another test module or a conftest (fixtures need no import), and the entry scripts
+    next to the tests are imported only there; outside the package, tests import its names from
+    ``tests.helpers`` itself, never from one of its modules."""
     bad = []
     for path in sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "experiments").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -278,9 +280,13 @@ def test_test_modules_import_only_the_helpers() -> None:
                 continue
             for name in names:
                 last = name.rsplit(".", 1)[-1]
-                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"):
+                inside = path.parent == REPO / "tests" / "helpers" and name.startswith("tests.helpers.")
+                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"
+                                                                      and not inside):
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
     assert bad == []
+    long = {p.name: n for p in (REPO / "tests" / "helpers").glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}, f"tests/helpers/ modules over 400 lines: {long}"
 
 
 # ------------------------------------------------------------------ the README and the docs

@@ -1,7 +1,7 @@
 """Scaling: DeepSpeed ZeRO-2, gradient accumulation, exact resume, atomic checkpoints, HF export, LoRA.
 
 The ZeRO-2 tests run DeepSpeed's real engine on 2 CPU processes over gloo
-(``tests/helpers.py``), launched the way ``torchrun`` launches them (one process per rank with
+(``tests/helpers/recorders.py``), launched the way ``torchrun`` launches them (one process per rank with
 ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set). One module fixture runs,
 on the SFT demo (deterministic):
 

@@ -264,6 +264,40 @@ def test_unit_test_files_name_a_module() -> None:
     assert orphans == [], f"tests/unit files that name no module: {orphans}"
 
 
+def command_runs(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, what)`` of each whole-command run in a parsed test file: a reference to ``run_cli`` (the
+    in-process command of :mod:`tests.helpers.cli`), and a command line naming ``-m grasp_lightning...`` (a
+    list or tuple literal with ``"-m"`` then ``"grasp_lightning..."``, or one string holding
+    ``-m grasp_lightning``) given to a call of ``subprocess`` or ``os``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "run_cli" or isinstance(node, ast.Attribute) and node.attr == "run_cli":
+            found.append((node.lineno, "run_cli"))
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "run_cli" for a in node.names):
+            found.append((node.lineno, "run_cli"))
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None for e in node.elts]
+            if any(a == "-m" and (b or "").startswith("grasp_lightning") for a, b in zip(words, words[1:])):
+                found.append((node.lineno, "-m grasp_lightning"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id in ("subprocess", "os"):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and "-m grasp_lightning" in arg.value:
+                    found.append((node.lineno, "-m grasp_lightning"))
+    return sorted(found)
+
+
+def test_unit_tests_run_no_command() -> None:
+    """Whole-command runs live in ``tests/cli/``: no file under ``tests/unit/`` calls ``run_cli`` or runs
+    ``python -m grasp_lightning...`` in a subprocess (the unit tests call the module under test)."""
+    tree = ast.parse("run = [sys.executable, '-m', 'grasp_lightning', 'fit']\nsubprocess.run('python -m grasp_lightning.x',"
+                     " shell=True)\nfrom tests.helpers import run_cli\ncli = run_cli(['fit'], tmp)")
+    assert command_runs(tree) == [(1, "-m grasp_lightning"), (2, "-m grasp_lightning"), (3, "run_cli"), (4, "run_cli")]
+    runs = [f"{path.relative_to(REPO)}:{line}: {what}" for path in sorted((REPO / "tests" / "unit").rglob("*.py"))
+            for line, what in command_runs(ast.parse(path.read_text(), str(path)))]
+    assert runs == [], f"whole-command runs under tests/unit/ (move them to tests/cli/): {runs}"
+
+
 def test_test_modules_import_only_the_helpers() -> None:
     """Shared test code lives in the package ``tests/helpers/`` (a module per concern, none over 400 lines):
     no test module imports another test module or a conftest (fixtures need no import), and the entry scripts

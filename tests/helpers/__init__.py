@@ -12,6 +12,8 @@ class paths the CLI is given (``--trainer.callbacks+=tests.helpers.<Name>``) wor
 - :mod:`~tests.helpers.recorders`: callbacks and reward terms a run names by class path;
 - :mod:`~tests.helpers.models`: the tiny models with noisy weights, their tolerances, the sample RL data module;
 - :mod:`~tests.helpers.golden`: the hand-scored golden GRASP-Bench;
+- :mod:`~tests.helpers.released`: the released evaluation's prompts and inputs, written out by hand;
+- :mod:`~tests.helpers.loggers`: readers of what a W&B offline run and an MLflow run stored;
 - :mod:`~tests.helpers.standins`: the real-shape tier's data, arguments and the checks both families share;
 - :mod:`~tests.helpers.measure`: a command in a child process with its peak memory and model loads;
 - :mod:`~tests.helpers.docs`: the docs' commands, read from their Markdown;
@@ -38,6 +40,7 @@ from tests.helpers.data import (
 )
 from tests.helpers.docs import blocks, command, section
 from tests.helpers.golden import GOLDEN, SPANS, golden_items, golden_records
+from tests.helpers.loggers import mlflow_files, wandb_history, wandb_media, wandb_records
 from tests.helpers.measure import PROCESS_GIB, run_measured, run_state_tensors
 from tests.helpers.models import (
     GRAD_TOLS,
@@ -68,6 +71,15 @@ from tests.helpers.recorders import (
     read_meta,
     read_steps,
 )
+from tests.helpers.released import (
+    BENCH_OPTIONS,
+    BENCH_QUESTION,
+    RELEASED_INSTRUCTION,
+    RELEASED_SYSTEM,
+    SAMPLE_BENCH,
+    first_bench_item,
+    released_reference,
+)
 from tests.helpers.standins import (
     CLIPS,
     PUBLISHED_INSTRUCT_PROMPT,
@@ -85,6 +97,8 @@ from tests.helpers.standins import (
 from tests.helpers.vllm_tier import SERVER_ENV, SHIM, load_tiny_policy, perturb_weights, vllm_cfg
 
 __all__ = [
+    "BENCH_OPTIONS", "BENCH_QUESTION", "RELEASED_INSTRUCTION", "RELEASED_SYSTEM", "SAMPLE_BENCH", "first_bench_item",
+    "mlflow_files", "released_reference", "wandb_history", "wandb_media", "wandb_records",
     "CLIPS", "FAMILIES", "FAST", "GOLDEN", "GRAD_TOLS", "K", "LOGIT_TOLS", "LOGP_TOLS", "MP_TIMEOUT", "OPTIONS",
     "PROCESS_GIB", "PUBLISHED_INSTRUCT_PROMPT", "QA_ANSWER", "QUESTION", "REAL_CLIP", "REPO", "SAMPLE", "SERVER_ENV",
     "SGR_REWARDS", "SHIM", "SPANS", "TARGET", "TEMPLATE_FORMS", "TIMES", "TINY", "TINY35", "TINY_MODELS",

@@ -236,32 +236,6 @@ def test_embeddings_reach_the_server_mapped_from_one_file_without_copies(tmp_pat
     folder.close()
 
 
-def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_path, monkeypatch, in_repo):
-    """``fit`` of GRPO-SGR with ``engine: vllm`` (no vLLM environment needed: the check comes first) stops at
-    the first rollout, before the server starts and before any optimizer step, naming the setting."""
-    import shutil
-
-    from grasp_lightning.engines.vllm import VLLMEngine
-    from grasp_lightning.errors import GraspConfigError
-    from tests.helpers import run_cli
-
-    python = tmp_path / "python"
-    python.write_text("")
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
-    started = []
-    monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
-            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.source.train_limit=4",
-            "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
-            f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
-    with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "
-                                               r"language-model weights need \d+ bytes .*Set "
-                                               r"model.rollout.vllm.weight_sync_dir to a directory with room"):
-        run_cli(args, tmp_path / "run")
-    assert started == [] and not list((tmp_path / "run").rglob("*.ckpt"))
-
-
 def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predictions(monkeypatch, tmp_path):
     """``model.evaluation.engine``: ``None`` takes ``model.rollout.engine``'s; the vLLM one is synced to the
     evaluated weights outside ``fit`` (version -2, never 0, the model directory's); ``predict``'s setup key

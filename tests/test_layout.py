@@ -35,7 +35,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.grpo.rewards": 3,  # the reward terms (GRASP-Bench's scoring reads them too)
     "grasp_lightning.grpo.logprobs": 3,  # chunked log-probs and entropy
-    "grasp_lightning.grpo.vision": 3,  # the vision features, computed once per rollout batch
+    "grasp_lightning.grpo.vision": 3,  # the vision features, computed once per window
     "grasp_lightning.grpo.scoring": 3,  # log-prob forwards over the shared prompt and its completions
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
@@ -45,7 +45,8 @@ RANKS: dict[str, int] = {
     "grasp_lightning.engines": 4,  # rollout engines: decoding, HF generate, the vLLM client (its server imports none of ours)
     "grasp_lightning.task": 4,
     "grasp_lightning.grpo.rollouts": 5,  # rollout records and their selection into micro-batches
-    "grasp_lightning.grpo.overlap": 5,  # the next rollout batch sampled while this one trains
+    "grasp_lightning.grpo.overlap": 5,  # the next window sampled while this one trains
+    "grasp_lightning.grpo.sampling": 5,  # a window's rollouts: generation calls, refill split, the window cache
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,

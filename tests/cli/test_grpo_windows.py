@@ -69,7 +69,7 @@ class _ScriptedTask(GRPOTask):
         comp = Completions(ids=torch.full((n, width), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=bool))
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
                        old_logp=None, ref_logp=None, zero_variance=torch.zeros(n // 2, dtype=torch.bool),
-                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+                       indices=list(batch.indices), loss_mask=mask)
 
 
 # (g) rank 0 holds rewards [1, 0, 1, 1], rank 1 [0, 0 | 3, 1] (one micro-batch each, K = 2).
@@ -84,7 +84,7 @@ def _batch_std_rank(rank: int) -> None:
     task.prepare(module, batch)
     # all 8 rewards [1, 0, 1, 1, 0, 0, 3, 1]: mean 7/8, Σr² = 13, unbiased var = (13 - 49/8) / 7 = 55/56
     std = math.sqrt(55 / 56)
-    ro = task._window_rollouts[0]
+    ro = task.cache.rollouts[0]
     expected = [0.5 / std, -0.5 / std, 0.0, 0.0] if rank == 0 else [0.0, 0.0, 1.0 / std, -1.0 / std]
     torch.testing.assert_close(ro.advantages, torch.tensor(expected))
 
@@ -118,7 +118,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
         outs.append((result, module.last_task_output))
     if rank == 1:
         assert outs[0] == (None, None)
-    assert float(task._window_tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
+    assert float(task.cache.tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
     # the step (the window, no trainer) logged once over both ranks: 6 completions of lengths 3 5 2 4 1 6
     assert module.last_step_metrics["train/completion_length/mean"] == pytest.approx(21 / 6)
     # rank 0, micro-batch A: advantages ±0.5 (K = 2, centred then / std 0.7071), ratio 1:
@@ -279,7 +279,7 @@ class _TruncationTask(GRPOTask):
         comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
                        old_logp=None, ref_logp=None, zero_variance=objective.zero_variance_groups(r, 2),
-                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+                       indices=list(batch.indices), loss_mask=mask)
 
 
 @pytest.mark.parametrize(("script", "expected"), [
@@ -352,10 +352,10 @@ def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
         out = step(self, module, batch)
         w = batch.window
         rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
-                     "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
+                     "trained": list(self.cache.rollouts[w.position].indices), "window": w.index,
                      "iteration": w.iteration, "texts": list(out.rollout.completions),
                      "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
-                     "tries": self._window_stats["resample_tries"], "calls": len(calls)})
+                     "tries": self.cache.stats.resample_tries, "calls": len(calls)})
         return out
 
     monkeypatch.setattr(engines_hf, "sample_completions", counting)

@@ -188,7 +188,7 @@ class StepMetricsRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = pl_module.last_task_output
-        ro = pl_module.task._window_rollouts[batch.window.position]
+        ro = pl_module.task.cache.rollouts[batch.window.position]
         k = ro.num_generations
         row = {"step": self._step, "position": batch.window.position,
                "rewards": ro.rewards.tolist(), "k": k, "lengths": ro.completions.mask.sum(1).tolist(),

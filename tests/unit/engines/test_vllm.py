@@ -115,16 +115,23 @@ def test_sampler_gap_metrics_and_the_capped_weights():
 
 
 def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
-    from grasp_lightning.engines import engine_of, make_engine
+    from grasp_lightning.data.collate import Batch
+    from grasp_lightning.engines import make_engine
     from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.grpo.config import ComputeConfig
     from grasp_lightning.tasks.grpo import GRPOTask
 
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
     assert isinstance(make_engine(RolloutConfig()), HFEngine)
-    assert isinstance(engine_of(types.SimpleNamespace()), HFEngine)
+    # a context without an engine cannot sample: no silent fallback to an HF engine
+    bare = types.SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout_cfg=RolloutConfig())
+    prompt = Batch(inputs={"input_ids": torch.ones(1, 2, dtype=torch.long)}, items=[], indices=[0],
+                   valid=torch.ones(1, dtype=torch.bool), prompt_lengths=torch.tensor([2]), padding_side="left")
+    with pytest.raises(AttributeError, match="rollout_engine"):
+        GRPOTask(compute=ComputeConfig(share_prompt=False, encode_vision_once=False)).rollout(bare, prompt)
     with pytest.raises(GraspConfigError, match=r"model.rollout.engine=vllm needs model.rollout.vllm.python \(or "
                                                r"GRASP_VLLM_PYTHON\)"):
         make_engine(RolloutConfig(engine="vllm"), model_path="m")

@@ -21,10 +21,9 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.engines.decoding import Completions
+from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo.rollouts import even_split
-from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
 from tests.helpers import SAMPLE, TINY
 
@@ -100,7 +99,7 @@ def make_module(policy, reference, processor):
 
     return SimpleNamespace(policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
                            rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
-                           reference=ref)
+                           reference=ref, rollout_engine=engines_hf.HFEngine(), policy_version=0)
 
 
 def make_task(**kwargs) -> grpo_task.GRPOTask:
@@ -201,6 +200,7 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     sampled = task.prepare(module, micro[0])  # the rollout batch's figures, once
     first = task.training_step(module, micro[0])
     state = _roundtrip(task.state_dict())
+    task.prepare(module, micro[1])  # the window's second micro-batch: its cached rollouts
     ref_out = task.training_step(module, micro[1])
     n_calls = len(calls)
     assert sampled["dynamic_sampling/groups_tried"] == (4.0 if mode == "refill" else 2.0)
@@ -298,7 +298,7 @@ class _IndexTask(grpo_task.GRPOTask):
         return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
                                  terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
                                  zero_variance=grpo_task.objective.zero_variance_groups(rewards, 2),
-                                 indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
+                                 indices=list(batch.indices), loss_mask=mask.clone(),
                                  items=list(batch.items))
 
 
@@ -346,7 +346,7 @@ def _refill_rank(rank: int) -> None:
         w = batch.window
         calls = cross.calls
         sampled = task.prepare(module, batch)
-        ro = task._window_rollouts[w.position]
+        ro = task.cache.rollouts[w.position]
         steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
         if sampled:
             unused += int(sampled["dynamic_sampling/groups_unused"])
@@ -434,7 +434,7 @@ def test_refill_trims_to_the_window_and_splits_evenly():
     task = _IndexTask({0})
     window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
     sampled = task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[1], [2]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[1], [2]]
     assert {k.split("/")[1]: v for k, v in sampled.items() if k.startswith("dynamic_sampling/")} == {
         "groups_tried": 4.0, "groups_kept": 2.0, "groups_dropped": 1.0, "groups_unused": 1.0, "resample_tries": 1.0,
         "reward_mean_tried": pytest.approx((2 + 1 + 1 + 1) / 8)}
@@ -443,19 +443,19 @@ def test_refill_trims_to_the_window_and_splits_evenly():
     window = _refill_window([_index_batch([0, 1]), _index_batch([2, 3])],
                             [[_index_batch([4, 5]), _index_batch([6, 7])]])
     sampled = task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[1, 4], [5, 6]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[1, 4], [5, 6]]
     assert sampled["dynamic_sampling/groups_unused"] == 1.0 and sampled["dynamic_sampling/groups_kept"] == 4.0
     # a budget of no draws: the degenerate group is trained (masked by the task's rollout) after the useful one
     task = _IndexTask({0}, max_resample=0)
     window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
     task.prepare(_index_context(), window[0])
-    useful, filler = task._window_rollouts
+    useful, filler = task.cache.rollouts
     assert (useful.indices, filler.indices) == ([1], [0]) and bool(filler.zero_variance.all())
     # a micro-batch with an item skipped: 3 prompts into 2 micro-batches, [2, 1]
     task = _IndexTask(set())
     window = _refill_window([_index_batch([0, 1]), _index_batch([2], skipped=1)], [])
     task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[0, 1], [2]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[0, 1], [2]]
 
 
 def test_even_split_of_nothing_and_its_errors():
@@ -485,9 +485,9 @@ def _empty_window_rank(rank: int) -> None:
     results = [module.training_step(b, i) for i, b in enumerate(window)]
     assert window[0].window.draws == 1
     if rank == 0:
-        assert results == [None, None] and task._window_rollouts == [None, None]
+        assert results == [None, None] and task.cache.rollouts == [None, None]
     else:
-        assert [ro.indices for ro in task._window_rollouts] == [[11], [12]]
+        assert [ro.indices for ro in task.cache.rollouts] == [[11], [12]]
     step = module.last_step_metrics  # the window over both ranks, reduced once
     assert step["data/skipped"] == 2.0
     assert step["train/dynamic_sampling/groups_tried"] == 6.0 and step["train/dynamic_sampling/groups_kept"] == 2.0
@@ -632,7 +632,7 @@ def test_take_completion_keeps_one_row_per_group_with_the_group_advantage() -> N
     adv = torch.tensor([0.5, -0.5, 1.5, -1.5, 0.0, 0.0, 2.0, -2.0])
     ro = Rollout(prompt={}, shared=True, completions=comp, terms=adv[:, None], rewards=adv, advantages=adv,
                  old_logp=None, ref_logp=torch.zeros(8, 3), zero_variance=torch.tensor([False, False]),
-                 indices=[7, 9], rollout_seconds=0.0)
+                 indices=[7, 9])
     one = take_completion(ro, 2, k)  # completion 2 of each group: rows 2 and 6
     assert one.completions.texts == ["t2", "t6"] and one.advantages.tolist() == [1.5, 2.0]
     assert one.completions.ids.tolist() == [ids[2].tolist(), ids[6].tolist()] and one.ref_logp.shape == (2, 3)

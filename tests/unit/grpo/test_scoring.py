@@ -165,7 +165,8 @@ def test_prompt_token_accounting_and_fallbacks(prompts, family):
 
 
 def _task_step(share: bool, prompts_batch, family: str):
-    from grasp_lightning.module import GraspModule, RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
+    from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.tasks.grpo import ComputeConfig, GRPOTask, LossConfig
 
@@ -174,7 +175,8 @@ def _task_step(share: bool, prompts_batch, family: str):
                          rollout=RolloutConfig(num_generations=K, max_new_tokens=12, stop_at_answer=False))
     module.configure_model()
     torch.manual_seed(0)
-    out = module.task.training_step(module, prompts_batch)
+    module.training_step(prompts_batch, 0)  # prepare (the sampling) and the task's step; metrics of both
+    out = module.last_task_output
     out.loss.backward()
     grads = {n: p.grad for n, p in module.policy.named_parameters() if p.grad is not None}
     return out, grads

@@ -112,6 +112,10 @@ log = logging.getLogger(__name__)
 #: docs/metrics.md's "What healthy looks like" states them (``tests/test_healthy_ranges.py`` checks they agree).
 WARN_TRUNCATED_FRACTION = 1.0
 WARN_ZERO_VARIANCE_FRACTION = 1.0
+#: grpo_loss's metrics (means over loss tokens) by their step names; each loss type has its own (docs/metrics.md).
+LOSS_METRICS = {"clip_ratio": "clip_ratio", "clip_ratio_low": "clip_ratio/low", "clip_ratio_high": "clip_ratio/high",
+                "clip_ratio_delta": "clip_ratio/delta", "ratio_mean": "ratio/mean",
+                "vespo_weight_mean": "vespo/weight_mean"}
 
 
 class GRPOTask(Task):
@@ -168,6 +172,7 @@ class GRPOTask(Task):
         self.rows_without_participants_total = 0
         self.prefetch = RolloutPrefetch()  # model.rollout.overlap: the next window's request in flight
         self._num_generations = 0  # model.rollout.num_generations, known from check_settings (micro_batch: rollout)
+        self.entropy_control = objective.EntropyControl(self.loss)  # loss.entropy_coef, adapted with loss.adaptive_entropy
 
     window_batches = True  # rollouts are sampled per accumulation window (batch.window)
     samples_rollouts = True
@@ -330,6 +335,8 @@ class GRPOTask(Task):
         loss_mask = completions.mask.clone()
         if self.dynamic_sampling != "off":
             loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
+        if self.loss.mask_truncated:  # TRL's mask_truncated_completions: out of the loss and its normalisers
+            loss_mask &= ~completions.truncated.to(loss_mask.device)[:, None]
         old_logp = None
         if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
@@ -375,6 +382,8 @@ class GRPOTask(Task):
             the rollout batch's figures (:meth:`sampling_metrics`) when it sampled one, else ``None``.
         """
         batches, position, iteration, index = self._window_of(batch)
+        if position == 0:  # a new optimizer step: the adaptive entropy coefficient from the last one's entropy
+            self.entropy_control.step(ctx)
         key = (index, tuple(tuple(b.indices) for b in batches))
         self._ready = (id(batch), id(batch.window))
         self._progress = (position, iteration, len(batches))
@@ -523,10 +532,11 @@ class GRPOTask(Task):
         last use (:meth:`window_done`: a step boundary with ``loss.num_iterations`` 1, or the last
         iteration's) no rollout would be reused, so none is stored; the rollout request in flight
         (``model.rollout.overlap``) is recorded either way."""
+        own = {**self.prefetch.state_dict(), **self.entropy_control.state_dict()}
         if self._window_key is None or self.window_done:
-            return self.prefetch.state_dict()
+            return own
         index, indices = self._window_key
-        return {**self.prefetch.state_dict(), "window_index": int(index), "window_indices": [list(x) for x in indices],
+        return {**own, "window_index": int(index), "window_indices": [list(x) for x in indices],
                 "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
                 "rollouts": [None if ro is None else rollout_state(ro) for ro in self._window_rollouts]}
 
@@ -544,6 +554,7 @@ class GRPOTask(Task):
         if not state:
             return
         self.prefetch.load_state_dict(state)
+        self.entropy_control.load_state_dict(state)
         if "window_index" not in state:  # saved at the end of a window: nothing to reuse
             return
         self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
@@ -604,21 +615,30 @@ class GRPOTask(Task):
             ro = self._window_rollouts[position]
         t0 = time.perf_counter()
         mask = ro.loss_mask
+        bonus = self.entropy_control.enabled
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
+                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision,
+                                          entropy_grad=bonus)
         num_items = None
-        if self.loss.type == "dapo":
+        if self.loss.type in objective.WINDOW_TOKEN_TYPES:
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
         sampler = self._sampler_correction(logp, ro, mask)
         loss, lm = objective.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
                                   epsilon_high=self.loss.epsilon_high, beta=self.loss.beta, loss_type=self.loss.type,
                                   max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
-                                  token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
+                                  token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp,
+                                  **self.entropy_control.loss_kwargs(entropy), **self.loss.objective_kwargs())
+        entropy = entropy.detach()
         if self.loss.divide_by_num_generations:
             loss = loss / cfg.num_generations
         metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
         metrics.update(sampler)
+        metrics.update(self.entropy_control.record(lm, mask))
+        if "low_entropy_tokens" in lm:
+            metrics["masked/low_entropy_tokens"] = Sum(lm["low_entropy_tokens"])
+        if self.loss.mask_truncated:
+            metrics["masked/truncated_completions"] = Sum(ro.completions.truncated.sum())
         if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
             metrics["tokens/loss"] = Sum(mask.sum())
         metrics["rollout/iteration"] = float(iteration)
@@ -698,10 +718,9 @@ class GRPOTask(Task):
         n = mask.float().sum()
         if "kl_mean" in lm:
             m["kl"] = Mean(lm["kl_mean"] * n, n)
-        m["clip_ratio"] = Mean(lm["clip_ratio"] * n, n)
-        m["clip_ratio/low"] = Mean(lm["clip_ratio_low"] * n, n)
-        m["clip_ratio/high"] = Mean(lm["clip_ratio_high"] * n, n)
-        m["ratio/mean"] = Mean(lm["ratio_mean"] * n, n)
+        for key, name in LOSS_METRICS.items():  # each loss type's own (sapo and vespo have no clip fractions)
+            if key in lm:
+                m[name] = Mean(lm[key] * n, n)
         m["entropy"] = Mean((entropy.detach().float() * mask).sum(), n)
         lengths = ro.completions.mask.sum(1).float()
         m["completion_length/mean"] = Mean.of(lengths)
@@ -780,7 +799,8 @@ def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
     Raises:
         GraspConfigError: naming the key that conflicts with it.
     """
-    conflicts = {"loss.num_iterations": loss.num_iterations > 1, "loss.type: dapo": loss.type == "dapo",
+    conflicts = {"loss.num_iterations": loss.num_iterations > 1,
+                 f"loss.type: {loss.type}": loss.type in objective.WINDOW_TOKEN_TYPES,
                  "batching.dynamic_sampling: refill": dynamic_sampling == "refill", "model.rollout.overlap": bool(overlap)}
     for name, bad in conflicts.items():
         if bad:

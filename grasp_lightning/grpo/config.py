@@ -8,10 +8,13 @@ start-up with a :class:`~grasp_lightning.errors.GraspConfigError` naming its key
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.grpo import objective
+
+log = logging.getLogger(__name__)
 
 #: The prefix of every key below, as a config or the command line spells it.
 KEY = "model.task.init_args."
@@ -207,6 +210,12 @@ class LossConfig:
             raise GraspConfigError(f"{k}ratio_level=sequence with {k}type=vespo: vespo takes its own sequence "
                                    f"weight from the token ratios, so the setting would do nothing; leave "
                                    f"ratio_level: token")
+        if self.type == "luspo" and self.ratio_level == "token":  # TRL 1.16 warns the same
+            log.warning("%stype=luspo with %sratio_level=token: LUSPO's paper uses the sequence-level ratio "
+                        "(ratio_level: sequence)", k, k)
+        if self.ratio_level == "sequence" and self.type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            log.warning("%sratio_level=sequence with %stype=%s sums per-token terms, weighting each completion by "
+                        "its length; GSPO's setup is type: grpo", k, k, self.type)
 
     def objective_kwargs(self) -> dict:
         """The objective's settings as :func:`grasp_lightning.grpo.objective.grpo_loss` takes them (beyond

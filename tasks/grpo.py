@@ -615,10 +615,10 @@ class GRPOTask(Task):
             ro = self._window_rollouts[position]
         t0 = time.perf_counter()
         mask = ro.loss_mask
-        bonus = self.entropy_control.enabled
+        bonus = {"entropy_grad": True} if self.entropy_control.enabled else {}  # the bonus's gradient
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
                                           k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision,
-                                          entropy_grad=bonus)
+                                          **bonus)
         num_items = None
         if self.loss.type in objective.WINDOW_TOKEN_TYPES:
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).

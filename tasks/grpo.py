@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 #: docs/metrics.md's "What healthy looks like" states them (``tests/test_healthy_ranges.py`` checks they agree).
 WARN_TRUNCATED_FRACTION = 1.0
 WARN_ZERO_VARIANCE_FRACTION = 1.0
+#: grpo_loss's metrics (means over loss tokens) by their step names; each loss type has its own (docs/metrics.md).
+LOSS_METRICS = {"clip_ratio": "clip_ratio", "clip_ratio_low": "clip_ratio/low", "clip_ratio_high": "clip_ratio/high",
+                "clip_ratio_delta": "clip_ratio/delta", "ratio_mean": "ratio/mean",
+                "vespo_weight_mean": "vespo/weight_mean"}
 
 
 class GRPOTask(Task):
@@ -105,6 +109,7 @@ class GRPOTask(Task):
         self.cache = WindowCache()  # the current window's rollouts, by micro-batch position
         self.prefetch = RolloutPrefetch()  # model.rollout.overlap: the next window's request in flight
         self._num_generations = 0  # model.rollout.num_generations, known from check_settings (micro_batch: rollout)
+        self.entropy_control = objective.EntropyControl(self.loss)  # loss.entropy_coef, adapted with loss.adaptive_entropy
 
     window_batches = True  # rollouts are sampled per accumulation window (batch.window)
     samples_rollouts = True
@@ -191,6 +196,8 @@ class GRPOTask(Task):
             the window's sampling figures (:meth:`sampling_metrics`) when it sampled one, else ``None``.
         """
         batches, position, iteration, index = self._window_of(batch)
+        if position == 0:  # a new optimizer step: the adaptive entropy coefficient from the last one's entropy
+            self.entropy_control.step(ctx)
         key = (index, tuple(tuple(b.indices) for b in batches))
         self.cache.prepare(batch, position, iteration, len(batches))
         first_use = iteration == 0 and position == 0
@@ -223,10 +230,13 @@ class GRPOTask(Task):
         ro, k, iteration, count_groups = self._micro_batch_rollout(batch, self.cache.take(batch), cfg.num_generations)
         # 4. score: the policy's log-probs and entropy of the completion tokens -> logp, entropy (N, Lc)
         t0 = time.perf_counter()
+        bonus = {"entropy_grad": True} if self.entropy_control.enabled else {}  # the entropy bonus's gradient
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
+                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision,
+                                          **bonus)
         # 5. loss: clipped ratio, k3 KL, the loss type's normaliser -> scalar; lm: its parts; sampler: metrics
-        loss, lm, sampler = self._loss(ctx, batch, ro, logp)
+        loss, lm, sampler = self._loss(ctx, batch, ro, logp, entropy)
+        entropy = entropy.detach()
         # 6. metrics: this micro-batch's parts of the step's (step_metrics values); its rollouts for the callbacks
         metrics = self._step_metrics(batch, ro, k, lm, entropy, sampler, iteration, count_groups, t0)
         return TaskOutput(loss=loss, metrics=metrics, rollout=self._record(batch, ro, logp, entropy, k))
@@ -359,6 +369,8 @@ class GRPOTask(Task):
         loss_mask = completions.mask.clone()
         if self.dynamic_sampling != "off":
             loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
+        if self.loss.mask_truncated:  # TRL's mask_truncated_completions: out of the loss and its normalisers
+            loss_mask &= ~completions.truncated.to(loss_mask.device)[:, None]
         # the old-policy and reference log-probs the loss compares with -> (N, Lc) or None
         old_logp = None
         if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
@@ -439,8 +451,9 @@ class GRPOTask(Task):
                                                             k=ctx.rollout_cfg.num_generations)
 
     # ------------------------------------------------------------------ 5. loss
-    def _loss(self, ctx: TaskContext, batch: Batch, ro: Rollout, logp: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
-        """The clipped GRPO loss of ``logp`` ``(N, Lc)`` against the rollout's old/reference log-probs and
+    def _loss(self, ctx: TaskContext, batch: Batch, ro: Rollout, logp: torch.Tensor,
+              entropy: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+        """The policy loss of ``loss.type`` on ``logp`` and ``entropy`` ``(N, Lc)`` against the rollout's old/reference log-probs and
         advantages (:func:`~grasp_lightning.grpo.objective.grpo_loss`), with the sampler's correction
         (:meth:`_sampler_correction`).
 
@@ -450,7 +463,7 @@ class GRPOTask(Task):
         """
         cfg = ctx.rollout_cfg
         num_items = None
-        if self.loss.type == "dapo":
+        if self.loss.type in objective.WINDOW_TOKEN_TYPES:
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
             window = len(self._window_of(batch)[0])
             num_items = self.cache.tokens.float().to(logp.device) / (ctx.cross_rank.world_size * window)
@@ -459,7 +472,8 @@ class GRPOTask(Task):
                                        epsilon=self.loss.epsilon, epsilon_high=self.loss.epsilon_high,
                                        beta=self.loss.beta, loss_type=self.loss.type,
                                        max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
-                                       token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
+                                       token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp,
+                                       **self.entropy_control.loss_kwargs(entropy), **self.loss.objective_kwargs())
         if self.loss.divide_by_num_generations:
             loss = loss / cfg.num_generations
         return loss, lm, sampler
@@ -511,6 +525,11 @@ class GRPOTask(Task):
         mask = ro.loss_mask
         metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
         metrics.update(sampler)
+        metrics.update(self.entropy_control.record(lm, mask))
+        if "low_entropy_tokens" in lm:
+            metrics["masked/low_entropy_tokens"] = Sum(lm["low_entropy_tokens"])
+        if self.loss.mask_truncated:
+            metrics["masked/truncated_completions"] = Sum(ro.completions.truncated.sum())
         if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
             metrics["tokens/loss"] = Sum(mask.sum())
         metrics["rollout/iteration"] = float(iteration)
@@ -554,10 +573,9 @@ class GRPOTask(Task):
         n = mask.float().sum()
         if "kl_mean" in lm:
             m["kl"] = Mean(lm["kl_mean"] * n, n)
-        m["clip_ratio"] = Mean(lm["clip_ratio"] * n, n)
-        m["clip_ratio/low"] = Mean(lm["clip_ratio_low"] * n, n)
-        m["clip_ratio/high"] = Mean(lm["clip_ratio_high"] * n, n)
-        m["ratio/mean"] = Mean(lm["ratio_mean"] * n, n)
+        for key, name in LOSS_METRICS.items():  # each loss type's own (sapo and vespo have no clip fractions)
+            if key in lm:
+                m[name] = Mean(lm[key] * n, n)
         m["entropy"] = Mean((entropy.detach().float() * mask).sum(), n)
         lengths = ro.completions.mask.sum(1).float()
         m["completion_length/mean"] = Mean.of(lengths)
@@ -626,13 +644,15 @@ class GRPOTask(Task):
         """This rank's window of rollouts (:meth:`WindowCache.state_dict
         <grasp_lightning.grpo.sampling.WindowCache.state_dict>`: none after the window's last use) and the
         rollout request in flight (``model.rollout.overlap``)."""
-        return {**self.prefetch.state_dict(), **self.cache.state_dict(self.loss.num_iterations)}
+        return {**self.prefetch.state_dict(), **self.entropy_control.state_dict(),
+                **self.cache.state_dict(self.loss.num_iterations)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
         if not state:
             return
         self.prefetch.load_state_dict(state)
+        self.entropy_control.load_state_dict(state)
         self.cache.load_state_dict(state)
 
 
@@ -675,7 +695,7 @@ def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
     Raises:
         GraspConfigError: naming the key that conflicts with it.
     """
-    conflicts = {"loss.num_iterations": loss.num_iterations > 1, "loss.type: dapo": loss.type == "dapo",
+    conflicts = {"loss.num_iterations": loss.num_iterations > 1, f"loss.type: {loss.type}": loss.type in objective.WINDOW_TOKEN_TYPES,
                  "batching.dynamic_sampling: refill": dynamic_sampling == "refill", "model.rollout.overlap": bool(overlap)}
     for name, bad in conflicts.items():
         if bad:

@@ -8,10 +8,13 @@ start-up with a :class:`~grasp_lightning.errors.GraspConfigError` naming its key
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.grpo import objective
+
+log = logging.getLogger(__name__)
 
 #: The prefix of every key below, as a config or the command line spells it.
 KEY = "model.task.init_args."
@@ -96,13 +99,43 @@ class AdvantageConfig:
 
 @dataclass
 class LossConfig:
-    """The clipped-ratio objective with a k3 KL to the reference model (DeepSeekMath GRPO; TRL ``grpo_loss``).
+    """The policy objective (DeepSeekMath GRPO and the family TRL 1.16 offers beside it) with a k3 KL to the
+    reference model and an optional entropy bonus (grasp_lightning.grpo.objective.grpo_loss).
 
     Attributes:
-        type: grpo, bnpo, dapo or dr_grpo (TRL's loss_type; grasp_lightning.objective.grpo_loss); dapo divides by the loss
-            tokens of the whole accumulation window over all ranks.
+        type: the objective, TRL's loss_type: grpo, bnpo, dapo, dr_grpo (the clipped ratio, aggregated per sequence,
+            per micro-batch token, per window token over all ranks, per budget token); cispo (MiniMax-M1: the
+            clipped weight, detached, times log-prob; epsilon_high is the weight's cap); sapo (a soft
+            temperature gate for the clip); luspo (summed per sequence, for ratio_level: sequence); vespo (a
+            gamma weight of the sequence's ratio). dapo, cispo and vespo divide by the loss tokens of the whole
+            accumulation window over all ranks.
         epsilon: lower clip range of the ratio.
-        epsilon_high: upper clip range; null: the same as epsilon.
+        epsilon_high: upper clip range; null: the same as epsilon. With type cispo: the cap of the importance weight
+            (required; ScaleRL: 5.0).
+        delta: two-sided clip (INTELLECT-2): the ratio of a token with a negative advantage is capped at this
+            (> 1 + epsilon_high recommended); null: off. Clipping types only (grpo, bnpo, dapo, dr_grpo, luspo).
+        ratio_level: token: one importance ratio per token; sequence (GSPO): one per completion,
+            exp(mean of the token log-ratios over its loss tokens). TRL's importance_sampling_level.
+        sapo_temperature_pos: type sapo: the gate's temperature for tokens with a positive advantage (TRL: 1.0).
+        sapo_temperature_neg: type sapo: the temperature for the others (TRL: 1.05).
+        vespo_k_pos: type vespo: the weight's power for a non-negative advantage (TRL: 2.0).
+        vespo_lambda_pos: type vespo: the weight's decay for a non-negative advantage (TRL: 3.0).
+        vespo_k_neg: type vespo: the power for a negative advantage (TRL: 3.0).
+        vespo_lambda_neg: type vespo: the decay for a negative advantage (TRL: 2.0).
+        mask_truncated: leave completions that hit model.rollout.max_new_tokens without ending out of the loss (DAPO;
+            TRL's mask_truncated_completions); their tokens leave the loss normalisers too.
+        top_entropy_quantile: the policy term keeps only this top share of each micro-batch's loss tokens by
+            entropy (Beyond the 80/20 Rule: 0.2); 1.0: every token.
+        entropy_coef: coefficient of the entropy bonus (minus coef x the mean entropy of the loss tokens); with
+            adaptive_entropy its starting value. 0: no bonus.
+        adaptive_entropy: adapt entropy_coef after every optimizer step (Skywork-OR1; TRL's use_adaptive_entropy): up
+            by entropy_coef_delta while the step's mean entropy is at or below entropy_target, else down, within
+            [entropy_coef_min, entropy_coef_max]; the bonus acts only while the last step's entropy was at or
+            below the target. The coefficient is saved in checkpoints.
+        entropy_coef_min: adaptive_entropy: the coefficient's lower bound (TRL: 0.0).
+        entropy_coef_max: adaptive_entropy: its upper bound (TRL: 1.0).
+        entropy_coef_delta: adaptive_entropy: its change per optimizer step (TRL: 0.005).
+        entropy_target: adaptive_entropy: the target mean entropy per token in nats (TRL: 0.2).
         beta: coefficient of the k3 KL to the reference model (recipe: 0.05); 0 skips the reference model entirely.
         num_iterations: optimizer steps per rollout batch (TRL's num_iterations); the DataModule repeats each
             accumulation window this many times, with the sampling policy's log-probs as the ratio's old ones.
@@ -120,6 +153,22 @@ class LossConfig:
     type: str = "grpo"
     epsilon: float = 0.2
     epsilon_high: float | None = None
+    delta: float | None = None
+    ratio_level: str = "token"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    mask_truncated: bool = False
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
     beta: float = 0.05
     num_iterations: int = 1
     importance_sampling_cap: float | None = None
@@ -135,6 +184,50 @@ class LossConfig:
         require(self.importance_sampling_cap is None or (is_number(self.importance_sampling_cap)
                                                          and self.importance_sampling_cap >= 1.0),
                 k + "importance_sampling_cap", ">= 1 or null", self.importance_sampling_cap)
+        require(self.ratio_level in objective.RATIO_LEVELS, k + "ratio_level", f"one of {objective.RATIO_LEVELS}",
+                self.ratio_level)
+        require(is_number(self.epsilon) and 0 <= self.epsilon < 1, k + "epsilon", "in [0, 1)", self.epsilon)
+        require(self.epsilon_high is None or (is_number(self.epsilon_high) and self.epsilon_high >= 0),
+                k + "epsilon_high", ">= 0 or null", self.epsilon_high)
+        require(self.delta is None or (is_number(self.delta) and self.delta > 1), k + "delta", "> 1 or null",
+                self.delta)
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+            require(is_number(getattr(self, name)) and getattr(self, name) > 0, k + name, "> 0", getattr(self, name))
+        for name in ("vespo_k_pos", "vespo_k_neg", "entropy_coef", "entropy_coef_delta", "entropy_target"):
+            require(is_number(getattr(self, name)) and getattr(self, name) >= 0, k + name, ">= 0", getattr(self, name))
+        require(is_number(self.top_entropy_quantile) and 0 <= self.top_entropy_quantile <= 1,
+                k + "top_entropy_quantile", "in [0, 1]", self.top_entropy_quantile)
+        require(is_number(self.entropy_coef_min) and is_number(self.entropy_coef_max)
+                and 0 <= self.entropy_coef_min <= self.entropy_coef_max, k + "entropy_coef_min",
+                f"in [0, {k}entropy_coef_max={self.entropy_coef_max}]", self.entropy_coef_min)
+        if self.type == "cispo" and self.epsilon_high is None:
+            raise GraspConfigError(f"{k}type=cispo caps the importance weight at {k}epsilon_high, which is null "
+                                   f"(it would be epsilon={self.epsilon}, below 1); set it, e.g. 5.0 (ScaleRL)")
+        if self.delta is not None and self.type in ("cispo", "sapo", "vespo"):
+            raise GraspConfigError(f"{k}delta={self.delta} clips the ratio of the clipping objectives (grpo, bnpo, "
+                                   f"dapo, dr_grpo, luspo); {k}type={self.type} has no such clip: set delta null")
+        if self.ratio_level == "sequence" and self.type == "vespo":
+            raise GraspConfigError(f"{k}ratio_level=sequence with {k}type=vespo: vespo takes its own sequence "
+                                   f"weight from the token ratios, so the setting would do nothing; leave "
+                                   f"ratio_level: token")
+        if self.type == "luspo" and self.ratio_level == "token":  # TRL 1.16 warns the same
+            log.warning("%stype=luspo with %sratio_level=token: LUSPO's paper uses the sequence-level ratio "
+                        "(ratio_level: sequence)", k, k)
+        if self.ratio_level == "sequence" and self.type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            log.warning("%sratio_level=sequence with %stype=%s sums per-token terms, weighting each completion by "
+                        "its length; GSPO's setup is type: grpo", k, k, self.type)
+
+    def objective_kwargs(self) -> dict:
+        """The objective's settings as :func:`grasp_lightning.grpo.objective.grpo_loss` takes them (beyond
+        epsilon, beta and the loss type)."""
+        return {"ratio_level": self.ratio_level, "delta": self.delta, "sapo_temperature_pos": self.sapo_temperature_pos,
+                "sapo_temperature_neg": self.sapo_temperature_neg, "vespo": self.vespo}
+
+    @property
+    def vespo(self) -> dict[str, float]:
+        """VESPO's four settings as :func:`grasp_lightning.grpo.objective.vespo_weights` takes them."""
+        return {"k_pos": self.vespo_k_pos, "lambda_pos": self.vespo_lambda_pos, "k_neg": self.vespo_k_neg,
+                "lambda_neg": self.vespo_lambda_neg}
 
 
 @dataclass

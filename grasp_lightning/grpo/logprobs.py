@@ -59,21 +59,25 @@ def hidden_states_as_logits(model):
         del head.forward
 
 
-def _chunk_logps(hidden: torch.Tensor, ids: torch.Tensor, head, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (differentiable) and entropies (no grad) of ``T`` tokens from their ``(T, D)`` hidden states."""
+def _chunk_logps(hidden: torch.Tensor, ids: torch.Tensor, head, temperature: float,
+                 entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (differentiable) and entropies (differentiable with ``entropy_grad``, else no grad) of ``T``
+    tokens from their ``(T, D)`` hidden states."""
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, -1)
     logp = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():  # H = lse - sum p * logits, with one (T, V) temporary (p, exponentiated in place)
+    if entropy_grad:  # H = lse - sum p * logits, kept in the graph (the entropy bonus)
+        return logp, lse - torch.linalg.vecdot((logits - lse.unsqueeze(-1)).exp(), logits)
+    with torch.no_grad():  # the same, with one (T, V) temporary (p, exponentiated in place)
         probs = (logits - lse.unsqueeze(-1)).exp_()
         entropy = lse - torch.linalg.vecdot(probs, logits)
     return logp, entropy
 
 
 def chunked_logps_and_entropy(hidden: torch.Tensor, head, completion_ids: torch.Tensor, temperature: float,
-                              chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                              chunk_size: int, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies ``(N, Lc)`` float32 from hidden states, ``chunk_size`` tokens at a time.
 
     Args:
@@ -83,10 +87,11 @@ def chunked_logps_and_entropy(hidden: torch.Tensor, head, completion_ids: torch.
         completion_ids: ``(N, Lc)`` int64 token ids.
         temperature: sampling temperature (logits are divided by it, TRL), > 0.
         chunk_size: tokens per chunk (rows of ``N*Lc`` flattened), >= 1.
+        entropy_grad: the entropies differentiable too (the entropy bonus of ``loss.entropy_coef``).
 
     Returns:
         ``(logp, entropy)``: log-probs differentiable w.r.t. ``hidden`` and the head's parameters
-        (each chunk recomputed in the backward), entropies without grad; equal to
+        (each chunk recomputed in the backward), entropies without grad unless ``entropy_grad``; equal to
         :func:`grasp_lightning.grpo.scoring.logps_and_entropy` on ``head(hidden)`` within float rounding.
 
     Raises:
@@ -107,11 +112,11 @@ def chunked_logps_and_entropy(hidden: torch.Tensor, head, completion_ids: torch.
     for start in range(0, n * lc, chunk_size):
         h, t = flat[start:start + chunk_size], ids[start:start + chunk_size]
         if recompute:
-            lp, ent = checkpoint(_chunk_logps, h, t, head, temperature, use_reentrant=False)
+            lp, ent = checkpoint(_chunk_logps, h, t, head, temperature, entropy_grad, use_reentrant=False)
         else:
-            lp, ent = _chunk_logps(h, t, head, temperature)
+            lp, ent = _chunk_logps(h, t, head, temperature, entropy_grad)
         logps.append(lp)
-        entropies.append(ent.detach())
+        entropies.append(ent if entropy_grad else ent.detach())
     if not logps:
         empty = hidden.new_zeros((n, lc), dtype=torch.float32)
         return empty, empty

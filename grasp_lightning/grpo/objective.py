@@ -3,7 +3,8 @@
 Pure functions, mirroring TRL 1.16's ``GRPOTrainer`` (``trl/trainer/grpo_trainer.py``:
 ``_generate_and_score_completions`` for advantages, ``_compute_loss`` for the loss) so results can be
 checked side by side (``tests/unit/grpo/test_objective.py``), plus the released GRASP variant of the
-advantage (each reward term centred within its group, then weighted).
+advantage (each reward term centred within its group, then weighted), and the entropy bonus's adaptive
+coefficient (:class:`EntropyControl`, the one piece with state).
 
 Layout: ``N = G * K`` rows, where the ``K`` rollouts of one prompt are consecutive rows, and ``L``
 completion tokens per row (right-padded; ``mask`` marks real tokens).
@@ -30,30 +31,44 @@ and ``S`` = ``steps_per_generation`` (defaults to ``A``):
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from grasp_lightning.errors import GraspConfigError
 
 __all__ = [
+    "EntropyControl",
     "LOG_RATIO_CLAMP",
+    "adapt_entropy_coef",
+    "aggregate",
     "LOSS_TYPES",
+    "RATIO_LEVELS",
+    "WINDOW_TOKEN_TYPES",
     "clip_advantages",
     "group_advantages",
     "grpo_loss",
+    "high_entropy_mask",
     "k3_kl",
     "overlong_penalty",
+    "policy_loss_per_token",
     "released_advantages",
     "reward_moments",
     "std_from_moments",
     "selective_log_softmax",
+    "vespo_weights",
     "zero_variance_groups",
 ]
 
 #: Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (e^20 ≈ 4.9e8 fits bf16).
 LOG_RATIO_CLAMP = 20.0
 #: Token aggregations supported by :func:`grpo_loss` (names as in TRL's ``GRPOConfig.loss_type``).
-LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dapo", "dr_grpo")
+LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
+#: Loss types normalised by the loss tokens of the whole generation batch (TRL's ``num_items_in_batch``).
+WINDOW_TOKEN_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
+#: Where the importance ratio is taken: per token, or one length-normalised ratio per sequence (GSPO).
+RATIO_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 def _grouped(values: Tensor, group_size: int) -> Tensor:
@@ -268,8 +283,193 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` over the masked tokens (0 when the mask is empty); detached."""
+    """Mean of ``x`` over the masked tokens (0 when the mask is empty); detached. ``x`` may be ``(N, 1)``
+    (one value per sequence, counted once per loss token of its sequence)."""
     return ((x * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+
+
+def high_entropy_mask(entropies: Tensor, mask: Tensor, top_quantile: float) -> Tensor:
+    """The tokens among the top ``top_quantile`` of entropy (Wang et al. 2025, "Beyond the 80/20 Rule";
+    TRL 1.16 ``GRPOTrainer.get_high_entropy_mask`` with ``threshold = 1 - top_entropy_quantile``).
+
+    The threshold is ``torch.quantile`` (linear interpolation) at ``1 - top_quantile`` of the entropies of
+    the masked tokens; a token is kept when its entropy is at or above it. TRL pools the tokens of the
+    micro-batch of every process; this function sees the tokens it is given (one rank's micro-batch).
+
+    Args:
+        entropies: ``(N, L)`` per-token entropies (nats; any float dtype; gradient not used).
+        mask: ``(N, L)`` loss tokens (bool, int or float).
+        top_quantile: in ``[0, 1]``; 1 keeps every loss token, 0 only the highest-entropy ones.
+
+    Returns:
+        ``(N, L)`` bool, False on padding; all False when the mask is empty.
+
+    Raises:
+        GraspConfigError: ``top_quantile`` outside ``[0, 1]``.
+    """
+    if not 0.0 <= top_quantile <= 1.0:
+        raise GraspConfigError(f"top_entropy_quantile must be in [0, 1], got {top_quantile}")
+    keep = mask.bool()
+    values = entropies.detach()[keep].float()
+    if values.numel() == 0:
+        return torch.zeros_like(keep)
+    threshold = torch.quantile(values, 1.0 - top_quantile)
+    return (entropies.detach().float() * keep.float() >= threshold) & keep
+
+
+def vespo_weights(log_ratio: Tensor, mask: Tensor, advantages: Tensor, is_weights: Tensor | None = None, *,
+                  k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0,
+                  lambda_neg: float = 2.0) -> Tensor:
+    """VESPO's gamma weight of each sequence, ``phi(w) = exp(lambda + k log w - lambda w)`` (``phi(1) = 1``),
+    no gradient (VESPO, arXiv 2602.10693; TRL 1.16 ``GRPOTrainer.get_gamma_weights``).
+
+    ``log w = clamp(sum_t clamp(log_ratio_t, -20, 20) + sum_t log is_t, log 1e-8, 20)`` over the loss tokens:
+    the sequence's whole (not length-normalised) log-ratio, plus the log of the sampler correction
+    (each clamped to ``[log 1e-8, 20]``) where there is one. ``k, lambda`` are the ``_pos`` pair for ``A >= 0``,
+    else the ``_neg`` pair; lambda is floored at 1e-4; a NaN or infinite weight becomes 0.
+
+    Args:
+        log_ratio: ``(N, L)`` ``logp - old_logp``.
+        mask: ``(N, L)`` loss tokens (float).
+        advantages: ``(N, 1)``.
+        is_weights: ``(N, L)`` the sampler's importance weights (``GRPOTask``'s ``importance_sampling_cap``), or
+            ``None``; padding is left out (TRL's weight there is exactly 1).
+
+    Returns:
+        ``(N, 1)`` float32 weights.
+
+    Raises:
+        ValueError: ``is_weights`` is not per token ``(N, L)``.
+    """
+    with torch.no_grad():
+        lower = math.log(1e-8)
+        seq = (log_ratio.detach().float().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask).sum(-1, keepdim=True)
+        if is_weights is not None:
+            if is_weights.shape != log_ratio.shape:
+                raise ValueError(f"vespo needs per-token importance weights {tuple(log_ratio.shape)}, "
+                                 f"got {tuple(is_weights.shape)}")
+            seq = seq + (torch.log(is_weights.float()).clamp(lower, LOG_RATIO_CLAMP) * mask).sum(-1, keepdim=True)
+        log_w = seq.clamp(lower, LOG_RATIO_CLAMP)
+        nonneg = advantages >= 0
+        k = torch.where(nonneg, k_pos, k_neg)
+        lam = torch.where(nonneg, lambda_pos, lambda_neg).clamp(min=1e-4)
+        return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def policy_loss_per_token(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_type: str = "grpo",
+    ratio_level: str = "token",
+    epsilon: float = 0.2,
+    epsilon_high: float = 0.2,
+    delta: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo: dict[str, float] | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The policy term of each token for every loss type, before masking and aggregation (TRL 1.16
+    ``GRPOTrainer._compute_loss``, from ``log_ratio`` to ``per_token_loss``).
+
+    With ``r`` the importance ratio (per token; with ``ratio_level="sequence"``, GSPO's
+    ``exp(mean_t log r_t)`` over the sequence's loss tokens, one per sequence) and ``A`` the advantage:
+
+    * ``grpo``, ``bnpo``, ``dapo``, ``dr_grpo``, ``luspo``: ``-min(r' A, clip(r, 1 - epsilon, 1 + epsilon_high) A)``
+      with ``r' = min(r, delta)`` when ``delta`` is set (INTELLECT-2's two-sided clip), else ``r``;
+    * ``cispo``: ``-sg(min(r, epsilon_high)) A logp`` (MiniMax-M1; ``epsilon_high`` is the weight's cap);
+    * ``sapo``: ``-(4 / tau) sigmoid(tau (r - 1)) A`` with ``tau`` = ``sapo_temperature_pos`` for ``A > 0``, else
+      ``_neg`` (SAPO);
+    * ``vespo``: ``-phi A logp`` with :func:`vespo_weights` ``phi`` (the sampler weights ``is_weights`` go into
+      ``phi``).
+
+    Args:
+        logp: ``(N, L)`` float32 policy log-probs (with grad).
+        old_logp: ``(N, L)`` float32 sampling-policy log-probs.
+        advantages: ``(N, 1)`` float32.
+        mask: ``(N, L)`` float32 loss tokens.
+        loss_type: one of :data:`LOSS_TYPES`.
+        ratio_level: ``"token"`` or ``"sequence"`` (TRL's ``importance_sampling_level``).
+        epsilon, epsilon_high: the clip range (``epsilon_high`` already resolved).
+        delta: the upper bound of the ratio for ``A < 0``, or ``None``.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures.
+        vespo: ``k_pos, lambda_pos, k_neg, lambda_neg`` of :func:`vespo_weights`, or ``None``: its defaults.
+        is_weights: ``(N, L)`` sampler importance weights, used by ``vespo`` only.
+
+    Returns:
+        ``(per_token, ratio, metrics)``: ``per_token`` ``(N, L)`` or ``(N, 1)`` (sequence level: broadcast over
+        the tokens), ``ratio`` ``(N, L)`` or ``(N, 1)`` (after ``delta``), and detached masked means (a
+        sequence's value counted once per loss token): ``ratio_mean`` (before ``delta``), ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high`` (clipping types), ``clip_ratio_delta``
+        (``delta`` set: ratio above delta with ``A < 0``), ``clip_ratio``/``clip_ratio_high`` for ``cispo``
+        (weights capped with ``A > 0``, TRL's ``cispo_clip_ratio``), ``vespo_weight_mean``.
+
+    Raises:
+        GraspConfigError: unknown ``loss_type`` or ``ratio_level``.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise GraspConfigError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
+    if ratio_level not in RATIO_LEVELS:
+        raise GraspConfigError(f"unknown ratio_level {ratio_level!r}; expected one of {list(RATIO_LEVELS)}")
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if ratio_level == "sequence":
+        log_ratio_used = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    else:
+        log_ratio_used = log_ratio
+    ratio = torch.exp(log_ratio_used)
+    metrics: dict[str, Tensor] = {"ratio_mean": _masked_mean(ratio, mask)}
+    if loss_type == "cispo":
+        per_token = -ratio.clamp(max=epsilon_high).detach() * advantages * logp
+        capped = ((ratio > epsilon_high) & (advantages > 0)).float()
+        metrics["clip_ratio"] = metrics["clip_ratio_high"] = _masked_mean(capped, mask)
+    elif loss_type == "sapo":
+        tau = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        per_token = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
+    elif loss_type == "vespo":
+        phi = vespo_weights(log_ratio, mask, advantages, is_weights, **(vespo or {}))
+        per_token = -phi * advantages * logp
+        metrics["vespo_weight_mean"] = _masked_mean(phi, mask)
+    else:
+        clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+        if delta is not None:
+            metrics["clip_ratio_delta"] = _masked_mean(((ratio > delta) & (advantages < 0)).float(), mask)
+            ratio = ratio.clamp(max=delta)
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        low = (ratio < 1 - epsilon) & (advantages < 0)
+        high = (ratio > 1 + epsilon_high) & (advantages > 0)
+        metrics["clip_ratio"] = _masked_mean((low | high).float(), mask)
+        metrics["clip_ratio_low"] = _masked_mean(low.float(), mask)
+        metrics["clip_ratio_high"] = _masked_mean(high.float(), mask)
+    return per_token, ratio, metrics
+
+
+def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int | None = None,
+              num_items_in_batch: float | Tensor | None = None) -> Tensor:
+    """One micro-batch's loss from the per-token losses, by loss type (TRL 1.16 ``_compute_loss``, before its
+    division by the accumulation steps; see :func:`grpo_loss`).
+
+    Args:
+        per_token: ``(N, L)`` or ``(N, 1)`` (sequence level: broadcast over the tokens) float32 losses.
+        mask: ``(N, L)`` float32 loss tokens.
+        loss_type: one of :data:`LOSS_TYPES`.
+        max_completion_length: ``dr_grpo``'s budget in tokens.
+        num_items_in_batch: the normaliser of :data:`WINDOW_TOKEN_TYPES`; ``None``: this micro-batch's tokens.
+
+    Returns:
+        A float32 scalar.
+    """
+    masked = per_token * mask
+    if loss_type in ("grpo", "sapo"):
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "luspo":
+        return masked.sum(-1).mean()
+    if loss_type == "bnpo" or (loss_type in WINDOW_TOKEN_TYPES and num_items_in_batch is None):
+        return masked.sum() / mask.sum().clamp(min=1.0)
+    if loss_type in WINDOW_TOKEN_TYPES:
+        return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=torch.float32, device=mask.device).clamp(min=1.0)
+    return masked.sum() / (mask.shape[0] * max_completion_length)  # dr_grpo
 
 
 def grpo_loss(
@@ -287,20 +487,34 @@ def grpo_loss(
     num_items_in_batch: float | Tensor | None = None,
     token_weights: Tensor | None = None,
     kl_clamp: float | None = None,
+    ratio_level: str = "token",
+    delta: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo: dict[str, float] | None = None,
+    entropies: Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped GRPO objective with an optional k3 KL penalty, as in TRL 1.16 ``GRPOTrainer._compute_loss``.
+    """The GRPO objective family with an optional k3 KL penalty and entropy bonus, as in TRL 1.16
+    ``GRPOTrainer._compute_loss``.
 
-    Per token: ``ratio = exp(clamp(logp - old_logp, -20, 20))``,
-    ``loss = -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * k3_kl(logp, ref_logp)``
-    (KL only when ``beta != 0``). Computed in float32. Aggregation over the masked tokens:
+    Per token: the policy term of :func:`policy_loss_per_token` (``loss_type``, ``ratio_level``, ``delta``,
+    SAPO's and VESPO's settings), times the high-entropy mask (:func:`high_entropy_mask`, when
+    ``top_entropy_quantile < 1``), times ``token_weights`` (not for ``vespo``, whose weights take them), plus
+    ``beta * k3_kl(logp, ref_logp)``. Computed in float32. Aggregation over the masked tokens:
 
-    * ``"grpo"``: mean over each sequence's tokens, then mean over sequences;
+    * ``"grpo"``, ``"sapo"``: mean over each sequence's tokens, then mean over sequences;
     * ``"bnpo"``: sum over all tokens / number of tokens in this micro-batch;
-    * ``"dapo"``: sum / ``num_items_in_batch`` when given, else as ``"bnpo"``;
-    * ``"dr_grpo"``: sum / (``N * max_completion_length``).
+    * ``"dapo"``, ``"cispo"``, ``"vespo"`` (:data:`WINDOW_TOKEN_TYPES`): sum / ``num_items_in_batch`` when given,
+      else as ``"bnpo"``;
+    * ``"dr_grpo"``: sum / (``N * max_completion_length``);
+    * ``"luspo"``: sum over each sequence's tokens, then mean over sequences.
 
-    The value is one micro-batch's loss, not divided by the accumulation factor; see the module
-    docstring for how it relates to TRL's scaling under gradient accumulation.
+    Then, with ``entropy_coef != 0``, the entropy bonus: minus ``entropy_coef`` times the mean entropy over
+    the loss tokens (the high-entropy ones only, with the mask), whatever the loss type's normaliser (TRL:
+    ``loss - coef * H``). The value is one micro-batch's loss, not divided by the accumulation factor;
+    see the module docstring for how it relates to TRL's scaling under gradient accumulation.
 
     Args:
         logp: ``(N, L)`` policy log-probs of the completion tokens (with grad; any float dtype).
@@ -309,27 +523,38 @@ def grpo_loss(
         advantages: ``(N,)`` one advantage per rollout.
         mask: ``(N, L)`` 1 for completion tokens that count, 0 for padding (bool, int or float).
         epsilon: lower clip range ``ε_low``; also the upper one when ``epsilon_high`` is None.
-        epsilon_high: upper clip range (DAPO's clip-higher), or ``None``.
+        epsilon_high: upper clip range (DAPO's clip-higher; ``cispo``: the weight's cap), or ``None``.
         beta: KL coefficient (0.05 in the released GRASP recipe, 0.0 in TRL by default).
         loss_type: one of :data:`LOSS_TYPES`.
         max_completion_length: the generation budget in tokens; required for ``"dr_grpo"``.
-        num_items_in_batch: ``dapo`` normaliser, the number of loss tokens it should average over.
-        token_weights: ``(N, L)`` detached weights of the clipped term, or ``None``: the truncated
+        num_items_in_batch: the normaliser of :data:`WINDOW_TOKEN_TYPES`, the number of loss tokens they average over.
+        token_weights: ``(N, L)`` detached weights of the policy term, or ``None``: the truncated
             importance-sampling correction for a rollout engine whose numerics differ from the trainer's
             (TRL 1.16 multiplies ``per_token_loss`` by it before adding the KL term; ``GRPOTask``'s
-            ``importance_sampling_cap``).
+            ``importance_sampling_cap``); ``vespo`` folds them into its sequence weights instead.
         kl_clamp: clamp each token's k3 estimate to ±this (:func:`k3_kl`; released GRASP: 10), in the loss and
             in ``kl_mean``; ``None``: no clamp.
+        ratio_level: ``"token"`` or ``"sequence"`` (GSPO; TRL's ``importance_sampling_level``).
+        delta: INTELLECT-2's upper bound on the ratio of negative-advantage tokens, or ``None``.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures.
+        vespo: VESPO's ``k_pos, lambda_pos, k_neg, lambda_neg`` (:func:`vespo_weights`), or ``None``: defaults.
+        entropies: ``(N, L)`` per-token policy entropies (nats); with grad for the bonus. Required when
+            ``top_entropy_quantile < 1`` or ``entropy_coef != 0``.
+        top_entropy_quantile: keep only this top share of the loss tokens by entropy in the policy term.
+        entropy_coef: the entropy bonus's coefficient (0: none).
 
     Returns:
-        ``(loss, metrics)``: a float32 scalar loss, and detached float32 scalars ``kl_mean`` (masked
-        mean of k3; present only when ``ref_logp`` is given), ``clip_ratio`` (share of tokens in the
-        clipped region: ratio < 1-ε with A < 0, or ratio > 1+ε_high with A > 0 — TRL's
-        ``clip_ratio/region_mean``), ``clip_ratio_low``, ``clip_ratio_high`` and ``ratio_mean``.
+        ``(loss, metrics)``: a float32 scalar loss, and detached float32 scalars: ``kl_mean`` (masked mean of
+        k3; only when ``ref_logp`` is given), the clip fractions and ``ratio_mean`` of
+        :func:`policy_loss_per_token` (``clip_ratio``: ratio < 1-ε with A < 0, or ratio > 1+ε_high with A > 0,
+        TRL's ``clip_ratio/region_mean``), ``low_entropy_tokens`` (``top_entropy_quantile < 1``; a count: loss
+        tokens the high-entropy mask leaves out) and, when ``entropies`` are given, ``entropy_effective`` (their
+        mean over the tokens the bonus acts on: the loss tokens the high-entropy mask keeps).
 
     Raises:
-        GraspConfigError: unknown ``loss_type``; ``dr_grpo`` without ``max_completion_length``;
-        ``beta != 0`` without ``ref_logp``. ValueError: mismatched shapes.
+        GraspConfigError: unknown ``loss_type`` or ``ratio_level``; ``dr_grpo`` without ``max_completion_length``;
+        ``beta != 0`` without ``ref_logp``; the entropy options without ``entropies``. ValueError: mismatched
+        shapes.
     """
     if loss_type not in LOSS_TYPES:
         raise GraspConfigError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
@@ -337,6 +562,8 @@ def grpo_loss(
         raise GraspConfigError("loss_type 'dr_grpo' needs max_completion_length (the generation budget in tokens)")
     if beta != 0.0 and ref_logp is None:
         raise GraspConfigError(f"beta={beta} needs reference log-probs (ref_logp is None)")
+    if (top_entropy_quantile < 1.0 or entropy_coef != 0.0) and entropies is None:
+        raise GraspConfigError("top_entropy_quantile < 1 and entropy_coef need the per-token entropies")
     if logp.dim() != 2 or mask.shape != logp.shape or advantages.shape != logp.shape[:1]:
         raise ValueError(f"logp (N, L), mask (N, L), advantages (N,) expected, got {tuple(logp.shape)}, "
                          f"{tuple(mask.shape)}, {tuple(advantages.shape)}")
@@ -345,33 +572,130 @@ def grpo_loss(
     old32 = logp32.detach() if old_logp is None else old_logp.float()
     mask32 = mask.float()
     adv = advantages.float().unsqueeze(1)
+    weights = None if token_weights is None else token_weights.detach().float()
 
-    ratio = torch.exp((logp32 - old32).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    clipped = ratio.clamp(1 - epsilon, 1 + eps_high)
-    per_token = -torch.min(ratio * adv, clipped * adv)
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach().float()
-    metrics: dict[str, Tensor] = {}
+    per_token, _, metrics = policy_loss_per_token(
+        logp32, old32, adv, mask32, loss_type=loss_type, ratio_level=ratio_level, epsilon=epsilon,
+        epsilon_high=eps_high, delta=delta, sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg, vespo=vespo, is_weights=weights if loss_type == "vespo" else None)
+    effective = mask32
+    if top_entropy_quantile < 1.0:
+        keep = high_entropy_mask(entropies, mask32, top_entropy_quantile)
+        per_token = per_token * keep
+        effective = mask32 * keep
+        metrics["low_entropy_tokens"] = (mask32.sum() - effective.sum()).detach()
+    if weights is not None and loss_type != "vespo":
+        per_token = per_token * weights
     if ref_logp is not None:
         kl = k3_kl(logp32, ref_logp.float(), kl_clamp)
         metrics["kl_mean"] = _masked_mean(kl, mask32)
         if beta != 0.0:
             per_token = per_token + beta * kl
 
-    token_sum = (per_token * mask32).sum()
-    if loss_type == "grpo":
-        loss = ((per_token * mask32).sum(-1) / mask32.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo" or (loss_type == "dapo" and num_items_in_batch is None):
-        loss = token_sum / mask32.sum().clamp(min=1.0)
-    elif loss_type == "dapo":
-        loss = token_sum / torch.as_tensor(num_items_in_batch, dtype=torch.float32, device=logp.device).clamp(min=1.0)
-    else:  # dr_grpo
-        loss = token_sum / (logp.shape[0] * max_completion_length)
-
-    low = (ratio < 1 - epsilon) & (adv < 0)
-    high = (ratio > 1 + eps_high) & (adv > 0)
-    metrics["clip_ratio"] = _masked_mean((low | high).float(), mask32)
-    metrics["clip_ratio_low"] = _masked_mean(low.float(), mask32)
-    metrics["clip_ratio_high"] = _masked_mean(high.float(), mask32)
-    metrics["ratio_mean"] = _masked_mean(ratio, mask32)
+    loss = aggregate(per_token, mask32, loss_type, max_completion_length, num_items_in_batch)
+    if entropies is not None:
+        h = entropies.float()
+        bonus = (h * effective).sum() / effective.sum().clamp(min=1.0)
+        metrics["entropy_effective"] = bonus.detach()
+        if entropy_coef != 0.0:
+            loss = loss - entropy_coef * bonus
     return loss, metrics
+
+
+def adapt_entropy_coef(coef: float, entropy: float, *, target: float, delta: float, low: float,
+                       high: float) -> float:
+    """Skywork-OR1's adaptive entropy coefficient after one optimizer step (TRL 1.16 ``_compute_loss``):
+    ``min(coef + delta, high)`` when the step's mean entropy is at or below ``target``, else
+    ``max(coef - delta, low)``."""
+    return min(coef + delta, high) if entropy <= target else max(coef - delta, low)
+
+
+class EntropyControl:
+    """The entropy bonus's coefficient over a run: fixed (``loss.entropy_coef``) or adaptive
+    (``loss.adaptive_entropy``, Skywork-OR1), and the keyword arguments it gives :func:`grpo_loss`.
+
+    Adaptive, as TRL 1.16 does it: every micro-batch of an optimizer step applies the coefficient and the
+    gate decided after the step before (the bonus acts only while that step's mean entropy was at or below
+    the target; before any step, never); each micro-batch adds ``[Σ entropy, tokens]`` over the tokens the
+    bonus acts on to its rank's running sum; at the step's end the sums of every rank give the step's
+    mean entropy, and :func:`adapt_entropy_coef` the next coefficient. Here the end of step ``t`` is
+    handled at the first micro-batch of step ``t + 1`` (:meth:`step`, called by ``GRPOTask.prepare`` on
+    every rank, so its one all-reduce lines up), which gives every step the same coefficient as TRL's.
+    The coefficient, the last entropy and the pending sums are this object's state
+    (:meth:`state_dict`), saved in checkpoints with the task's.
+
+    Args:
+        loss: the ``LossConfig`` (``entropy_coef``, ``adaptive_entropy``, ``entropy_coef_min/max/delta``,
+            ``entropy_target``, ``top_entropy_quantile``).
+    """
+
+    def __init__(self, loss) -> None:
+        self.cfg = loss
+        self.coef = float(loss.entropy_coef)
+        self.last_entropy = math.inf  # no step measured yet: the adaptive bonus is off
+        self.pending = [0.0, 0.0]  # this rank's [Σ entropy, tokens] of the step so far
+        self.started = False  # a step has run since the start (or the checkpoint): step() has sums to reduce
+
+    @property
+    def enabled(self) -> bool:
+        """A bonus is in the loss (the entropies then need their gradient)."""
+        return self.cfg.entropy_coef != 0.0 or self.cfg.adaptive_entropy
+
+    @property
+    def applied(self) -> float:
+        """The coefficient this step's micro-batches multiply the bonus by (0 while adaptive and above target)."""
+        if self.cfg.adaptive_entropy and not self.last_entropy <= self.cfg.entropy_target:
+            return 0.0
+        return self.coef
+
+    def loss_kwargs(self, entropies: Tensor) -> dict:
+        """``entropies``, ``top_entropy_quantile`` and ``entropy_coef`` for :func:`grpo_loss` (empty when no
+        entropy option is on)."""
+        if not self.enabled and self.cfg.top_entropy_quantile >= 1.0:
+            return {}
+        return {"entropies": entropies, "top_entropy_quantile": self.cfg.top_entropy_quantile,
+                "entropy_coef": self.applied}
+
+    def record(self, metrics: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
+        """Add one micro-batch's entropy over the bonus's tokens (``metrics`` of :func:`grpo_loss`, ``mask`` its
+        ``(N, L)`` loss tokens) to the step's sums; returns its coefficient metrics: ``entropy/coef`` (the
+        controller's value this step) and, adaptive, ``entropy/coef_applied``."""
+        out: dict[str, float] = {}
+        if self.cfg.adaptive_entropy and "entropy_effective" in metrics:
+            tokens = float(mask.float().sum()) - float(metrics.get("low_entropy_tokens", 0.0))
+            self.pending[0] += float(metrics["entropy_effective"]) * tokens
+            self.pending[1] += tokens
+            out["entropy/coef_applied"] = self.applied
+        if self.enabled:
+            out["entropy/coef"] = self.coef
+        return out
+
+    def step(self, ctx) -> None:
+        """At an optimizer step's first micro-batch (every rank): adapt the coefficient to the last step's mean
+        entropy over all ranks (``ctx.cross_rank.sum``, one all-reduce), then start the new step's sums."""
+        if not self.cfg.adaptive_entropy:
+            return
+        if self.started:
+            total = ctx.cross_rank.sum(torch.tensor(self.pending, dtype=torch.float64, device=ctx.device)).cpu()
+            entropy = float(total[0] / total[1].clamp(min=1.0))
+            self.coef = adapt_entropy_coef(self.coef, entropy, target=self.cfg.entropy_target,
+                                           delta=self.cfg.entropy_coef_delta, low=self.cfg.entropy_coef_min,
+                                           high=self.cfg.entropy_coef_max)
+            self.last_entropy = entropy
+        self.pending = [0.0, 0.0]
+        self.started = True
+
+    def state_dict(self) -> dict:
+        """The adaptive controller's state (empty when not adaptive): plain numbers."""
+        if not self.cfg.adaptive_entropy:
+            return {}
+        return {"entropy_control": {"coef": self.coef, "last_entropy": self.last_entropy,
+                                    "pending": list(self.pending), "started": self.started}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (a state without it, e.g. from a run without adaptive entropy, keeps the start)."""
+        own = state.get("entropy_control")
+        if not own or not self.cfg.adaptive_entropy:
+            return
+        self.coef, self.last_entropy = float(own["coef"]), float(own["last_entropy"])
+        self.pending, self.started = [float(x) for x in own["pending"]], bool(own["started"])

@@ -427,25 +427,28 @@ def full_sequences(prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor
 
 
 def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
-                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs (differentiable) and entropies (no grad) from ``(N, Lc, V)`` aligned logits.
+                      temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs (differentiable) and entropies (no grad unless ``entropy_grad``: the entropy
+    bonus of ``loss.entropy_coef``) from ``(N, Lc, V)`` aligned logits.
 
     Logits are divided by the sampling temperature first (TRL). Returns two ``(N, Lc)`` float32 tensors.
     The entropy is computed one row at a time, so at most one row's float32 copies of the
-    ``(Lc, V)`` logits exist beside the logits themselves.
+    ``(Lc, V)`` logits exist beside the logits themselves (without ``entropy_grad``; with it, autograd keeps
+    each row's softmax for the backward).
     """
     logp = objective.selective_log_softmax(logits, completion_ids, temperature)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         rows = []
         for row in logits:
             scaled = row.float() / temperature
             rows.append(torch.logsumexp(scaled, -1) - (scaled.softmax(-1) * scaled).sum(-1))
-        entropy = torch.stack(rows)
+        entropy = torch.stack(rows) if rows else logp.new_zeros(logp.shape)
     return logp, entropy
 
 
 def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
-                     temperature: float, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float, chunk_size: int | None = None,
+                     entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive scoring: one forward over full sequences whose last ``Lc`` tokens are ``completion_ids`` ``(N, Lc)``.
 
     ``chunk_size``: ``None`` takes the model's ``(N, Lc, V)`` logits (:func:`logps_and_entropy`); an
@@ -458,7 +461,7 @@ def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: tor
     lc = completion_ids.shape[1]
     with _scoring_head(model, chunk_size) as head:
         out = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
-    return _logps(out, head, completion_ids, temperature, chunk_size)
+    return _logps(out, head, completion_ids, temperature, chunk_size, entropy_grad)
 
 
 @contextlib.contextmanager
@@ -472,17 +475,18 @@ def _scoring_head(model, chunk_size: int | None):
 
 
 def _logps(out: torch.Tensor, head, completion_ids: torch.Tensor, temperature: float,
-           chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+           chunk_size: int | None, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies from logits (``head`` ``None``) or from hidden states (chunked head)."""
     if head is None:
-        return logps_and_entropy(out, completion_ids, temperature)
-    return chunked_logps_and_entropy(out, head, completion_ids, temperature, chunk_size)
+        return logps_and_entropy(out, completion_ids, temperature, entropy_grad)
+    return chunked_logps_and_entropy(out, head, completion_ids, temperature, chunk_size, entropy_grad)
 
 
 # ---------------------------------------------------------------------------------------- shared scoring
 def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                             completion_mask: torch.Tensor, k: int, temperature: float,
-                            chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            chunk_size: int | None = None,
+                            entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-shared scoring: the B prompts run once, the ``B*K`` completions attend to their shared cache.
 
     Differentiable when grad is enabled (policy loss); also used under ``no_grad`` for the
@@ -521,25 +525,27 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
             out = model(input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
                         cache=cache.expanded(k), use_cache=False)
             logits = torch.cat([logits, out.logits], 1)
-    return _logps(logits, head, completion_ids, temperature, chunk_size)  # the head's own forward is back
+    return _logps(logits, head, completion_ids, temperature, chunk_size, entropy_grad)  # the head's forward is back
 
 
 def score_completions(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                       completion_mask: torch.Tensor, k: int, temperature: float,
                       share: bool, chunk_size: int | None = None,
-                      vision: VisionFeatures | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      vision: VisionFeatures | None = None,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies ``(B*K, Lc)`` of the completions: group-shared or naive (repeated rows).
 
     ``chunk_size``: the LM head over that many completion tokens at a time (``None``: full logits;
     :func:`completion_logps`). ``vision``: the rollout's vision features, fed to the model instead of
     running its (frozen) vision tower again (:func:`grasp_lightning.grpo.vision.reuse_vision`).
+    ``entropy_grad``: the entropies differentiable too (``loss.entropy_coef``'s bonus), else without grad.
     """
     with reuse_vision(model, vision):
         if share:
             return shared_completion_logps(model, prompt, completion_ids, completion_mask, k, temperature,
-                                           chunk_size)
+                                           chunk_size, entropy_grad)
         return completion_logps(model, full_sequences(prompt, completion_ids, completion_mask, k), completion_ids,
-                                temperature, chunk_size)
+                                temperature, chunk_size, entropy_grad)
 
 
 def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool, *, generation: bool = False) -> int:

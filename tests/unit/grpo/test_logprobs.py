@@ -152,3 +152,52 @@ def test_hidden_states_as_logits_restores_the_head(prompts, family):  # noqa: F8
     assert hidden.shape[-1] == model.config.get_text_config().hidden_size
     torch.testing.assert_close(head(hidden), logits)
     torch.testing.assert_close(again, logits)
+
+
+def test_entropy_bonus_gradient_on_both_families(prompts, family):  # noqa: F811
+    """``entropy_grad``: the entropies carry their gradient (the entropy bonus) on the shared and the naive scoring,
+    full logits and chunks alike, equal to TRL's ``entropy_from_logits`` on the model's own logits; without it
+    they carry none."""
+    from trl.trainer.utils import entropy_from_logits
+
+    from grasp_lightning.grpo.scoring import full_sequences
+
+    inputs, tok = prompts
+    model = load_model(family, train=True, noise=0.1)
+    model.model.visual.requires_grad_(False)
+    ids, mask = random_completions(tok, 2 * K)
+    gen = torch.Generator().manual_seed(6)
+    advantages = torch.randn(2 * K, generator=gen)
+
+    def run(share, chunk):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = score_completions(model, inputs, ids, mask, K, 0.7, share, chunk_size=chunk, entropy_grad=True)
+        loss, metrics = objective.grpo_loss(logp, None, None, advantages, mask, loss_type="grpo", entropies=entropy,
+                                            entropy_coef=0.1)
+        loss.backward()
+        return entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    full = run(False, None)
+    # TRL's entropy of the same logits (naive rows), with its gradient: the bonus alone
+    model.zero_grad(set_to_none=True)
+    lc = ids.shape[1]
+    logits = model(**full_sequences(inputs, ids, mask, K), use_cache=False, logits_to_keep=lc + 1).logits[:, :-1] / 0.7
+    trl_entropy = entropy_from_logits(logits)
+    torch.testing.assert_close(full[0] * mask, trl_entropy.detach() * mask, rtol=1e-5, atol=2e-5)
+    m = mask.float()
+    (-(0.1 * (trl_entropy * m).sum() / m.sum())).backward()
+    bonus_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    logp, _ = score_completions(model, inputs, ids, mask, K, 0.7, False)
+    objective.grpo_loss(logp, None, None, advantages, mask, loss_type="grpo")[0].backward()
+    for name, grad in bonus_grads.items():  # the policy term's gradient plus TRL's bonus gradient
+        policy = dict(model.named_parameters())[name].grad
+        assert_grad_close(full[1][name], grad + (0 if policy is None else policy), name, family)
+    assert float(sum(g.abs().sum() for g in bonus_grads.values())) > 0
+    for share, chunk in ((True, None), (True, 5), (False, 5)):
+        got = run(share, chunk)  # padding positions differ between the shared and the naive rows: left out
+        torch.testing.assert_close(got[0] * mask, full[0] * mask, rtol=1e-5, atol=2e-5)
+        for name, grad in full[1].items():
+            assert_grad_close(got[1][name], grad, name, family)
+    _, plain = score_completions(model, inputs, ids, mask, K, 0.7, True, chunk_size=5)
+    assert not plain.requires_grad

@@ -1,5 +1,10 @@
 """Tests of grasp_lightning.grpo.objective against hand-computed values, under bad inputs, and against TRL.
 
+The objective family (every ``loss_type``, the sequence-level ratio, ``delta``, the sampler weights, the
+high-entropy mask, the entropy bonus, fixed and adaptive) is compared with TRL's ``_compute_loss`` on log-probs
+and entropies that both sides take from the same logits, so the gradients compared are the logits' (through
+the entropy too).
+
 Parity with TRL 1.16's own GRPO code on identical tensors: the loss comes from TRL's real
 ``GRPOTrainer._compute_loss``, called on an instance built with ``object.__new__`` (no model, no datasets) whose ``_get_per_token_logps_and_entropies`` is replaced
 to return our log-prob tensor. TRL computes advantages inline in ``_generate_and_score_completions``
@@ -18,21 +23,30 @@ import torch
 
 try:  # TRL 1.16 (setup.cfg [test]); without it only the parity tests skip
     from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.utils import entropy_from_logits as trl_entropy_from_logits
     from trl.trainer.utils import nanstd
     from trl.trainer.utils import selective_log_softmax as trl_selective_log_softmax
 except ImportError:
     GRPOTrainer = None
 
 from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.grpo.config import LossConfig
 from grasp_lightning.grpo.objective import (
+    EntropyControl,
+    adapt_entropy_coef,
     clip_advantages,
     group_advantages,
     grpo_loss,
+    high_entropy_mask,
     k3_kl,
     released_advantages,
+    reward_moments,
     selective_log_softmax,
+    std_from_moments,
     zero_variance_groups,
 )
+from grasp_lightning.grpo.scoring import logps_and_entropy
+from grasp_lightning.task import CrossRank
 
 # --- advantages ------------------------------------------------------------------------------------
 
@@ -210,21 +224,37 @@ def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: s
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+#: TRL 1.16 GRPOConfig's defaults of the options the trainer stand-in reads from ``args``.
+TRL_ARGS = dict(use_bias_correction_kl=False, delta=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, entropy_target=0.2,
+                entropy_coef_min=0.0, entropy_coef_max=1.0, entropy_coef_delta=0.005)
+
+
 def make_trainer(loss_type: str, beta: float, logp: torch.Tensor, grad_accum: int = 1,
-                 steps_per_generation: int = 1, epsilon_high: float = 0.28) -> GRPOTrainer:
-    """A GRPOTrainer with only the attributes ``_compute_loss`` reads (token-level IS, no vLLM, no extras)."""
+                 steps_per_generation: int = 1, epsilon_high: float = 0.28, entropies: torch.Tensor | None = None,
+                 importance_sampling_level: str = "token", top_entropy_quantile: float = 1.0,
+                 entropy_coef: float = 0.0, use_adaptive_entropy: bool = False, is_ratio: bool = False,
+                 **args) -> GRPOTrainer:
+    """A GRPOTrainer with only the attributes ``_compute_loss`` reads (one process, no extras beyond the
+    options given; ``args``: GRPOConfig fields of :data:`TRL_ARGS`; ``is_ratio``: vLLM's importance sampling
+    correction on, the ratio from the inputs)."""
     trainer = object.__new__(GRPOTrainer)
     trainer.__dict__.update(
         model=SimpleNamespace(training=True), loss_type=loss_type, beta=beta, epsilon_low=0.2,
-        epsilon_high=epsilon_high, temperature=1.0, importance_sampling_level="token",
-        off_policy_mask_threshold=None, top_entropy_quantile=1.0, use_vllm=False,
-        vllm_importance_sampling_correction=False, max_completion_length=MAX_LEN,
-        current_gradient_accumulation_steps=grad_accum, _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        epsilon_high=epsilon_high, temperature=1.0, importance_sampling_level=importance_sampling_level,
+        off_policy_mask_threshold=None, top_entropy_quantile=top_entropy_quantile, use_vllm=is_ratio,
+        vllm_importance_sampling_correction=is_ratio, max_completion_length=MAX_LEN,
+        current_gradient_accumulation_steps=grad_accum, aux_loss_enabled=False,
+        entropy_coef=entropy_coef, use_adaptive_entropy=use_adaptive_entropy,
+        _entropy_bonus_enabled=entropy_coef != 0.0 or use_adaptive_entropy, _last_world_entropy=float("inf"),
+        _entropy_window_stats=None,
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
-        accelerator=SimpleNamespace(num_processes=1, reduce=lambda t, reduction="sum": t, gather=lambda t: t),
+        args=SimpleNamespace(**{**TRL_ARGS, **args}, steps_per_generation=steps_per_generation),
+        accelerator=SimpleNamespace(num_processes=1, reduce=lambda t, reduction="sum": t, gather=lambda t: t,
+                                    pad_across_processes=lambda t, dim=0, pad_index=0: t, sync_gradients=True),
     )
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+    ent = torch.zeros_like(logp) if entropies is None else entropies
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
     return trainer
 
 
@@ -340,3 +370,265 @@ def test_kl_clamp_is_the_released_clamp_and_off_by_default() -> None:
     clamped.backward()
     # d/dlogp of exp(d) - d - 1 is 1 - exp(d): only the unclamped token has a gradient
     assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, 0.05 / 3 * (1 - math.exp(0.5))])
+
+
+# --- the objective family against TRL 1.16 ---------------------------------------------------------
+V = 11
+
+
+@pytest.fixture(scope="module")
+def family_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Logits ``(N, L, V)`` whose log-probs are about ``batch``'s old log-probs ± 0.4 (ratios on both clip edges),
+    entropies of varied size (logits scaled per row), the sampler's importance weights (1 on padding, as TRL's)."""
+    gen = torch.Generator().manual_seed(99)
+    n = G * K
+    scale = torch.linspace(0.3, 3.0, n)[:, None, None]
+    logits = torch.randn(n, L, V, generator=gen) * scale
+    ids = torch.randint(0, V, (n, L), generator=gen)
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None])[..., 0]
+    old = logp + 0.4 * torch.randn(n, L, generator=gen)
+    ref = logp + 0.5 * torch.randn(n, L, generator=gen)
+    weights = torch.exp(0.3 * torch.randn(n, L, generator=gen)).clamp(max=2.0)
+    weights = torch.where(batch["mask"].bool(), weights, torch.ones_like(weights))
+    return dict(logits=logits, ids=ids, old=old, ref=ref, mask=batch["mask"], rewards=batch["rewards"],
+                weights=weights)
+
+
+def _trl_family(data: dict, loss_type: str, beta: float, is_ratio: bool = False, grad_accum: int = 1,
+                trainer: GRPOTrainer | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor, dict, GRPOTrainer]:
+    """TRL's ``_compute_loss`` on log-probs and entropies of ``data["logits"]`` (TRL's own functions)."""
+    logits = data["logits"].clone().requires_grad_(True)
+    logp = trl_selective_log_softmax(logits, data["ids"])
+    ent = trl_entropy_from_logits(logits)
+    if trainer is None:
+        trainer = make_trainer(loss_type, beta, logp, entropies=ent, is_ratio=is_ratio, grad_accum=grad_accum,
+                               steps_per_generation=grad_accum, **kwargs)
+    else:
+        trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
+    n = logp.shape[0]
+    inputs = {"prompt_ids": torch.zeros(n, 2, dtype=torch.long), "prompt_mask": torch.ones(n, 2, dtype=torch.long),
+              "completion_ids": data["ids"], "completion_mask": data["mask"],
+              "advantages": group_advantages(data["rewards"], K), "old_per_token_logps": data["old"],
+              "ref_per_token_logps": data["ref"], "num_items_in_batch": data["mask"].sum() * grad_accum,
+              "importance_sampling_ratio": data["weights"] if is_ratio else None}
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    return loss.detach(), logits.grad, trainer._metrics["train"], trainer
+
+
+def _our_family(data: dict, loss_type: str, beta: float, is_ratio: bool = False, epsilon_high: float = 0.28,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Our :func:`grpo_loss` on the log-probs and entropies of ``data["logits"]`` (our scoring function)."""
+    logits = data["logits"].clone().requires_grad_(True)
+    logp, ent = logps_and_entropy(logits, data["ids"], 1.0, entropy_grad=True)
+    loss, metrics = grpo_loss(logp, data["old"], data["ref"], group_advantages(data["rewards"], K), data["mask"],
+                              epsilon=0.2, epsilon_high=epsilon_high, beta=beta, loss_type=loss_type,
+                              max_completion_length=MAX_LEN, num_items_in_batch=float(data["mask"].sum()),
+                              token_weights=data["weights"] if is_ratio else None, entropies=ent, **kwargs)
+    loss.backward()
+    return loss.detach(), logits.grad, metrics
+
+
+def _assert_same(ours: tuple, theirs: tuple) -> None:
+    torch.testing.assert_close(ours[0], theirs[0], **TOL)
+    scale = float(theirs[1].abs().max())
+    assert scale > 0, "zero gradient: nothing compared"
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-5 * scale)
+
+
+FAMILY = [(t, "token") for t in ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")] + [
+    (t, "sequence") for t in ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo")]
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type, level", FAMILY)
+def test_each_objective_matches_trl(family_batch: dict, loss_type: str, level: str) -> None:
+    """Loss and logits gradient of every loss type at both ratio levels, with the KL term (cispo's cap 1.3)."""
+    eps_high = 1.3 if loss_type == "cispo" else 0.28
+    theirs = _trl_family(family_batch, loss_type, 0.04, importance_sampling_level=level, epsilon_high=eps_high)
+    ours = _our_family(family_batch, loss_type, 0.04, ratio_level=level, epsilon_high=eps_high)
+    _assert_same(ours, theirs)
+    trl_metrics, metrics = theirs[2], ours[2]
+    if level == "token" and loss_type in ("grpo", "bnpo", "dapo", "dr_grpo", "luspo"):
+        assert metrics["clip_ratio_low"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"][0], abs=1e-6)
+        assert metrics["clip_ratio_high"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"][0], abs=1e-6)
+        assert 0.0 < metrics["clip_ratio"].item() < 1.0
+    if loss_type == "cispo":
+        assert metrics["clip_ratio_high"].item() == pytest.approx(trl_metrics["cispo_clip_ratio"][0], abs=1e-6)
+        assert level == "sequence" or metrics["clip_ratio_high"].item() > 0.0  # the cap really acts
+    if loss_type in ("sapo", "vespo"):
+        assert "clip_ratio" not in metrics
+    if loss_type == "vespo":  # TRL: mean over sequences; ours: over loss tokens (each sequence per token)
+        assert 0.0 < metrics["vespo_weight_mean"].item()
+
+
+def test_sequence_ratio_by_hand() -> None:
+    # GSPO: one ratio per sequence, exp(mean of the token log-ratios). seq0 log-ratios [ln 1.5, 0] -> sqrt(1.5) = 1.2247,
+    # A = +1, clipped at 1.2; seq1 [ln 0.5] -> 0.5, A = -1, clipped at 0.8 -> +0.8. grpo: mean(-1.2, 0.8) = -0.2
+    logp, old, mask, adv = _inputs()
+    loss, metrics = grpo_loss(logp, old, None, adv, mask, loss_type="grpo", ratio_level="sequence")
+    assert loss.item() == pytest.approx(-0.2, abs=1e-6)
+    assert metrics["clip_ratio"].item() == pytest.approx(1.0)  # both sequences clipped: every loss token
+    assert metrics["ratio_mean"].item() == pytest.approx((2 * math.sqrt(1.5) + 0.5) / 3, abs=1e-6)
+    loss.backward()
+    assert logp.grad.abs().sum().item() == 0.0  # both clipped: no gradient
+    # luspo: the sequence's sum, not mean: seq0 -1.2 * 2 tokens, seq1 0.8 * 1 -> (-2.4 + 0.8) / 2 = -0.8
+    logp, old, mask, adv = _inputs()
+    loss, _ = grpo_loss(logp, old, None, adv, mask, loss_type="luspo", ratio_level="sequence")
+    assert loss.item() == pytest.approx(-0.8, abs=1e-6)
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type, level, delta", [("grpo", "token", 1.5), ("dapo", "token", 1.5),
+                                                      ("luspo", "sequence", 1.05)])
+def test_delta_two_sided_clip_matches_trl(family_batch: dict, loss_type: str, level: str, delta: float) -> None:
+    # sequence ratios (means of the token log-ratios) stay near 1: a delta closer to 1 reaches them
+    theirs = _trl_family(family_batch, loss_type, 0.0, importance_sampling_level=level, delta=delta)
+    ours = _our_family(family_batch, loss_type, 0.0, ratio_level=level, delta=delta)
+    _assert_same(ours, theirs)
+    plain = _our_family(family_batch, loss_type, 0.0, ratio_level=level)
+    assert abs(float(plain[0]) - float(ours[0])) > 1e-4  # delta really acts on this data
+    if level == "token":
+        assert ours[2]["clip_ratio_delta"].item() > 0.0
+
+
+def test_delta_by_hand() -> None:
+    # A = -1, ratio 3: -min(3 * -1, 1.2 * -1) = 3; with delta 2: -min(2 * -1, -1.2) = 2 (gradient 0 beyond delta)
+    logp = torch.tensor([[math.log(3.0)]], requires_grad=True)
+    args = (logp, torch.zeros(1, 1), None, torch.tensor([-1.0]), torch.ones(1, 1))
+    assert grpo_loss(*args, loss_type="bnpo")[0].item() == pytest.approx(3.0)
+    loss, metrics = grpo_loss(*args, loss_type="bnpo", delta=2.0)
+    assert loss.item() == pytest.approx(2.0) and metrics["clip_ratio_delta"].item() == 1.0
+    loss.backward()
+    assert logp.grad.item() == 0.0
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "vespo"])
+def test_sampler_weights_match_trl(family_batch: dict, loss_type: str) -> None:
+    """The sampler's importance weights: a factor of each token's policy term; vespo folds them into its weight."""
+    _assert_same(_our_family(family_batch, loss_type, 0.04, is_ratio=True),
+                 _trl_family(family_batch, loss_type, 0.04, is_ratio=True))
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "sapo"])
+@pytest.mark.parametrize("quantile", [0.2, 0.5])
+def test_high_entropy_mask_matches_trl(family_batch: dict, loss_type: str, quantile: float) -> None:
+    _assert_same(_our_family(family_batch, loss_type, 0.04, top_entropy_quantile=quantile),
+                 _trl_family(family_batch, loss_type, 0.04, top_entropy_quantile=quantile))
+
+
+@needs_trl
+def test_high_entropy_mask_is_trls() -> None:
+    gen = torch.Generator().manual_seed(3)
+    entropies = torch.rand(5, 6, generator=gen) * 4
+    mask = (torch.arange(6)[None] < torch.tensor([6, 2, 0, 5, 3])[:, None]).int()
+    trainer = make_trainer("grpo", 0.0, torch.zeros(5, 6))
+    for quantile in (0.0, 0.2, 0.5, 1.0):
+        ours = high_entropy_mask(entropies, mask, quantile)
+        assert torch.equal(ours, GRPOTrainer.get_high_entropy_mask(trainer, entropies, mask, 1 - quantile))
+    # 16 loss tokens, top 25%: 4 of them (no ties), never padding
+    kept = high_entropy_mask(entropies, mask, 0.25)
+    assert int(kept.sum()) == 4 and not bool((kept & ~mask.bool()).any())
+    assert not bool(high_entropy_mask(entropies, torch.zeros_like(mask), 0.5).any())
+    with pytest.raises(GraspConfigError, match="top_entropy_quantile"):
+        high_entropy_mask(entropies, mask, 1.5)
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "cispo", "luspo"])
+@pytest.mark.parametrize("quantile", [1.0, 0.5])
+def test_entropy_bonus_matches_trl(family_batch: dict, loss_type: str, quantile: float) -> None:
+    """loss - coef * mean entropy of the (kept) loss tokens; the gradient flows through the entropy."""
+    eps_high = 1.3 if loss_type == "cispo" else 0.28
+    theirs = _trl_family(family_batch, loss_type, 0.0, entropy_coef=0.05, top_entropy_quantile=quantile,
+                         epsilon_high=eps_high)
+    ours = _our_family(family_batch, loss_type, 0.0, entropy_coef=0.05, top_entropy_quantile=quantile,
+                       epsilon_high=eps_high)
+    _assert_same(ours, theirs)
+    without = _our_family(family_batch, loss_type, 0.0, top_entropy_quantile=quantile, epsilon_high=eps_high)
+    assert float(without[0] - ours[0]) == pytest.approx(0.05 * float(ours[2]["entropy_effective"]), rel=1e-5)
+
+
+@needs_trl
+def test_adaptive_entropy_coefficient_follows_trl_over_steps(family_batch: dict) -> None:
+    """Three optimizer steps of two micro-batches each (grpo, A = 2): every micro-batch's loss equals TRL's
+    (times A: Lightning divides by A), and the coefficient after each step is TRL's; the controller's state
+    survives a checkpoint in the middle."""
+    a, target = 2, 1.2
+    settings = dict(entropy_coef=0.1, adaptive_entropy=True, entropy_coef_delta=0.05, entropy_target=target,
+                    entropy_coef_min=0.02, entropy_coef_max=0.2)
+    cfg = LossConfig(**settings)
+    control = EntropyControl(cfg)
+    ctx = SimpleNamespace(cross_rank=CrossRank(), device=torch.device("cpu"))
+    trainer = make_trainer("grpo", 0.0, torch.zeros(1, 1), grad_accum=a, steps_per_generation=a,
+                           use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.05, entropy_target=target,
+                           entropy_coef_min=0.02, entropy_coef_max=0.2)
+    scales = [1.0, 0.2, 3.0, 3.0, 0.1, 0.1]  # logits sharper/flatter: steps below and above the target entropy
+    coefs, applied = [], []
+    for i, scale in enumerate(scales):
+        data = {**family_batch, "logits": family_batch["logits"] * scale}
+        if i % a == 0:
+            control.step(ctx)
+            if i == 2 * a:  # resume from a checkpoint taken at the end of the second step
+                state = control.state_dict()
+                control = EntropyControl(cfg)
+                control.load_state_dict(state)
+        trainer.accelerator.sync_gradients = i % a == a - 1  # TRL's optimizer-step boundary
+        theirs = _trl_family(data, "grpo", 0.0, grad_accum=a, trainer=trainer)
+        logits = data["logits"].clone().requires_grad_(True)
+        logp, ent = logps_and_entropy(logits, data["ids"], 1.0, entropy_grad=True)
+        loss, metrics = grpo_loss(logp, data["old"], data["ref"], group_advantages(data["rewards"], K), data["mask"],
+                                  epsilon_high=0.28, loss_type="grpo", **control.loss_kwargs(ent))
+        (loss / a).backward()
+        recorded = control.record(metrics, data["mask"])
+        applied.append(recorded["entropy/coef_applied"])
+        torch.testing.assert_close(loss.detach() / a, theirs[0], **TOL)
+        torch.testing.assert_close(logits.grad, theirs[1], rtol=1e-5, atol=1e-6)
+        if i % a == a - 1:
+            coefs.append(trainer.entropy_coef)
+    control.step(ctx)
+    assert applied[:2] == [0.0, 0.0]  # no step measured yet: the bonus is off (TRL: last entropy = inf)
+    assert control.coef == pytest.approx(coefs[-1])
+    assert control.last_entropy == pytest.approx(trainer._last_world_entropy, rel=1e-6)
+    assert len(set(coefs)) > 1 and any(c > 0 for c in applied)  # it moved, and the bonus acted
+
+
+def test_adapt_entropy_coef_rule() -> None:
+    rule = dict(target=0.5, delta=0.1, low=0.0, high=0.25)
+    assert adapt_entropy_coef(0.2, 0.5, **rule) == pytest.approx(0.25)  # at the target: up, capped
+    assert adapt_entropy_coef(0.05, 0.9, **rule) == 0.0  # above: down, floored
+    assert adapt_entropy_coef(0.1, 0.1, **rule) == pytest.approx(0.2)
+
+
+def test_entropy_control_fixed_and_off() -> None:
+    off = EntropyControl(LossConfig())
+    assert not off.enabled and off.loss_kwargs(torch.zeros(1, 1)) == {} and off.state_dict() == {}
+    fixed = EntropyControl(LossConfig(entropy_coef=0.01))
+    assert fixed.enabled and fixed.applied == 0.01 and fixed.state_dict() == {}
+    assert fixed.record({"entropy_effective": torch.tensor(1.0)}, torch.ones(1, 2)) == {"entropy/coef": 0.01}
+    with pytest.raises(GraspConfigError, match="entropies"):
+        grpo_loss(torch.zeros(1, 1), None, None, torch.zeros(1), torch.ones(1, 1), entropy_coef=0.1)
+
+
+@needs_trl
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_task_advantages_with_weighted_terms_match_trl(batch: dict[str, torch.Tensor], scale: str) -> None:
+    """``GRPOTask.advantages`` (weighted reward terms, TRL's sum_then_normalize) for every advantage.kind TRL has,
+    the batch std from two ranks' reward moments as ``prepare`` sums them (TRL gathers every process's rewards)."""
+    from grasp_lightning.grpo.config import AdvantageConfig, RewardConfig
+    from grasp_lightning.tasks.grpo import GRPOTask
+
+    gen = torch.Generator().manual_seed(5)
+    terms = torch.rand(G * K, 2, generator=gen).round(decimals=1)
+    terms[K:2 * K] = terms[K]  # one group with equal rewards
+    weights = torch.tensor([1.0, 0.3])
+    task = GRPOTask(reward=RewardConfig(terms=["accuracy", "format"], weights=weights.tolist()),
+                    advantage=AdvantageConfig(kind=scale))
+    half = G * K // 2 // K * K
+    rewards = terms @ weights
+    std = std_from_moments(reward_moments(rewards[:half]) + reward_moments(rewards[half:]))
+    ours_rewards, ours = task.advantages(terms, batch_std=std if scale == "batch" else None, k=K)
+    torch.testing.assert_close(ours_rewards, rewards)
+    torch.testing.assert_close(ours, trl_advantages(rewards, K, scale), **TOL)

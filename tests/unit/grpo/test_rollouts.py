@@ -656,3 +656,89 @@ def test_the_rollout_micro_batch_refuses_what_does_not_apply(key, value) -> None
         task.check_settings(RolloutConfig(num_generations=8))
     with pytest.raises(GraspConfigError, match="micro_batch must be one of"):
         BatchingConfig(micro_batch="sequence")
+
+
+# ----------------------------------------------------------------------------------- objective options in the task
+def test_mask_truncated_leaves_truncated_completions_out_of_the_loss_and_its_normaliser(world, monkeypatch):
+    """``loss.mask_truncated``: the completions that hit the budget without ending have no loss token, so they
+    leave dapo's window normaliser too (TRL's mask_truncated_completions), and their count is logged."""
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    sample = fake_sample([])
+
+    def truncating(*args, **kwargs):
+        out = sample(*args, **kwargs)
+        out.truncated = torch.arange(len(out.texts)) % K == 0  # the first completion of each group
+        return out
+
+    monkeypatch.setattr(engines_hf, "sample_completions", truncating)
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
+    results = {}
+    for masked in (False, True):
+        task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]),
+                                  loss=grpo_task.LossConfig(beta=0.0, type="dapo", mask_truncated=masked))
+        it = windows(dm, window=2)
+        micro = [next(it), next(it)]
+        task.prepare(module, micro[0])
+        out = task.training_step(module, micro[0])
+        ros = task._window_rollouts
+        results[masked] = (float(task._window_tokens), out, ros)
+    plain_tokens, _, ros = results[False]
+    tokens, out, masked_ros = results[True]
+    truncated_tokens = sum(float(ro.completions.mask[ro.completions.truncated].sum()) for ro in ros)
+    assert truncated_tokens > 0 and tokens == plain_tokens - truncated_tokens
+    for ro in masked_ros:
+        assert float(ro.loss_mask[ro.completions.truncated].sum()) == 0.0
+        assert torch.equal(ro.loss_mask[~ro.completions.truncated], ro.completions.mask[~ro.completions.truncated])
+    assert out.metrics["masked/truncated_completions"] == 1.0  # one prompt of K = 3 per micro-batch
+    assert "masked/truncated_completions" not in results[False][1].metrics
+
+
+def test_adaptive_entropy_coefficient_is_stepped_logged_and_checkpointed(world, monkeypatch):
+    """``loss.adaptive_entropy``: the first step applies no bonus (no entropy measured yet); the next step's
+    coefficient rose by entropy_coef_delta (entropy below the target) and acts; the controller's state goes
+    through torch.save / torch.load(weights_only=True) into a fresh task that continues with it."""
+    policy, reference, dm = world
+    module = make_module(policy, reference, dm.processor)
+    monkeypatch.setattr(engines_hf, "sample_completions", fake_sample([]))
+    monkeypatch.setattr(grpo_task, "compute_rewards", fake_rewards())
+    loss = grpo_task.LossConfig(beta=0.0, entropy_coef=0.1, adaptive_entropy=True, entropy_coef_delta=0.05,
+                                entropy_target=100.0, top_entropy_quantile=0.5)
+
+    def make():
+        return grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy"]), loss=loss)
+
+    task = make()
+    it = windows(dm, window=2)
+    first = []
+    for _ in range(2):
+        b = next(it)
+        task.prepare(module, b)
+        first.append(task.training_step(module, b))
+    assert [o.metrics["entropy/coef_applied"] for o in first] == [0.0, 0.0]
+    assert first[0].metrics["entropy/coef"] == 0.1 and first[0].metrics["masked/low_entropy_tokens"] > 0
+    state = _roundtrip(task.state_dict())
+    assert state["entropy_control"]["pending"][1] > 0  # the step's entropy sums, reduced at the next step
+    resumed = make()
+    resumed.load_state_dict(state)
+    b = next(it)
+    for t in (task, resumed):
+        t.prepare(module, b)
+    outs = [t.training_step(module, b) for t in (task, resumed)]
+    for out, t in zip(outs, (task, resumed)):
+        assert out.metrics["entropy/coef"] == pytest.approx(0.15)
+        assert out.metrics["entropy/coef_applied"] == pytest.approx(0.15)
+        assert 0 < t.entropy_control.last_entropy < 100.0
+    assert float(outs[0].loss.detach()) == pytest.approx(float(outs[1].loss.detach()), rel=1e-6)
+
+
+@pytest.mark.parametrize("settings, key", [
+    (dict(type="ppo"), "loss.type"), (dict(ratio_level="group"), "loss.ratio_level"),
+    (dict(type="cispo"), "loss.epsilon_high"), (dict(type="sapo", delta=2.0), "loss.delta"),
+    (dict(delta=0.9), "loss.delta"), (dict(type="vespo", ratio_level="sequence"), "loss.ratio_level"),
+    (dict(top_entropy_quantile=1.5), "loss.top_entropy_quantile"), (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg"),
+    (dict(entropy_coef_min=0.5, entropy_coef_max=0.1), "loss.entropy_coef_min"), (dict(entropy_coef=-1.0), "entropy_coef"),
+])
+def test_objective_settings_are_refused_by_name(settings, key):
+    with pytest.raises(GraspConfigError, match=key.replace(".", r"\.")):
+        grpo_task.LossConfig(**settings)

@@ -82,3 +82,19 @@ def test_normalize_then_sum_advantages_of_the_task() -> None:
     torch.testing.assert_close(adv, expected)
     moments = task.gdpo_moments(types.SimpleNamespace(terms=terms, penalty=penalty), 2)
     torch.testing.assert_close(task.advantages(terms, penalty, moments, k=2)[1], expected)
+
+
+def test_the_overlay_docs_training_shows_builds() -> None:
+    import yaml
+
+    from tests.helpers import REPO
+
+    text = (REPO / "docs/training.md").read_text()
+    section = text[text.index("### Off-policy corrections and the reference update"):]
+    block = section[section.index("```yaml") + 7:section.index("```", section.index("```yaml") + 7)]
+    overlay = yaml.safe_load(block)["model"]
+    assert overlay["rollout"] == {"engine": "vllm"}
+    groups = overlay["task"]["init_args"]
+    task = GRPOTask(advantage=AdvantageConfig(**groups["advantage"]), loss=LossConfig(**groups["loss"]))
+    task.check_settings(RolloutConfig(num_generations=2, engine="vllm"))
+    assert task.loss.sampler_correction and [type(c).__name__ for c in task.callbacks()] == ["ReferenceSync"]

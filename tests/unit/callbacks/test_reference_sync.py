@@ -26,7 +26,7 @@ def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_mix_into_gives_the_weighted_mean_of_every_parameter() -> None:
+def test_grpo_mix_into_gives_the_weighted_mean_of_every_parameter() -> None:
     cfg = PolicyConfig(name_or_path=str(TINY), dtype="float32")
     policy, reference = load_policy(cfg), load_reference(cfg, ReferenceConfig())
     gen = torch.Generator().manual_seed(0)
@@ -67,7 +67,7 @@ def _fit(module: GraspModule, steps: int, callbacks: list) -> L.Trainer:
     return trainer
 
 
-def test_reference_moves_towards_the_policy_every_n_steps_in_a_fit() -> None:
+def test_grpo_reference_moves_towards_the_policy_every_n_steps_in_a_fit() -> None:
     L.seed_everything(0)
     task = GRPOTask(reward=RewardConfig(terms=[letters], weights=[1.0]),
                     loss=LossConfig(beta=0.05, reference_sync_steps=2, reference_mixup_alpha=0.5))
@@ -98,7 +98,7 @@ def test_reference_moves_towards_the_policy_every_n_steps_in_a_fit() -> None:
         assert torch.equal(p.detach(), state["reference"][name]), name
 
 
-def test_reference_sync_refusals_name_the_key() -> None:
+def test_grpo_reference_sync_refusals_name_the_key() -> None:
     with pytest.raises(GraspConfigError, match=r"loss.reference_sync_steps acts on the KL .*loss.beta=0"):
         LossConfig(beta=0.0, reference_sync_steps=4)
     with pytest.raises(GraspConfigError, match=r"loss.reference_mixup_alpha must be in \(0, 1\], got 1.5"):

@@ -10,7 +10,12 @@ of the reward curve next to the JSON file.
 ``--loss-types``: every loss type (``all``: :data:`grasp_lightning.grpo.objective.LOSS_TYPES`, read when the
 script runs) over the same ``--steps`` optimizer steps and the same ``--seeds``, from the tiny model as it is (no
 SFT) with a reward its random samples already vary on (:func:`vowel_share`, the share of vowels among a
-completion's letters; 2 prompts x K = 8, 16 new tokens, lr 1e-2, beta 0). Writes ``grpo_loss_types.json``
+completion's letters; 2 prompts x K = 8, 16 new tokens, lr 1e-2, beta 0, each rollout batch used for
+``--num-iterations`` 2 optimizer steps). With rollouts used once the ratio is 1 at every token, where every
+loss type's gradient is ``A * grad log p`` up to how tokens are weighted, and with completions of equal
+length (the tiny model runs to the budget) up to one constant factor, which AdamW removes: the types would
+differ only through Adam's eps. The second use of each batch puts the ratios off 1, where the clip and the
+types' own shapes act. Writes ``grpo_loss_types.json``
 (every run's per-step rewards; per type the mean and spread over the seeds of the first and last
 ``--last`` steps' mean reward) and ``grpo_loss_types.png`` (per type the mean over seeds, a band from the
 lowest to the highest seed) and prints the summary as its last line::
@@ -77,7 +82,8 @@ def loss_type_run(loss_type: str, seed: int, args) -> tuple[list[float], float]:
 
     L.seed_everything(seed)
     trace = RewardTrace()
-    task = GRPOTask(reward=RewardConfig(terms=[vowel_share], weights=[1.0]), loss=LossConfig(beta=0.0, type=loss_type))
+    task = GRPOTask(reward=RewardConfig(terms=[vowel_share], weights=[1.0]),
+                    loss=LossConfig(beta=0.0, type=loss_type, num_iterations=args.num_iterations))
     module = GraspModule(task, policy=PolicyConfig(name_or_path=str(REPO / "grasp_lightning/assets/tiny-qwen3vl"),
                                                    dtype="float32"),
                          optim=OptimConfig(lr=args.lr, warmup_steps=0),
@@ -136,7 +142,7 @@ def compare_loss_types(args) -> None:
     fig.tight_layout()
     fig.savefig(out / "grpo_loss_types.png", dpi=120)
     settings = {"steps": args.steps, "seeds": seeds, "last": last, "prompts": args.prompts, "k": args.k,
-                "max_new_tokens": args.tokens, "lr": args.lr, "beta": 0.0, "reward": "vowel_share",
+                "max_new_tokens": args.tokens, "num_iterations": args.num_iterations, "lr": args.lr, "beta": 0.0, "reward": "vowel_share",
                 "load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     result = {"loss_types": summary, **settings, "plot": str(out / "grpo_loss_types.png")}
     (out / "grpo_loss_types.json").write_text(json.dumps({**result, "rewards": runs}, indent=1))
@@ -157,6 +163,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="with --loss-types: prompts per step")
     parser.add_argument("--k", type=int, default=8, help="with --loss-types: completions per prompt")
     parser.add_argument("--tokens", type=int, default=16, help="with --loss-types: new tokens at most")
+    parser.add_argument("--num-iterations", type=int, default=2,
+                        help="with --loss-types: optimizer steps per rollout batch (1: every ratio is 1)")
     args = parser.parse_args()
     if args.loss_types:
         args.lr = 1e-2 if args.lr is None else args.lr

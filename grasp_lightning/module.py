@@ -722,6 +722,10 @@ class GraspModule(L.LightningModule):
                                   completions.prompt_opened_think or [False] * len(batch), seconds)
 
     # ------------------------------------------------------------------ optimisation
+    def configure_callbacks(self) -> list:
+        """The callbacks the task's settings ask for (:meth:`grasp_lightning.task.Task.callbacks`)."""
+        return self.task.callbacks()
+
     def configure_optimizers(self):
         """AdamW over the trainable policy parameters, stepped schedule with warm-up."""
         from transformers import get_scheduler

@@ -202,6 +202,11 @@ class Task:
     def setup(self, ctx: TaskContext) -> None:
         """Called once the policy is loaded (e.g. to read token ids from the tokenizer)."""
 
+    def callbacks(self) -> list:
+        """Lightning callbacks the task's settings ask for (the module returns them from
+        ``configure_callbacks``, so they join the trainer's), e.g. GRPO's reference sync. Default: none."""
+        return []
+
     def prepare(self, ctx: TaskContext, batch: Batch) -> dict | None:
         """Called on every micro-batch of every rank before :meth:`training_step`, also for an empty
         batch that will be skipped: the place for cross-rank collectives (``ctx.cross_rank``),

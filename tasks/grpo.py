@@ -151,24 +151,26 @@ class GRPOTask(Task):
     def check_settings(self, rollout_cfg: RolloutConfig) -> None:
         """The rollout settings are read from the context wherever they are used, never copied.
 
-        With ``model.rollout.overlap: 1`` and no ``importance_sampling_cap``, the cap becomes
+        With ``model.rollout.overlap: 1`` and neither ``importance_sampling_cap`` nor ``_floor``, the cap becomes
         :data:`~grasp_lightning.grpo.overlap.DEFAULT_OVERLAP_CAP` (TRL's default, 2.0): the correction is
         on whenever rollouts are a step stale.
 
         Raises:
             GraspConfigError: ``model.rollout.num_generations`` < 2; an overlong buffer longer than
                 ``model.rollout.max_new_tokens``; ``model.rollout.overlap: 1`` with ``num_iterations > 1`` or
-                ``dynamic_sampling: refill`` (:func:`~grasp_lightning.grpo.overlap.check_overlap`).
+                ``dynamic_sampling: refill`` (:func:`~grasp_lightning.grpo.overlap.check_overlap`); the sampler
+                correction or the off-policy mask with nothing off-policy to act on (:func:`_check_off_policy`).
         """
         self._num_generations = rollout_cfg.num_generations
         if self.splits_groups:
             _check_split(self.loss, self.dynamic_sampling, rollout_cfg.overlap)
         if rollout_cfg.overlap:
             check_overlap(self.num_iterations, self.dynamic_sampling)
-            if self.loss.importance_sampling_cap is None:
+            if not self.loss.sampler_correction:
                 log.info("model.rollout.overlap=1: model.task.init_args.loss.importance_sampling_cap set to %g (unset)",
                          DEFAULT_OVERLAP_CAP)
                 self.loss.importance_sampling_cap = DEFAULT_OVERLAP_CAP
+        _check_off_policy(self.loss, rollout_cfg)
         if rollout_cfg.num_generations < 2:
             raise GraspConfigError("model.rollout.num_generations must be >= 2: a group of one has no advantage")
         buffer = self.overlong_buffer_tokens(rollout_cfg.max_new_tokens)
@@ -177,6 +179,15 @@ class GRPOTask(Task):
                                    f"model.rollout.max_new_tokens={rollout_cfg.max_new_tokens} (a budget shrunk by "
                                    f"an overlay, e.g. configs/demo.yaml, shrinks reward.overlong_buffer_fraction's "
                                    f"buffer with it)")
+
+    @override
+    def callbacks(self) -> list:
+        """:class:`~grasp_lightning.callbacks.reference_sync.ReferenceSync` when ``loss.reference_sync_steps`` is set."""
+        if self.loss.reference_sync_steps is None:
+            return []
+        from grasp_lightning.callbacks.reference_sync import ReferenceSync
+
+        return [ReferenceSync(self.loss.reference_sync_steps, self.loss.reference_mixup_alpha)]
 
     @override
     def setup(self, ctx: TaskContext) -> None:
@@ -373,7 +384,7 @@ class GRPOTask(Task):
             loss_mask &= ~completions.truncated.to(loss_mask.device)[:, None]
         # the old-policy and reference log-probs the loss compares with -> (N, Lc) or None
         old_logp = None
-        if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
+        if self.loss.num_iterations > 1 or (self.loss.sampler_correction and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
                                             share, self.compute.logprob_chunk_size, vision)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
@@ -400,7 +411,9 @@ class GRPOTask(Task):
             penalty: ``(N,)`` overlong penalty (≤ 0) or ``None``. ``reward.overlong_mode: reward`` adds it to
                 the reward before the normalisation (with ``advantage.kind: released``, which centres each
                 term, it is centred like a term of weight 1); ``released`` adds it, raw, to the advantage.
-            batch_std: the std of ``advantage.kind: batch`` (over every rank's rewards), ``None``: local.
+            batch_std: the std of ``advantage.kind: batch`` (over every rank's rewards); for
+                ``normalize_then_sum`` the moments ``[n, Σ s, Σ s²]`` of the term-normalised sums over every rank
+                (:meth:`gdpo_moments`); ``None``: local.
             k: completions per prompt (``model.rollout.num_generations``).
 
         Returns:
@@ -416,11 +429,30 @@ class GRPOTask(Task):
             adv = objective.released_advantages(terms, weights, k)
             if dapo_penalty:
                 adv = adv + objective.released_advantages(penalty[:, None], weights.new_ones(1), k)
+        elif self.advantage.kind == "normalize_then_sum":  # the penalty is one more term of weight 1
+            adv = objective.normalize_then_sum(*self._gdpo_terms(terms, weights, penalty if dapo_penalty else None), k,
+                                               eps=self.advantage.eps, batch_moments=batch_std)
         else:
             adv = objective.group_advantages(rewards, k, scale=self.advantage.kind, eps=self.advantage.eps, batch_std=batch_std)
         if penalty is not None and self.reward.overlong_mode == "released":
             adv = adv + penalty
         return rewards, objective.clip_advantages(adv, self.advantage.clip)
+
+    @staticmethod
+    def _gdpo_terms(terms: torch.Tensor, weights: torch.Tensor,
+                    penalty: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The terms and weights ``normalize_then_sum`` normalises: the DAPO penalty joins as a term of weight 1."""
+        if penalty is None:
+            return terms, weights
+        return torch.cat([terms, penalty[:, None]], 1), torch.cat([weights, weights.new_ones(1)])
+
+    def gdpo_moments(self, ro: Rollout, k: int) -> torch.Tensor:
+        """``[n, Σ s, Σ s²]`` (float64) of ``advantage.kind: normalize_then_sum``'s term-normalised sums ``s`` of a
+        rollout (:func:`~grasp_lightning.grpo.objective.term_normalised_sum`), to be summed over ranks."""
+        weights = torch.tensor(self.reward_weights, dtype=ro.terms.dtype, device=ro.terms.device)
+        penalty = ro.penalty if self.reward.overlong_mode == "reward" else None
+        terms, weights = self._gdpo_terms(ro.terms, weights, penalty)
+        return objective.reward_moments(objective.term_normalised_sum(terms, weights, k, self.advantage.eps))
 
     def overlong_buffer_tokens(self, max_new_tokens: int) -> int | None:
         """The overlong buffer in tokens under a budget of ``max_new_tokens``: ``overlong_buffer``, or
@@ -437,18 +469,21 @@ class GRPOTask(Task):
 
     def _window_normaliser(self, ctx: TaskContext, device) -> None:
         """One all-reduce of ``[loss tokens, n, Σ r, Σ r²]`` of the window over ranks: the ``dapo``
-        normaliser and, for ``advantage: batch``, the advantages redone with every rank's reward std."""
+        normaliser and, for ``advantage: batch``, the advantages redone with every rank's reward std (for
+        ``normalize_then_sum``, with the moments of its sums appended: every rank's batch mean and std)."""
         rollouts = [ro for ro in self.cache.rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
-        local = torch.cat([tokens.reshape(1).cpu(), objective.reward_moments(rewards)]).to(device)
-        total = ctx.cross_rank.sum(local).cpu()
+        k = ctx.rollout_cfg.num_generations
+        parts = [tokens.reshape(1).cpu(), objective.reward_moments(rewards)]
+        if self.advantage.kind == "normalize_then_sum":  # the batch mean and std of GDPO's sums, every rank's
+            parts.append(sum((self.gdpo_moments(ro, k).cpu() for ro in rollouts), torch.zeros(3, dtype=torch.float64)))
+        total = ctx.cross_rank.sum(torch.cat(parts).to(device)).cpu()
         self.cache.tokens = total[0]
-        if self.advantage.kind == "batch":
-            std = objective.std_from_moments(total[1:])
+        if self.advantage.kind in ("batch", "normalize_then_sum"):
+            std = objective.std_from_moments(total[1:4]) if self.advantage.kind == "batch" else total[4:7]
             for ro in rollouts:
-                ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
-                                                            k=ctx.rollout_cfg.num_generations)
+                ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std, k=k)
 
     # ------------------------------------------------------------------ 5. loss
     def _loss(self, ctx: TaskContext, batch: Batch, ro: Rollout, logp: torch.Tensor,
@@ -468,11 +503,13 @@ class GRPOTask(Task):
             window = len(self._window_of(batch)[0])
             num_items = self.cache.tokens.float().to(logp.device) / (ctx.cross_rank.world_size * window)
         sampler = self._sampler_correction(logp, ro, ro.loss_mask)
+        keep = self._off_policy_mask(logp, ro, ro.loss_mask, sampler)
         loss, lm = objective.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, ro.loss_mask,
                                        epsilon=self.loss.epsilon, epsilon_high=self.loss.epsilon_high,
                                        beta=self.loss.beta, loss_type=self.loss.type,
                                        max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
                                        token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp,
+                                       bias_correction_kl=self.loss.kl_bias_correction, sequence_mask=keep,
                                        **self.entropy_control.loss_kwargs(entropy), **self.loss.objective_kwargs())
         if self.loss.divide_by_num_generations:
             loss = loss / cfg.num_generations
@@ -495,8 +532,11 @@ class GRPOTask(Task):
 
     def _sampler_correction(self, logp: torch.Tensor, ro: Rollout, mask: torch.Tensor) -> dict:
         """The sampler's log-probs against the trainer's (where the engine reports them): the gap's metrics
-        (TRL's ``sampling/sampling_logp_difference`` and ``sampling/importance_sampling_ratio``) and, with
-        ``importance_sampling_cap``, the truncated importance weights ``(N, Lc)`` under ``"weights"``."""
+        (TRL's ``sampling/sampling_logp_difference`` and ``sampling/importance_sampling_ratio``) and, with the
+        correction on (``loss.importance_sampling_cap`` / ``_floor``), its weights under ``"weights"``
+        (:func:`~grasp_lightning.grpo.objective.sampler_importance_weights`: ``(N, Lc)`` per token or ``(N, 1)``
+        per sequence) with their mean/min/max over the loss tokens (token modes) or sequences (sequence modes)
+        and, in the mask modes, how many are set to 0."""
         if ro.sampled_logp is None:
             return {}
         old = (ro.old_logp if ro.old_logp is not None else logp.detach()).float()
@@ -510,12 +550,36 @@ class GRPOTask(Task):
         out = {"sampling/logp_difference/mean": Mean(diff.abs().sum(), n), "sampling/logp_difference/max": Max.of(diff.abs()),
                "sampling/importance_ratio/min": Min.of(ratio), "sampling/importance_ratio/mean": Mean(ratio.sum(), n),
                "sampling/importance_ratio/max": Max.of(ratio)}
-        if self.loss.importance_sampling_cap is not None:
-            out["weights"] = torch.exp((old - sampled).clamp(-20, 20)).clamp(max=self.loss.importance_sampling_cap)
-            capped = out["weights"][keep]
-            out["sampling/importance_weight/mean"] = Mean(capped.sum(), n)
-            out["sampling/importance_weight/max"] = Max.of(capped)
+        if self.loss.sampler_correction:
+            mode = self.loss.importance_sampling_mode
+            out["weights"] = objective.sampler_importance_weights(old, sampled, mask, mode,
+                                                                  self.loss.importance_sampling_floor,
+                                                                  self.loss.importance_sampling_cap)
+            w = out["weights"][keep] if mode.startswith("token") else out["weights"][keep.any(1)].reshape(-1)
+            out["sampling/importance_weight/mean"] = Mean(w.sum(), w.numel())
+            out["sampling/importance_weight/min"] = Min.of(w)
+            out["sampling/importance_weight/max"] = Max.of(w)
+            if mode.endswith("mask"):
+                unit = "tokens" if mode.startswith("token") else "sequences"
+                out[f"sampling/importance_masked_{unit}"] = Sum(int((w == 0).sum()))
         return out
+
+    def _off_policy_mask(self, logp: torch.Tensor, ro: Rollout, mask: torch.Tensor, metrics: dict) -> torch.Tensor | None:
+        """The off-policy sequence mask ``(N, 1)`` (``loss.off_policy_mask_threshold``;
+        :func:`~grasp_lightning.grpo.objective.off_policy_mask`, against the sampler's log-probs where the engine
+        reports them, else the old policy's); adds ``off_policy/masked_fraction`` and ``off_policy/masked_sequences``
+        (over the sequences with loss tokens) to ``metrics``. ``None`` when the threshold is null."""
+        threshold = self.loss.off_policy_mask_threshold
+        if threshold is None:
+            return None
+        behaviour = ro.sampled_logp if ro.sampled_logp is not None else ro.old_logp
+        behaviour = logp.detach() if behaviour is None else behaviour.to(logp.device)
+        keep = objective.off_policy_mask(logp, behaviour, ro.advantages, mask, threshold)
+        live = mask.bool().any(1)
+        dropped = int((keep[live] == 0).sum())
+        metrics["off_policy/masked_fraction"] = Mean(dropped, int(live.sum()))
+        metrics["off_policy/masked_sequences"] = Sum(dropped)
+        return keep
 
     # ------------------------------------------------------------------ 6. metrics
     def _step_metrics(self, batch: Batch, ro: Rollout, k: int, lm: dict, entropy: torch.Tensor, sampler: dict,
@@ -702,6 +766,24 @@ def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
             where = name if name.startswith("model.") else KEY + name
             raise GraspConfigError(f"{KEY}batching.micro_batch=rollout (the released run's loop) cannot be combined "
                                    f"with {where}; leave that at its default")
+
+
+def _check_off_policy(loss: LossConfig, rollout_cfg: RolloutConfig) -> None:
+    """The sampler correction needs an engine that reports its log-probs (``model.rollout.engine: vllm``); the
+    off-policy mask needs rollouts that can be off-policy (that engine, or ``loss.num_iterations > 1``).
+
+    Raises:
+        GraspConfigError: naming the setting and what it needs.
+    """
+    engine = rollout_cfg.engine
+    if loss.sampler_correction and engine != "vllm":
+        raise GraspConfigError(f"{KEY}loss.importance_sampling_cap / importance_sampling_floor correct for the "
+                               f"sampler's own log-probs, which only model.rollout.engine=vllm reports (got "
+                               f"{engine!r}); set both to null or use the vllm engine")
+    if loss.off_policy_mask_threshold is not None and engine != "vllm" and loss.num_iterations == 1:
+        raise GraspConfigError(f"{KEY}loss.off_policy_mask_threshold masks sequences sampled off-policy, but with "
+                               f"model.rollout.engine={engine!r} and {KEY}loss.num_iterations=1 every rollout is "
+                               "on-policy (its KL is 0); use the vllm engine or num_iterations > 1, or set it to null")
 
 
 def _check_groups(**groups: tuple[object, type]) -> None:

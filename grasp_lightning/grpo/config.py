@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 #: The prefix of every key below, as a config or the command line spells it.
 KEY = "model.task.init_args."
 
-ADVANTAGES = ("group", "batch", "released", "none")
+ADVANTAGES = ("group", "batch", "released", "none", "normalize_then_sum")
 OVERLONG_MODES = ("reward", "released")
 DYNAMIC_SAMPLING = ("off", "drop", "refill")
 MICRO_BATCHES = ("group", "rollout")
@@ -83,7 +83,9 @@ class AdvantageConfig:
 
     Attributes:
         kind: group: (r - mean) / (std + eps) per group (paper); batch: the std over every rank's rewards; released:
-            each term mean-centred per group, then weighted (released code); none: centred, not scaled.
+            each term mean-centred per group, then weighted (released code); none: centred, not scaled;
+            normalize_then_sum (GDPO; TRL's multi_objective_aggregation): each term (r - mean) / (std + eps) per group,
+            weighted and summed, then centred and scaled over the rollout batch of every rank.
         eps: the eps of the std division (TRL: 1e-4).
         clip: clip advantages to +-this (released recipe: 5); null: no clip.
     """
@@ -140,8 +142,22 @@ class LossConfig:
         num_iterations: optimizer steps per rollout batch (TRL's num_iterations); the DataModule repeats each
             accumulation window this many times, with the sampling policy's log-probs as the ratio's old ones.
         importance_sampling_cap: with a rollout engine that reports its own log-probs (model.rollout.engine: vllm),
-            weight each token's loss by min(exp(logp_old - logp_sampler), cap): TRL's
-            vllm_importance_sampling_correction (token_truncate; TRL's cap 2.0); null: off.
+            correct each token's policy loss for the sampler by w = exp(logp_old - logp_sampler) (per token, or per
+            sequence with exp of the sum), limited above by this cap (TRL's vllm_importance_sampling_clip_max); with
+            importance_sampling_floor null: both null turn the correction off.
+        importance_sampling_mode: token_truncate (w clamped to [floor, cap]; TRL's TIS), token_mask (w set to 0 outside
+            [floor, cap]; MIS), sequence_truncate or sequence_mask (one w per sequence); TRL's
+            vllm_importance_sampling_mode.
+        importance_sampling_floor: the lower bound of w (TRL's vllm_importance_sampling_clip_min); null: none.
+        off_policy_mask_threshold: drop from the policy loss each sequence with a negative advantage whose mean
+            per-token KL from the sampling policy (the sampler's log-probs with vllm, else the old policy's) is above
+            this (DeepSeek-V3.2 off-policy sequence masking; TRL's off_policy_mask_threshold, e.g. 0.5); null: off.
+        kl_bias_correction: multiply each token's k3 KL by the policy's ratio to the sampling policy (DeepSeek-V3.2's
+            unbiased KL gradient; TRL's use_bias_correction_kl, true in TRL); needs beta != 0.
+        reference_sync_steps: every this-many optimizer steps move the reference model towards the policy,
+            ref = alpha * policy + (1 - alpha) * ref (TR-DPO; TRL's sync_ref_model with ref_model_sync_steps, 512 in
+            TRL); null: the reference stays fixed. Needs beta != 0 and a reference of its own (not model.lora).
+        reference_mixup_alpha: the alpha of reference_sync_steps, in (0, 1] (TRL's ref_model_mixup_alpha).
         kl_clamp: clamp each token's k3 KL estimate to +-this before it is averaged (released GRASP code: 10,
             socialmllm/train/reasoning/trainer.py:196); null: no clamp.
         divide_by_num_generations: divide each micro-batch's loss by model.rollout.num_generations (K) once more, on top
@@ -172,6 +188,12 @@ class LossConfig:
     beta: float = 0.05
     num_iterations: int = 1
     importance_sampling_cap: float | None = None
+    importance_sampling_mode: str = "token_truncate"
+    importance_sampling_floor: float | None = None
+    off_policy_mask_threshold: float | None = None
+    kl_bias_correction: bool = False
+    reference_sync_steps: int | None = None
+    reference_mixup_alpha: float = 0.6
     kl_clamp: float | None = None
     divide_by_num_generations: bool = False
 
@@ -216,6 +238,32 @@ class LossConfig:
         if self.ratio_level == "sequence" and self.type in ("bnpo", "dr_grpo", "dapo", "cispo"):
             log.warning("%sratio_level=sequence with %stype=%s sums per-token terms, weighting each completion by "
                         "its length; GSPO's setup is type: grpo", k, k, self.type)
+        modes = objective.SAMPLER_CORRECTION_MODES
+        require(self.importance_sampling_mode in modes, k + "importance_sampling_mode", f"one of {modes}",
+                self.importance_sampling_mode)
+        floor = self.importance_sampling_floor
+        require(floor is None or (is_number(floor) and 0 < floor <= 1), k + "importance_sampling_floor",
+                "in (0, 1] or null", floor)
+        if self.importance_sampling_mode != "token_truncate" and not self.sampler_correction:
+            raise GraspConfigError(f"{k}importance_sampling_mode={self.importance_sampling_mode!r} has no bound: set "
+                                   f"{k}importance_sampling_cap and/or {k}importance_sampling_floor (both null: no "
+                                   "correction)")
+        if self.type == "vespo" and self.sampler_correction and self.importance_sampling_mode.startswith("sequence"):
+            raise GraspConfigError(f"{k}type=vespo folds the sampler's per-token weights into its own sequence weight: "
+                                   f"{k}importance_sampling_mode={self.importance_sampling_mode!r} gives one per "
+                                   "sequence; use token_truncate or token_mask (TRL 1.16 refuses the same)")
+        threshold = self.off_policy_mask_threshold
+        require(threshold is None or (is_number(threshold) and threshold > 0), k + "off_policy_mask_threshold",
+                "a number > 0 or null", threshold)
+        require(is_count(self.reference_sync_steps, optional=True), k + "reference_sync_steps", ">= 1 or null",
+                self.reference_sync_steps)
+        alpha = self.reference_mixup_alpha
+        require(is_number(alpha) and 0 < alpha <= 1, k + "reference_mixup_alpha", "in (0, 1]", alpha)
+        for name, on in (("kl_bias_correction", self.kl_bias_correction),
+                         ("reference_sync_steps", self.reference_sync_steps is not None)):
+            if on and self.beta == 0.0:
+                raise GraspConfigError(f"{k}{name} acts on the KL to the reference model, which {k}beta=0 leaves out; "
+                                       f"set {k}beta != 0 or leave {k}{name} at its default")
 
     def objective_kwargs(self) -> dict:
         """The objective's settings as :func:`grasp_lightning.grpo.objective.grpo_loss` takes them (beyond
@@ -228,6 +276,11 @@ class LossConfig:
         """VESPO's four settings as :func:`grasp_lightning.grpo.objective.vespo_weights` takes them."""
         return {"k_pos": self.vespo_k_pos, "lambda_pos": self.vespo_lambda_pos, "k_neg": self.vespo_k_neg,
                 "lambda_neg": self.vespo_lambda_neg}
+
+    @property
+    def sampler_correction(self) -> bool:
+        """True when the sampler's log-probs correct the loss: ``importance_sampling_cap`` or ``_floor`` is set."""
+        return self.importance_sampling_cap is not None or self.importance_sampling_floor is not None
 
 
 @dataclass

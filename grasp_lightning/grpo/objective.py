@@ -46,8 +46,14 @@ __all__ = [
     "LOSS_TYPES",
     "RATIO_LEVELS",
     "WINDOW_TOKEN_TYPES",
+    "SAMPLER_CORRECTION_MODES",
     "clip_advantages",
     "group_advantages",
+    "importance_weighted_kl",
+    "normalize_then_sum",
+    "off_policy_mask",
+    "sampler_importance_weights",
+    "term_normalised_sum",
     "grpo_loss",
     "high_entropy_mask",
     "k3_kl",
@@ -69,6 +75,8 @@ LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo
 WINDOW_TOKEN_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
 #: Where the importance ratio is taken: per token, or one length-normalised ratio per sequence (GSPO).
 RATIO_LEVELS: tuple[str, ...] = ("token", "sequence")
+#: How :func:`sampler_importance_weights` corrects for the sampler's log-probs (TRL's ``vllm_importance_sampling_mode``).
+SAMPLER_CORRECTION_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def _grouped(values: Tensor, group_size: int) -> Tensor:
@@ -228,6 +236,69 @@ def clip_advantages(adv: Tensor, bound: float | None) -> Tensor:
     return adv.clamp(-bound, bound)
 
 
+def term_normalised_sum(term_rewards: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GDPO's aggregated reward: each reward term normalised within its group, then weighted and summed.
+
+    ``s_i = Σ_t w_t (r_{i,t} - mean_g r_{·,t}) / (std_g r_{·,t} + eps)`` with the unbiased group std (0 when
+    ``K == 1``), as TRL 1.16 ``multi_objective_aggregation="normalize_then_sum"``
+    (``trl/trainer/grpo_trainer.py:2790-2795``). Each group's ``s`` has mean 0 up to rounding.
+
+    Args:
+        term_rewards: ``(N, T)`` per-term rewards, ``N = G * group_size``.
+        weights: ``(T,)`` term weights.
+        group_size: ``K``, rollouts per prompt.
+        eps: added to each term's group std (TRL: 1e-4).
+
+    Returns:
+        ``(N,)`` float, dtype of ``term_rewards``.
+
+    Raises:
+        ValueError: shapes do not match or ``N`` not divisible by ``group_size``.
+        GraspConfigError: ``group_size < 1``.
+    """
+    if term_rewards.dim() != 2 or weights.shape != (term_rewards.shape[1],):
+        raise ValueError(f"term_rewards (N, T) and weights (T,) expected, got {tuple(term_rewards.shape)} "
+                         f"and {tuple(weights.shape)}")
+    grouped = _grouped(term_rewards, group_size)
+    mean = grouped.mean(dim=1, keepdim=True)
+    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
+    normalised = ((grouped - mean) / (std + eps)).reshape(term_rewards.shape)
+    return (normalised * weights.to(term_rewards.dtype)).sum(dim=1)
+
+
+def normalize_then_sum(term_rewards: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
+                       batch_moments: Tensor | None = None) -> Tensor:
+    """GDPO advantages (Group reward-Decoupled normalisation, arXiv 2601.05242): :func:`term_normalised_sum`,
+    then centred and scaled over the whole batch: ``A_i = (s_i - mean(s)) / (std(s) + eps)``.
+
+    TRL 1.16 ``multi_objective_aggregation="normalize_then_sum"`` (``trl/trainer/grpo_trainer.py:2790-2800``),
+    where the batch is every process's generation batch and ``scale_rewards`` is not used. Unlike the released
+    GRASP advantage (:func:`released_advantages`: each term centred, never scaled, so a term's spread sets its
+    weight), each term here is divided by its group std, so every term moves the advantage by the same amount
+    per unit of its weight whatever its scale.
+
+    Args:
+        term_rewards: ``(N, T)`` per-term rewards.
+        weights: ``(T,)`` term weights.
+        group_size: ``K``, rollouts per prompt.
+        eps: TRL's 1e-4, both for each term's group std and for the batch std.
+        batch_moments: ``[n, Σ s, Σ s²]`` of ``s`` over every rank (:func:`reward_moments` of
+            :func:`term_normalised_sum`, summed over ranks); ``None``: this batch's own.
+
+    Returns:
+        ``(N,)`` advantages, dtype of ``term_rewards``.
+
+    Raises:
+        ValueError / GraspConfigError: as :func:`term_normalised_sum`.
+    """
+    s = term_normalised_sum(term_rewards, weights, group_size, eps)
+    moments = reward_moments(s) if batch_moments is None else batch_moments.double()
+    n = moments[0].clamp(min=1.0)
+    mean = (moments[1] / n).to(s.dtype)
+    std = std_from_moments(moments).to(s.dtype)
+    return (s - mean) / (std + eps)
+
+
 def selective_log_softmax(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
     """Log-probability of each chosen token under ``softmax(logits / temperature)``, computed in float32.
 
@@ -280,6 +351,99 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
     d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     kl = torch.exp(d) - d - 1
     return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+def sampler_importance_weights(old_logp: Tensor, sampled_logp: Tensor, mask: Tensor, mode: str = "token_truncate",
+                               clip_min: float | None = None, clip_max: float | None = None) -> Tensor:
+    """Importance weights that correct for a sampler whose log-probs differ from the trainer's (TIS / MIS).
+
+    ``d = (old_logp - sampled_logp) * mask`` per token (NaN gaps count 0); the token modes weigh each token by
+    ``w = exp(d)``, the sequence modes each sequence by ``w = exp(Σ_t d_t)`` (a sum, not a mean). ``*_truncate``
+    clamps ``w`` to ``[clip_min, clip_max]`` (truncated IS, TIS); ``*_mask`` sets ``w`` to 0 outside that range
+    and keeps it inside (masked IS, MIS); a ``None`` bound is open. Exactly TRL 1.16's
+    ``vllm_importance_sampling_ratio`` (``trl/trainer/grpo_trainer.py:2660-2708``), except that the log
+    weight is clamped to ``[-20, 20]`` before ``exp`` (equal whenever ``|d| <= 20``; TRL's can reach ``inf``).
+    The weights multiply each token's policy loss (not the KL), no gradient.
+
+    Args:
+        old_logp: ``(N, L)`` the trainer's log-probs of the sampled tokens under the sampling weights.
+        sampled_logp: ``(N, L)`` the sampler's (e.g. vLLM's) log-probs of the same tokens.
+        mask: ``(N, L)`` 1 for completion tokens that count.
+        mode: one of :data:`SAMPLER_CORRECTION_MODES`.
+        clip_min: lower bound ``C_min`` or ``None``.
+        clip_max: upper bound ``C_max`` or ``None``.
+
+    Returns:
+        ``(N, L)`` (token modes) or ``(N, 1)`` (sequence modes) float32 weights, detached.
+
+    Raises:
+        GraspConfigError: unknown ``mode``. ValueError: shapes do not match.
+    """
+    if mode not in SAMPLER_CORRECTION_MODES:
+        raise GraspConfigError(f"unknown importance sampling mode {mode!r}; expected one of {list(SAMPLER_CORRECTION_MODES)}")
+    if old_logp.shape != sampled_logp.shape or mask.shape != old_logp.shape:
+        raise ValueError(f"old_logp, sampled_logp and mask must share one (N, L) shape, got {tuple(old_logp.shape)}, "
+                         f"{tuple(sampled_logp.shape)}, {tuple(mask.shape)}")
+    diff = torch.nan_to_num((old_logp.detach().float() - sampled_logp.float()) * mask.float(), nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    weights = torch.exp(diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if mode.endswith("truncate"):
+        return weights.clamp(min=clip_min, max=clip_max)
+    low = -float("inf") if clip_min is None else clip_min
+    high = float("inf") if clip_max is None else clip_max
+    return weights.masked_fill((weights < low) | (weights > high), 0.0)
+
+
+def off_policy_mask(logp: Tensor, behaviour_logp: Tensor, advantages: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """Off-policy sequence mask (DeepSeek-V3.2, arXiv 2512.02556, Eq. 9): drop a sequence whose advantage is
+    negative and whose mean KL from the sampling policy is above ``threshold``.
+
+    ``kl_i = Σ_t (behaviour_logp - logp)_t m_t / max(Σ_t m_t, 1)`` (NaN counts 0); keep where ``A_i >= 0`` or
+    ``kl_i <= threshold``. TRL 1.16 ``GRPOTrainer.get_off_policy_mask`` (``trl/trainer/grpo_trainer.py:2945-2969``),
+    which ``_compute_loss`` feeds the sampler's log-probs (vLLM's) where it has them, else the old policy's
+    (``:3068-3081``); multiplies each token's policy loss, not the KL.
+
+    Args:
+        logp: ``(N, L)`` the policy's log-probs (detached here).
+        behaviour_logp: ``(N, L)`` log-probs of the policy that sampled the tokens.
+        advantages: ``(N,)`` one advantage per sequence.
+        mask: ``(N, L)`` 1 for completion tokens that count.
+        threshold: ``δ`` in nats per token, > 0.
+
+    Returns:
+        ``(N, 1)`` float32, 1.0 keep, 0.0 drop.
+
+    Raises:
+        GraspConfigError: ``threshold <= 0``. ValueError: shapes do not match.
+    """
+    if not threshold > 0:
+        raise GraspConfigError(f"off-policy mask threshold must be > 0, got {threshold}")
+    if behaviour_logp.shape != logp.shape or mask.shape != logp.shape or advantages.shape != logp.shape[:1]:
+        raise ValueError(f"logp (N, L), behaviour_logp (N, L), mask (N, L), advantages (N,) expected, got "
+                         f"{tuple(logp.shape)}, {tuple(behaviour_logp.shape)}, {tuple(mask.shape)}, {tuple(advantages.shape)}")
+    m = mask.float()
+    kl = torch.nan_to_num(behaviour_logp.float() - logp.detach().float(), nan=0.0)
+    mean_kl = (kl * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return ((advantages.unsqueeze(1) >= 0) | (mean_kl <= threshold)).float()
+
+
+def importance_weighted_kl(kl: Tensor, ratio: Tensor) -> Tensor:
+    """The KL with the importance-sampling bias correction (DeepSeek-V3.2, arXiv 2512.02556): ``kl * ratio``.
+
+    ``ratio`` is the policy's ratio to the sampling policy, with its gradient: on-policy it equals 1 yet
+    changes the KL's gradient, which then is the unbiased reverse-KL gradient for tokens sampled from the old
+    policy. TRL 1.16 ``use_bias_correction_kl`` (``trl/trainer/grpo_trainer.py:3102-3105``: ``per_token_kl *
+    coef_1``, both token- or sequence-level).
+
+    Args:
+        kl: ``(N, L)`` per-token k3 estimates (:func:`k3_kl`).
+        ratio: ``(N, L)`` token ratios or ``(N, 1)`` sequence ratios.
+
+    Returns:
+        ``(N, L)``.
+    """
+    return kl * ratio
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -472,6 +636,23 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_le
     return masked.sum() / (mask.shape[0] * max_completion_length)  # dr_grpo
 
 
+def _check_loss_inputs(logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *, beta: float,
+                       loss_type: str, max_completion_length: int | None, entropies: Tensor | None,
+                       top_entropy_quantile: float, entropy_coef: float) -> None:
+    """:func:`grpo_loss`'s argument checks (its ``Raises:``)."""
+    if loss_type not in LOSS_TYPES:
+        raise GraspConfigError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise GraspConfigError("loss_type 'dr_grpo' needs max_completion_length (the generation budget in tokens)")
+    if beta != 0.0 and ref_logp is None:
+        raise GraspConfigError(f"beta={beta} needs reference log-probs (ref_logp is None)")
+    if (top_entropy_quantile < 1.0 or entropy_coef != 0.0) and entropies is None:
+        raise GraspConfigError("top_entropy_quantile < 1 and entropy_coef need the per-token entropies")
+    if logp.dim() != 2 or mask.shape != logp.shape or advantages.shape != logp.shape[:1]:
+        raise ValueError(f"logp (N, L), mask (N, L), advantages (N,) expected, got {tuple(logp.shape)}, "
+                         f"{tuple(mask.shape)}, {tuple(advantages.shape)}")
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -495,6 +676,8 @@ def grpo_loss(
     entropies: Tensor | None = None,
     top_entropy_quantile: float = 1.0,
     entropy_coef: float = 0.0,
+    bias_correction_kl: bool = False,
+    sequence_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO objective family with an optional k3 KL penalty and entropy bonus, as in TRL 1.16
     ``GRPOTrainer._compute_loss``.
@@ -528,16 +711,20 @@ def grpo_loss(
         loss_type: one of :data:`LOSS_TYPES`.
         max_completion_length: the generation budget in tokens; required for ``"dr_grpo"``.
         num_items_in_batch: the normaliser of :data:`WINDOW_TOKEN_TYPES`, the number of loss tokens they average over.
-        token_weights: ``(N, L)`` detached weights of the policy term, or ``None``: the truncated
-            importance-sampling correction for a rollout engine whose numerics differ from the trainer's
-            (TRL 1.16 multiplies ``per_token_loss`` by it before adding the KL term; ``GRPOTask``'s
-            ``importance_sampling_cap``); ``vespo`` folds them into its sequence weights instead.
+        token_weights: ``(N, L)`` or ``(N, 1)`` detached weights of the policy term, or ``None``: the sampler
+            correction (:func:`sampler_importance_weights`) times the off-policy sequence mask
+            (:func:`off_policy_mask`); TRL 1.16 multiplies ``per_token_loss`` by both before adding the KL term;
+            ``vespo`` folds them into its sequence weights instead.
         kl_clamp: clamp each token's k3 estimate to ±this (:func:`k3_kl`; released GRASP: 10), in the loss and
             in ``kl_mean``; ``None``: no clamp.
         ratio_level: ``"token"`` or ``"sequence"`` (GSPO; TRL's ``importance_sampling_level``).
         delta: INTELLECT-2's upper bound on the ratio of negative-advantage tokens, or ``None``.
         sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures.
         vespo: VESPO's ``k_pos, lambda_pos, k_neg, lambda_neg`` (:func:`vespo_weights`), or ``None``: defaults.
+        bias_correction_kl: multiply each token's KL by the ratio (:func:`importance_weighted_kl`; TRL's
+            ``use_bias_correction_kl``), in the loss and in ``kl_mean``.
+        sequence_mask: ``(N, 1)`` 0/1 factor of each sequence's policy term (:func:`off_policy_mask`), every loss
+            type included (TRL 1.16 multiplies ``per_token_loss`` by its ``off_policy_mask``), or ``None``.
         entropies: ``(N, L)`` per-token policy entropies (nats); with grad for the bonus. Required when
             ``top_entropy_quantile < 1`` or ``entropy_coef != 0``.
         top_entropy_quantile: keep only this top share of the loss tokens by entropy in the policy term.
@@ -556,17 +743,9 @@ def grpo_loss(
         ``beta != 0`` without ``ref_logp``; the entropy options without ``entropies``. ValueError: mismatched
         shapes.
     """
-    if loss_type not in LOSS_TYPES:
-        raise GraspConfigError(f"unknown loss_type {loss_type!r}; expected one of {list(LOSS_TYPES)}")
-    if loss_type == "dr_grpo" and not max_completion_length:
-        raise GraspConfigError("loss_type 'dr_grpo' needs max_completion_length (the generation budget in tokens)")
-    if beta != 0.0 and ref_logp is None:
-        raise GraspConfigError(f"beta={beta} needs reference log-probs (ref_logp is None)")
-    if (top_entropy_quantile < 1.0 or entropy_coef != 0.0) and entropies is None:
-        raise GraspConfigError("top_entropy_quantile < 1 and entropy_coef need the per-token entropies")
-    if logp.dim() != 2 or mask.shape != logp.shape or advantages.shape != logp.shape[:1]:
-        raise ValueError(f"logp (N, L), mask (N, L), advantages (N,) expected, got {tuple(logp.shape)}, "
-                         f"{tuple(mask.shape)}, {tuple(advantages.shape)}")
+    _check_loss_inputs(logp, ref_logp, advantages, mask, beta=beta, loss_type=loss_type,
+                       max_completion_length=max_completion_length, entropies=entropies,
+                       top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef)
     eps_high = epsilon if epsilon_high is None else epsilon_high
     logp32 = logp.float()
     old32 = logp32.detach() if old_logp is None else old_logp.float()
@@ -574,7 +753,7 @@ def grpo_loss(
     adv = advantages.float().unsqueeze(1)
     weights = None if token_weights is None else token_weights.detach().float()
 
-    per_token, _, metrics = policy_loss_per_token(
+    per_token, ratio, metrics = policy_loss_per_token(
         logp32, old32, adv, mask32, loss_type=loss_type, ratio_level=ratio_level, epsilon=epsilon,
         epsilon_high=eps_high, delta=delta, sapo_temperature_pos=sapo_temperature_pos,
         sapo_temperature_neg=sapo_temperature_neg, vespo=vespo, is_weights=weights if loss_type == "vespo" else None)
@@ -586,8 +765,12 @@ def grpo_loss(
         metrics["low_entropy_tokens"] = (mask32.sum() - effective.sum()).detach()
     if weights is not None and loss_type != "vespo":
         per_token = per_token * weights
+    if sequence_mask is not None:
+        per_token = per_token * sequence_mask.detach().float()
     if ref_logp is not None:
         kl = k3_kl(logp32, ref_logp.float(), kl_clamp)
+        if bias_correction_kl:
+            kl = importance_weighted_kl(kl, ratio)
         metrics["kl_mean"] = _masked_mean(kl, mask32)
         if beta != 0.0:
             per_token = per_token + beta * kl

@@ -105,6 +105,22 @@ def test_grpo_learning_prints_the_reward_before_and_after(tmp_path: Path, run_sc
     assert len(saved["rewards"]) == 3 and all(0.0 <= r <= 1.35 for r in saved["rewards"])
 
 
+def test_grpo_learning_compares_every_loss_type_over_the_same_seeds(tmp_path: Path, run_script) -> None:
+    from grasp_lightning.grpo.objective import LOSS_TYPES
+
+    out = run_script(["benchmarks/grpo_learning.py", "--loss-types", "all", "--seeds", "0,1", "--steps", "2", "--last",
+                      "1", "--prompts", "1", "--k", "2", "--tokens", "4", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "grpo_loss_types.json").read_text())
+    assert {k: saved[k] for k in out} == out and (tmp_path / "grpo_loss_types.png").stat().st_size > 0
+    assert list(out["loss_types"]) == list(LOSS_TYPES) and out["seeds"] == [0, 1]  # read when the script runs
+    for loss_type, runs in saved["rewards"].items():
+        assert sorted(runs) == ["0", "1"] and all(len(r) == 2 for r in runs.values()), loss_type
+        row = out["loss_types"][loss_type]
+        assert row["last_min"] <= row["last_mean"] <= row["last_max"] and row["s_per_step"] > 0
+    first = {t: saved["rewards"][t]["0"][0] for t in LOSS_TYPES}  # step 1 samples before any update: same seed,
+    assert len(set(first.values())) == 1, first  # same rollouts, whatever the loss
+
+
 def test_healthy_ranges_summarises_every_grpo_step(tmp_path: Path, run_script) -> None:
     out = run_script(["benchmarks/healthy_ranges.py", "--sft-steps", "2", "--grpo-steps", "3", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "healthy_ranges_tiny.json").read_text())

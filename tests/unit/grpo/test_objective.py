@@ -38,11 +38,16 @@ from grasp_lightning.grpo.objective import (
     group_advantages,
     grpo_loss,
     high_entropy_mask,
+    importance_weighted_kl,
     k3_kl,
+    normalize_then_sum,
+    off_policy_mask,
     released_advantages,
     reward_moments,
+    sampler_importance_weights,
     selective_log_softmax,
     std_from_moments,
+    term_normalised_sum,
     zero_variance_groups,
 )
 from grasp_lightning.grpo.scoring import logps_and_entropy
@@ -632,3 +637,176 @@ def test_task_advantages_with_weighted_terms_match_trl(batch: dict[str, torch.Te
     ours_rewards, ours = task.advantages(terms, batch_std=std if scale == "batch" else None, k=K)
     torch.testing.assert_close(ours_rewards, rewards)
     torch.testing.assert_close(ours, trl_advantages(rewards, K, scale), **TOL)
+# --- off-policy corrections and GDPO: TRL 1.16 parity --------------------------------------------
+
+def trl_sampler_ratio(old: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor, mode: str,
+                      clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """TRL 1.16 ``_generate_and_score_completions``'s ``vllm_importance_sampling_ratio``
+    (``trl/trainer/grpo_trainer.py:2660-2708``), line for line (no tool mask)."""
+    per_token_logps_diff = torch.nan_to_num((old - sampled) * mask, nan=0.0)
+    if mode in ["sequence_mask", "sequence_truncate"]:
+        logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    else:
+        logps_diff = per_token_logps_diff
+    ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    min_val = clip_min if clip_min is not None else -math.inf
+    max_val = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
+
+
+def trl_normalize_then_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """TRL 1.16's ``normalize_then_sum`` block (``trl/trainer/grpo_trainer.py:2790-2800`` and the NaN fill at
+    ``:2810``), line for line, one process."""
+    grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.shape[1])
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    std_rewards = nanstd(rewards).expand_as(rewards)
+    return torch.nan_to_num((rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4), nan=0.0)
+
+
+@pytest.fixture(scope="module")
+def sampled(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The sampler's log-probs: the old policy's plus noise (ratios on both sides of 1, sequence sums up to ~2)."""
+    gen = torch.Generator().manual_seed(99)
+    return batch["old"] + 0.3 * torch.randn(batch["old"].shape, generator=gen)
+
+
+SAMPLER_CASES = [("token_truncate", None, 2.0), ("token_truncate", 0.5, 1.5), ("token_mask", 0.5, 2.0),
+                 ("token_mask", None, 1.2), ("sequence_truncate", 0.5, 3.0), ("sequence_mask", 0.7, 2.5),
+                 ("sequence_mask", None, 1.0)]
+
+
+@needs_trl
+@pytest.mark.parametrize("mode, clip_min, clip_max", SAMPLER_CASES)
+def test_sampler_importance_weights_match_trl(batch, sampled, mode: str, clip_min, clip_max) -> None:
+    ours = sampler_importance_weights(batch["old"], sampled, batch["mask"], mode, clip_min, clip_max)
+    theirs = trl_sampler_ratio(batch["old"], sampled, batch["mask"], mode, clip_min, clip_max)
+    assert ours.shape == theirs.shape == ((12, 1) if mode.startswith("sequence") else (12, L))
+    torch.testing.assert_close(ours, theirs, **TOL)
+    if mode.endswith("mask"):  # the inputs exercise both the kept and the masked weights
+        live = ours if mode.startswith("sequence") else ours[batch["mask"].bool()]
+        assert 0 < int((live == 0).sum()) < live.numel() and float(live.max()) != 1.0
+
+
+def test_sampler_importance_weights_by_hand() -> None:
+    old = torch.tensor([[0.0, -1.0, 0.0]])
+    sampled = torch.tensor([[-0.5, -0.5, 5.0]])  # gaps +0.5, -0.5 and a padded token
+    mask = torch.tensor([[1, 1, 0]])
+    e = math.exp(0.5)
+    assert sampler_importance_weights(old, sampled, mask, "token_truncate", None, 1.2)[0].tolist() == \
+        pytest.approx([1.2, 1 / e, 1.0])
+    assert sampler_importance_weights(old, sampled, mask, "token_mask", 0.7, 2.0)[0].tolist() == \
+        pytest.approx([e, 0.0, 1.0])
+    assert sampler_importance_weights(old, sampled, mask, "sequence_truncate", None, 2.0).tolist() == [[1.0]]
+    assert sampler_importance_weights(old + 0.2, sampled, mask, "sequence_mask", None, 1.2).tolist() == [[0.0]]
+    assert sampler_importance_weights(old + 0.2, sampled, mask, "sequence_mask", None, 1.5).item() == \
+        pytest.approx(math.exp(0.4))  # 0.2 + 0.2 on the two tokens, the padded one left out
+    with pytest.raises(GraspConfigError, match="unknown importance sampling mode 'token'"):
+        sampler_importance_weights(old, sampled, mask, "token")
+
+
+@needs_trl
+def test_off_policy_mask_matches_trl(batch, sampled) -> None:
+    advantages = group_advantages(batch["rewards"], K)
+    for threshold in (0.01, 0.05, 0.5):
+        ours = off_policy_mask(batch["logp"], sampled, advantages, batch["mask"], threshold)
+        theirs = GRPOTrainer.get_off_policy_mask(advantages.unsqueeze(1), batch["logp"], sampled, batch["mask"].float(),
+                                                 threshold)
+        assert torch.equal(ours, theirs.float()), threshold
+    # by hand: mean KL (sampler - policy) 0.3 over two tokens; dropped only with A < 0 and KL > threshold
+    logp = torch.zeros(3, 2)
+    behaviour = torch.tensor([[0.1, 0.5], [0.1, 0.5], [0.1, 0.5]])
+    keep = off_policy_mask(logp, behaviour, torch.tensor([1.0, -1.0, -1.0]), torch.tensor([[1, 1], [1, 1], [1, 0]]), 0.2)
+    assert keep.tolist() == [[1.0], [0.0], [1.0]]  # row 3: only its first token, KL 0.1
+
+
+def _trl_corrected_loss(batch, sampled, advantages, loss_type: str, beta: float, mode: str, clip_min, clip_max,
+                        threshold, bias_correction_kl: bool):
+    logp = batch["logp"].clone().requires_grad_(True)
+    trainer = make_trainer(loss_type, beta, logp)
+    trainer.__dict__.update(use_vllm=True, vllm_importance_sampling_correction=True, off_policy_mask_threshold=threshold)
+    trainer.args.use_bias_correction_kl = bias_correction_kl
+    inputs = {
+        "prompt_ids": torch.zeros(logp.shape[0], 2, dtype=torch.long),
+        "prompt_mask": torch.ones(logp.shape[0], 2, dtype=torch.long),
+        "completion_ids": torch.zeros(logp.shape, dtype=torch.long), "completion_mask": batch["mask"],
+        "advantages": advantages, "old_per_token_logps": batch["old"], "ref_per_token_logps": batch["ref"],
+        "num_items_in_batch": batch["mask"].sum(), "sampling_per_token_logps": sampled,
+        "importance_sampling_ratio": trl_sampler_ratio(batch["old"], sampled, batch["mask"], mode, clip_min, clip_max),
+    }
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    return loss.detach(), trainer._metrics["train"], logp.grad
+
+
+@needs_trl
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("mode, clip_min, clip_max, threshold, bias_correction_kl", [
+    ("token_truncate", None, 2.0, None, False), ("token_mask", 0.5, 2.0, 0.02, True),
+    ("sequence_truncate", 0.5, 3.0, 0.05, False), ("sequence_mask", 0.7, 2.5, None, True)])
+def test_corrected_loss_and_grad_match_trl(batch, sampled, loss_type: str, mode: str, clip_min, clip_max, threshold,
+                                           bias_correction_kl: bool) -> None:
+    """The sampler weights, the off-policy mask and the bias-corrected KL, in TRL's own ``_compute_loss``."""
+    advantages = group_advantages(batch["rewards"], K)
+    trl_loss, trl_metrics, trl_grad = _trl_corrected_loss(batch, sampled, advantages, loss_type, 0.04, mode, clip_min,
+                                                          clip_max, threshold, bias_correction_kl)
+    logp = batch["logp"].clone().requires_grad_(True)
+    weights = sampler_importance_weights(batch["old"], sampled, batch["mask"], mode, clip_min, clip_max)
+    if threshold is not None:
+        keep = off_policy_mask(logp, sampled, advantages, batch["mask"], threshold)
+        assert 0 < int((keep == 0).sum()) < keep.numel()  # the threshold really drops some sequences
+        weights = weights * keep
+    loss, metrics = grpo_loss(logp, batch["old"], batch["ref"], advantages, batch["mask"], epsilon_high=0.28, beta=0.04,
+                              loss_type=loss_type, max_completion_length=MAX_LEN,
+                              num_items_in_batch=float(batch["mask"].sum()), token_weights=weights,
+                              bias_correction_kl=bias_correction_kl)
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), trl_loss, **TOL)
+    torch.testing.assert_close(logp.grad, trl_grad, **TOL)
+    assert metrics["kl_mean"].item() == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+
+
+def test_bias_corrected_kl_changes_the_on_policy_gradient_only() -> None:
+    # on-policy the ratio is 1, so the value is the plain KL; its gradient gains kl * d(ratio)/d(logp) = kl
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-0.5, -2.5]])
+    mask, adv = torch.ones(1, 2), torch.zeros(1)
+    plain, _ = grpo_loss(logp, None, ref, adv, mask, beta=1.0, loss_type="bnpo")
+    (g_plain,) = torch.autograd.grad(plain, logp)
+    corrected, m = grpo_loss(logp, None, ref, adv, mask, beta=1.0, loss_type="bnpo", bias_correction_kl=True)
+    (g_corr,) = torch.autograd.grad(corrected, logp)
+    kl = k3_kl(logp.detach(), ref)
+    assert float(corrected) == pytest.approx(float(plain))
+    torch.testing.assert_close(g_corr, g_plain + kl / 2)  # bnpo: mean over the 2 tokens
+    torch.testing.assert_close(importance_weighted_kl(kl, torch.tensor([[2.0]])), 2 * kl)
+
+
+@needs_trl
+def test_normalize_then_sum_matches_trl() -> None:
+    gen = torch.Generator().manual_seed(5)
+    terms = torch.cat([torch.randint(0, 2, (G * K, 1), generator=gen).float(), torch.rand(G * K, 2, generator=gen)], 1)
+    terms[K:2 * K, 0] = 1.0  # a term equal across one group
+    weights = torch.tensor([1.0, 0.1, 0.2])
+    ours = normalize_then_sum(terms, weights, K)
+    torch.testing.assert_close(ours, trl_normalize_then_sum(terms, weights, K), **TOL)
+    # across ranks: the batch moments of the term-normalised sums summed over two halves give the same
+    halves = [reward_moments(term_normalised_sum(part, weights, K)) for part in (terms[:K], terms[K:])]
+    torch.testing.assert_close(torch.cat([normalize_then_sum(terms[:K], weights, K, batch_moments=sum(halves)),
+                                          normalize_then_sum(terms[K:], weights, K, batch_moments=sum(halves))]),
+                               ours, **TOL)
+
+
+def test_normalize_then_sum_against_released_by_hand() -> None:
+    # one group of 2, terms [1, 0] and [0.2, 0.0]: released centres ([0.5, -0.5] and [0.1, -0.1]) and weights;
+    # GDPO divides each by its group std (0.7071 and 0.1414), so both terms give +-0.7071 before the weights
+    terms = torch.tensor([[1.0, 0.2], [0.0, 0.0]])
+    weights = torch.tensor([1.0, 1.0])
+    torch.testing.assert_close(released_advantages(terms, weights, 2), torch.tensor([0.6, -0.6]))
+    s = term_normalised_sum(terms, weights, 2, eps=0.0)
+    torch.testing.assert_close(s, torch.tensor([2 / math.sqrt(2), -2 / math.sqrt(2)]))
+    # then over the batch: mean 0, unbiased std of [1.414, -1.414] = 2, so A = s / 2
+    torch.testing.assert_close(normalize_then_sum(terms, weights, 2, eps=0.0), s / 2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import types
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from grasp_lightning.engines.decoding import RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo import objective
 from grasp_lightning.grpo.config import AdvantageConfig, BatchingConfig, ComputeConfig, LossConfig, RewardConfig
+from grasp_lightning.grpo.rollouts import SamplingStats
 from grasp_lightning.grpo.sampling import CacheState
 from grasp_lightning.tasks.grpo import GRPOTask
 
@@ -129,7 +131,7 @@ def test_a_saved_window_is_restored_and_saved_again_unchanged():
     restored.load_state_dict(state)
     again = restored.state_dict()
     assert (again["window_index"], again["window_indices"], again["window_tokens"], again["stats"], again["rollouts"]) == \
-        (3, [[4, 5], [6, 7]], 17.0, {"generation_s": 1.5}, [None, None])
+        (3, [[4, 5], [6, 7]], 17.0, asdict(SamplingStats(generation_s=1.5)), [None, None])
 
 
 def test_completion_of_lists_the_rollout_micro_batches_prompt_major():
@@ -164,14 +166,14 @@ def test_off_policy_mask_drops_negative_advantage_sequences_far_from_the_sampler
     ro = types.SimpleNamespace(sampled_logp=SAMPLED, old_logp=None, advantages=torch.tensor([-1.0, -1.0]))
     task = GRPOTask(loss=LossConfig(off_policy_mask_threshold=0.4))
     metrics: dict = {}
-    weights = task._off_policy_mask(LOGP, ro, MASK, torch.full((2, 1), 0.5), metrics)
+    keep = task._off_policy_mask(LOGP, ro, MASK, metrics)
     # mean KL (sampler - policy): row 0 (-0.5 + 1.0) / 2 = 0.25 kept; row 1 -1.0 kept (both <= 0.4)
-    assert weights.tolist() == [[0.5], [0.5]]
+    assert keep.tolist() == [[1.0], [1.0]]
     ro.sampled_logp = torch.tensor([[0.0, -1.0, 0.0], [-0.5, 0.0, 0.0]])  # row 0 KL 1.0: dropped
-    weights = task._off_policy_mask(LOGP, ro, MASK, None, metrics)
-    assert weights.tolist() == [[0.0], [1.0]]
+    keep = task._off_policy_mask(LOGP, ro, MASK, metrics)
+    assert keep.tolist() == [[0.0], [1.0]]
     assert float(metrics["off_policy/masked_fraction"]) == 0.5 and float(metrics["off_policy/masked_sequences"]) == 1
-    assert GRPOTask()._off_policy_mask(LOGP, ro, MASK, None, metrics) is None
+    assert GRPOTask()._off_policy_mask(LOGP, ro, MASK, metrics) is None
 
 
 def test_off_policy_settings_are_refused_where_they_have_nothing_to_act_on() -> None:

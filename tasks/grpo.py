@@ -88,7 +88,6 @@ from grasp_lightning.grpo.rollouts import (  # noqa: F401 (Rollout and the helpe
     even_split,
     merge_batches,
     refill_selection,
-    repeat_video_inputs,
     rollout_from_state,
     rollout_state,
     take_completion,
@@ -155,7 +154,7 @@ class GRPOTask(Task):
                                    f"(entries {self.reward.terms}); give the functions distinct names")
         self.reward_labels = labels
         self.reward_weights = self.reward.term_weights  # resolved: one per term
-        self.dynamic_sampling = self.batching.mode  # resolved: off, drop or refill
+        self.dynamic_sampling = self.batching.dynamic_sampling  # off, drop or refill
         self._warned_no_sharing = False
         self._window_rollouts: list[Rollout | None] = []  # the current window's rollouts, by position
         self._window_key: tuple | None = None  # (window index, dataset indices of its micro-batches)

@@ -659,7 +659,7 @@ def sample_rl_datamodule(path):
 
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(path)),
-                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm
 
@@ -839,7 +839,7 @@ def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl
 
     dm = GraspDataModule(source=SourceConfig(root=str(root), train_file=train_file, bench=None),
                          video=VideoConfig(max_frames=4, max_pixels=8192), prompt=PromptConfig(processor=str(model), **prompt),
-                         loader=LoaderConfig(mode=mode, batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode=mode, batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm.processor, next(iter(dm.train_dataloader()))
 

@@ -49,7 +49,7 @@ class RolloutConfig:
 
     The config key is ``model.rollout``; ``GraspModule`` holds the one instance and tasks read it
     from their context (:class:`grasp_lightning.task.TaskContext`, ``rollout_cfg``), never copying it.
-    Also importable as ``grasp_lightning.module.RolloutConfig``.
+    Importable from :mod:`grasp_lightning.module` with the other ``model.*`` setting groups.
 
     Attributes:
         num_generations: K completions per prompt, a group (paper: 8); a group stays on one rank.

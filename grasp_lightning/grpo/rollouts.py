@@ -13,7 +13,7 @@ import torch
 
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines.decoding import Completions
-from grasp_lightning.grpo.scoring import concat_prompts, repeat_prompts, select_prompts
+from grasp_lightning.grpo.scoring import concat_prompts, select_prompts
 from grasp_lightning.grpo.vision import VisionFeatures
 
 
@@ -243,14 +243,6 @@ def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int],
     degenerate = [g for g, z in enumerate(zero_variance) if z]
     selected = (useful + degenerate)[:target]
     return selected, max(0, len(useful) - target)
-
-
-def repeat_video_inputs(inputs: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
-    """Repeat each prompt's rows and vision patches K times (naive rows).
-
-    Kept for callers of the old name; see :func:`grasp_lightning.grpo.scoring.repeat_prompts`.
-    """
-    return repeat_prompts(inputs, k)
 
 
 def rollout_state(ro: Rollout) -> dict:

@@ -246,13 +246,13 @@ def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
     from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(source=SourceConfig(bench=None))
-    assert dm.mode == "sft"  # stand-alone: no task connected
-    dm.connect(mode="rl")
-    assert dm.mode == "rl"
-    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="rl"))
-    agreeing.connect(mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.loader.mode='sft' contradicts the task, which consumes 'rl'"):
-        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="sft")).connect(mode="rl")
+    assert dm.data_mode == "sft"  # stand-alone: no task connected
+    dm.connect(data_mode="rl")
+    assert dm.data_mode == "rl"
+    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="rl"))
+    agreeing.connect(data_mode="rl")  # an explicit, agreeing value is fine
+    with pytest.raises(GraspConfigError, match=r"data.loader.data_mode='sft' contradicts the task, which consumes 'rl'"):
+        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="sft")).connect(data_mode="rl")
 
 
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:

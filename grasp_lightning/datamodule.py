@@ -387,7 +387,7 @@ class GraspDataModule(L.LightningDataModule):
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
-        ``DataModule.connect`` pattern: shared values are passed, not configured twice).
+        ``DataModule.connect`` pattern: values two parts need are passed, not configured twice).
 
         Args:
             window: micro-batches per accumulation window delivered together (``batch.window``):

@@ -1,5 +1,5 @@
 """Decoding: sampling completions from the policy with transformers' ``generate`` (and ``RolloutConfig``,
-the ``model.rollout`` settings), shared by GRPO rollouts and evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
+the ``model.rollout`` settings), used by both GRPO rollouts and evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
 suppressed, completions cut at the first sampled end-of-turn token or stop string (never at padding,
 which Qwen3-VL's generation config writes with an end-of-turn id) and decoded once.
 """

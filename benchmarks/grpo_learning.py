@@ -23,7 +23,8 @@ import lightning as L  # noqa: E402
 
 from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig, VideoConfig
 from grasp_lightning.datamodule import GraspDataModule  # noqa: E402
-from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
+from grasp_lightning.engines.decoding import RolloutConfig  # noqa: E402
+from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
 from grasp_lightning.tasks.grpo import GRPOTask, LossConfig, RewardConfig  # noqa: E402
 from grasp_lightning.tasks.sft import SFTTask  # noqa: E402

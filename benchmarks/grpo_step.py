@@ -321,7 +321,8 @@ def run_ours(model_dir: Path, dataset, *, k: int, max_new_tokens: int, beta: flo
     import lightning as L
 
     from grasp_lightning.callbacks.timing import StepTiming
-    from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
+    from grasp_lightning.module import GraspModule, OptimConfig
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.tasks.grpo import BatchingConfig, ComputeConfig, GRPOTask, LossConfig, RewardConfig
 

@@ -25,7 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import lightning as L  # noqa: E402
 from grpo_learning import _data, _trainer  # noqa: E402 (sibling script; benchmarks/ is sys.path[0] when run as a script)
 
-from grasp_lightning.module import GraspModule, OptimConfig, RolloutConfig  # noqa: E402
+from grasp_lightning.engines.decoding import RolloutConfig  # noqa: E402
+from grasp_lightning.module import GraspModule, OptimConfig  # noqa: E402
 from grasp_lightning.policy import PolicyConfig  # noqa: E402
 from grasp_lightning.tasks.grpo import GRPOTask, LossConfig, RewardConfig  # noqa: E402
 from grasp_lightning.tasks.sft import SFTTask  # noqa: E402

@@ -161,6 +161,7 @@ def run_step(module, batch, once: bool, chunk: int | None) -> dict:
     torch.manual_seed(0)
     with VisionForwardCounter(module.policy) as counter:
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        task.prepare(module, batch)
         out = task.training_step(module, batch)
         out.loss.backward()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -444,11 +444,11 @@ class GraspModule(L.LightningModule):
         """
         if stage != "fit" or self._trainer is None:
             return
-        if getattr(self.task, "samples_rollouts", False):
+        if self.task.samples_rollouts:
             self.rollout_engine  # noqa: B018 - refuses a bad model.rollout.engine setting before the run
         dm = getattr(self.trainer, "datamodule", None)
-        repeat = getattr(self.task, "num_iterations", 1)
-        window = self.trainer.accumulate_grad_batches if getattr(self.task, "window_batches", False) else 1
+        repeat = self.task.num_iterations
+        window = self.trainer.accumulate_grad_batches if self.task.window_batches else 1
         connect = getattr(dm, "connect", None)
         if connect is None:
             if repeat > 1 or window > 1:
@@ -457,12 +457,12 @@ class GraspModule(L.LightningModule):
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
         connection = {"window": window, "repeat": repeat, "data_mode": self.task.data_mode}
-        if getattr(self.task, "draws_prompts", False):
+        if self.task.draws_prompts:
             self._check_validation_in_steps()
             connection["draws"] = True
-        if getattr(self.task, "samples_rollouts", False) and self.rollout_cfg.overlap:
+        if self.task.samples_rollouts and self.rollout_cfg.overlap:
             connection["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
-        if getattr(self.task, "splits_groups", False):
+        if self.task.splits_groups:
             connection["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
         connect(**connection)
 
@@ -497,7 +497,7 @@ class GraspModule(L.LightningModule):
         """Run the task on one micro-batch and add its metrics to the optimizer step's (:attr:`step_metrics`).
 
         Every micro-batch of every rank adds ``data/skipped`` and the metrics of :meth:`Task.prepare`
-        (GRPO: the rollout batch it sampled), then, unless empty, the task's ``train/`` metrics,
+        (GRPO: the window it sampled), then, unless empty, the task's ``train/`` metrics,
         ``train/nonfinite_loss`` and ``train/loss`` (:class:`~grasp_lightning.step_metrics.Mean` over the
         step's micro-batches with a finite loss, on all ranks). At the step's last micro-batch
         (:meth:`_ends_step`) they are reduced over ranks and logged once (:meth:`_log_step`).
@@ -728,8 +728,8 @@ class GraspModule(L.LightningModule):
         trainer = self._trainer
         checkpoint = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
         decoding = {**dataclasses.asdict(self.eval_cfg), "max_new_tokens": self.eval_max_new_tokens}
-        decoding.pop("engine")  # named only when not hf: vLLM's answers differ from generate's (its bf16
-        if self.eval_engine_name != "hf":  # kernels may break a greedy tie the other way)
+        decoding.pop("engine")  # a record without an engine was decoded by generate (hf); vLLM's records
+        if self.eval_engine_name != "hf":  # name it (bf16 kernels may break a greedy tie the other way)
             decoding["engine"] = self.eval_engine_name
         groups: dict[str, Any] = {f"model.{name}": dataclasses.asdict(group)
                                   for name, group in self.setting_groups.items()}
@@ -780,7 +780,7 @@ class GraspModule(L.LightningModule):
         """Add every rank's torch/numpy/Python/CUDA random states, so a resumed run continues the same
         random streams (rollout sampling, dropout), and every rank's task state under
         :data:`TASK_STATE_KEY` (GRPO: the cached rollouts of the current window, so a run stopped inside
-        a rollout batch resumes with the same samples). Both are gathered to every rank because DeepSpeed
+        a window resumes with the same samples). Both are gathered to every rank because DeepSpeed
         saves client state from rank 0 only. Collective: every rank saves (``trainer.save_checkpoint``).
 
         LoRA and QLoRA (:attr:`trainable_only_checkpoints`): ``state_dict`` keeps the trainable parameters only

@@ -1,7 +1,7 @@
 """The task-plugin interface: a training objective, the narrow context it runs in, and what it returns.
 
 The core knows no task by name. A task gets a :class:`TaskContext` (policy, tokenizer, device,
-reference model, rollout sampling settings, a cross-rank sum) and a batch, and returns a
+reference model, rollout sampling settings and engine, policy version, a cross-rank sum) and a batch, and returns a
 :class:`TaskOutput`: a loss, the metrics to log and, for tasks that sample, a typed
 :class:`RolloutRecord` the callbacks read. Configs select a task by ``class_path``
 (``grasp_lightning.tasks.sft.SFTTask``, ``grasp_lightning.tasks.grpo.GRPOTask``). A task owns its objective, including how its loss
@@ -23,6 +23,7 @@ from grasp_lightning.engines.decoding import RolloutConfig
 if TYPE_CHECKING:
     from grasp_lightning.data.collate import Batch
     from grasp_lightning.data.records import GraspItem
+    from grasp_lightning.engines.base import RolloutEngine
 
 
 @dataclass
@@ -119,12 +120,18 @@ class TaskContext(Protocol):
         tokenizer: the policy's tokenizer (``None`` before the policy is loaded).
         device: where the policy's inputs go.
         rollout_cfg: the rollout sampling settings (``model.rollout``), the one copy; read, never copy.
+        rollout_engine: the engine that samples rollouts (:mod:`grasp_lightning.engines`, ``model.rollout.engine``);
+            a context without one cannot sample (``AttributeError``), there is no fallback.
+        policy_version: optimizer steps taken so far (an engine holding its own copy of the weights
+            updates it when its copy is older).
         cross_rank: the cross-rank sum (:class:`CrossRank`).
     """
 
     policy: torch.nn.Module
     tokenizer: Any
     rollout_cfg: RolloutConfig
+    rollout_engine: RolloutEngine
+    policy_version: int
     cross_rank: CrossRank
 
     @property
@@ -146,8 +153,8 @@ class Task:
         needs_reference: the module builds a frozen reference model only when this is true.
         data_mode: the batch kind the task consumes: ``"sft"`` (prompt + target, labels) or
             ``"rl"`` (prompts with answers and ground-truth events). The task is its one owner: the
-            module passes it to the DataModule (``GraspDataModule.connect(mode=...)``), so
-            ``data.loader.mode`` need not be set.
+            module passes it to the DataModule (``GraspDataModule.connect(data_mode=...)``), so
+            ``data.loader.data_mode`` need not be set.
         num_iterations: optimizer steps each batch serves (GRPO's rollout reuse); the DataModule
             repeats every accumulation window this many times.
         window_batches: the task works on whole accumulation windows: each micro-batch arrives with
@@ -202,7 +209,7 @@ class Task:
 
         Returns:
             metrics of work done here that belong to the optimizer step rather than to one micro-batch's
-            loss (GRPO: the rollout batch it sampled), as :attr:`TaskOutput.metrics`; or ``None``.
+            loss (GRPO: the window it sampled), as :attr:`TaskOutput.metrics`; or ``None``.
         """
         return None
 

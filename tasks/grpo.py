@@ -1,54 +1,25 @@
 """GRPO task with configurable rewards: plain GRPO (accuracy + format) or GRPO-SGR (GRASP stage 2).
 
-Per rollout batch (the B·A prompts of an accumulation window): sample K completions per prompt (a
-group), score every completion with the configured reward terms, turn the weighted sum into group-normalised advantages, and
-minimise the clipped-ratio objective with a k3 KL to the frozen reference model (GRASP Sec. 3.3,
-Eq. for ``r_gnd``; DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option names).
+One optimizer step trains on a *window*: the ``A`` micro-batches of ``B`` prompts of one step
+(``batch.window``), sampled together at its first micro-batch (GRASP Sec. 3.3, Eq. for ``r_gnd``;
+DeepSeekMath GRPO; TRL 1.16 ``GRPOTrainer`` for the option names). In the order this file runs them:
 
-**Rollout batches.** The prompts of a whole accumulation window (``batch.window``,
-:mod:`grasp_lightning.data.windows`) are sampled at its first micro-batch in *one* generation call
-per rank (``B·A`` prompts × K, each prompt prefilled once and its cache expanded K times), scored
-once (old/reference log-probs) and cached; the optimizer then runs over the ``A`` micro-batches of
-those rollouts (TRL 1.16 ``generation_batch_size``/``steps_per_generation``; verl's rollout batch vs
-PPO micro-batch). ``batching.rollout_batch_prompts`` caps the prompts per generation call (whole
-micro-batches per call; ``B`` gives the old per-micro-batch sampling). The ``dapo`` normaliser (loss
-tokens of the window over all ranks, TRL's ``num_items_in_batch``) and the ``batch`` advantage std
-(all ranks' rewards) are known before the first loss. The cache is checkpointed
-(:meth:`GRPOTask.state_dict`), so a run resumed inside a window continues with the same samples; a
-checkpoint at the end of a window's last use holds no rollouts (nothing would reuse them), and none
-holds vision features (data-derived; the restored prompts are encoded again at their first forward).
+1. sample: K completions per prompt (a group), the whole window in as few generation calls as
+   ``batching.rollout_batch_prompts`` allows (:meth:`GRPOTask.prepare` → :meth:`GRPOTask.sample_window`
+   → :meth:`GRPOTask.rollout`);
+2. reward: the weighted reward terms of every completion (:mod:`grasp_lightning.grpo.rewards`);
+3. advantage: rewards normalised within each group (:meth:`GRPOTask.advantages`), with the old-policy and
+   reference log-probs of the completions (:meth:`GRPOTask.score_rollout`);
+4. score: each micro-batch's policy log-probs of its completions (:meth:`GRPOTask.training_step`);
+5. loss: the clipped ratio with the k3 KL to the frozen reference model (:mod:`grasp_lightning.grpo.objective`);
+6. metrics: the micro-batch's parts of the step's, reduced by the module once per step (``docs/metrics.md``).
 
-**Dynamic sampling** (DAPO Sec. 3.2, ``batching.dynamic_sampling``): ``off``; ``drop`` masks groups whose rewards are all equal out
-of the loss's numerator; ``refill`` also draws further windows of prompts from the data stream
-(``Window.draw``: the next windows the loader would have yielded, consumed) and samples them until the
-rollout batch holds as many groups with distinct rewards as the window has prompts, at most
-``batching.max_resample`` draws. The rollout batch is then trimmed to the window's prompt count (DAPO, verl):
-the first useful groups in sampling order, then, if the budget ran out, masked degenerate groups
-(:func:`grasp_lightning.grpo.rollouts.refill_selection`), split evenly over the window's non-empty micro-batches
-(never more than ``B`` prompts in one). Useful groups drawn beyond that are *drawn and unused*: sampled
-and scored (their rewards count in ``dynamic_sampling/reward_mean_tried``), not trained, not returned to
-the stream, and counted in ``dynamic_sampling/groups_unused``. In that sense no prompt is lost or seen
-twice within the epoch: each is yielded or drawn exactly once, and each drawn one is trained or counted.
-Every rank draws when any rank is short, so the streams of all ranks stay aligned; a rank whose whole
-window was skipped draws too (its draws are all unused) and joins every collective. Drawn windows are
-not yielded again, so the epoch runs ``A·num_iterations`` micro-batches fewer per drawn window than
-``len()`` of the loader (and the LR schedule) expects; the loader logs the count at the epoch's end (see
-:mod:`grasp_lightning.data.windows` for a schedule given in steps). ``loss.num_iterations`` > 1 reuses a window's rollouts for that many optimizer
-steps with the old log-probs of the sampling policy: the DataModule yields each window that many
-times (``w0 … w(A-1)`` then again), so every reuse comes after an optimizer step.
-
-**Overlap** (``model.rollout.overlap: 1``, vLLM engine): the next window is sampled by the server while
-this one trains, one step stale (:mod:`grasp_lightning.grpo.overlap`); ``num_iterations > 1`` and
-``refill`` are refused with it, and the importance-sampling correction is always on.
-
-**Metrics** are the optimizer step's: each micro-batch returns its parts (means with their counts,
-sums; :mod:`grasp_lightning.step_metrics`), the sampling figures come once per rollout batch from
-:meth:`GRPOTask.prepare`, and the module reduces them over the window and the ranks once per step
-(``docs/metrics.md`` lists every tag).
-
-A group's shared work (vision encoder, prompt prefill, the prompt part of the policy, old-policy
-and reference log-prob forwards) runs once per prompt (``compute.share_prompt``, default; exact, see
-:mod:`grasp_lightning.grpo.scoring`); ``false`` repeats each prompt K times like TRL.
+The window's rollouts are kept in a :class:`~grasp_lightning.grpo.sampling.WindowCache` (dynamic sampling's
+refill and resuming inside a window: :mod:`grasp_lightning.grpo.sampling`); with ``model.rollout.overlap: 1``
+the next window is sampled while this one trains (:mod:`grasp_lightning.grpo.overlap`). A group's shared work
+(vision encoder, prompt prefill, old-policy and reference forwards) runs once per prompt
+(``compute.share_prompt``, default; exact, see :mod:`grasp_lightning.grpo.scoring`); ``false`` repeats each
+prompt K times like TRL.
 """
 
 from __future__ import annotations
@@ -63,45 +34,18 @@ from typing_extensions import override
 from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.formats import persons_shown
 from grasp_lightning.data.records import GraspItem
-from grasp_lightning.engines import engine_of
 from grasp_lightning.engines.decoding import RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo import objective
-from grasp_lightning.grpo.config import (  # noqa: F401 (the value lists are re-exported)
-    ADVANTAGES,
-    DYNAMIC_SAMPLING,
-    KEY,
-    OVERLONG_MODES,
-    AdvantageConfig,
-    BatchingConfig,
-    ComputeConfig,
-    LossConfig,
-    RewardConfig,
-)
+from grasp_lightning.grpo.config import KEY, AdvantageConfig, BatchingConfig, ComputeConfig, LossConfig, RewardConfig
 from grasp_lightning.grpo.overlap import DEFAULT_OVERLAP_CAP, RolloutPrefetch, check_overlap
 from grasp_lightning.grpo.rewards import compute_rewards, enumerates, grounding_precision_recall, resolve_reward
-from grasp_lightning.grpo.rollouts import (  # noqa: F401 (Rollout and the helpers are re-exported)
-    ROW_TENSORS,
-    TOKEN_TENSORS,
-    Rollout,
-    cat_rollouts,
-    even_split,
-    merge_batches,
-    refill_selection,
-    rollout_from_state,
-    rollout_state,
-    take_completion,
-    take_groups,
-)
-from grasp_lightning.grpo.scoring import (
-    completion_logps,  # noqa: F401 (re-exported: the naive scoring of repeated rows)
-    prompt_tokens_forwarded,
-    score_completions,
-    sharing_unsupported_reason,
-)
+from grasp_lightning.grpo.rollouts import Rollout, SamplingStats, cat_rollouts, take_completion
+from grasp_lightning.grpo.sampling import CacheState, WindowCache, generation_calls, split_window
+from grasp_lightning.grpo.scoring import prompt_tokens_forwarded, score_completions, sharing_unsupported_reason
 from grasp_lightning.grpo.vision import VisionFeatures, reuse_vision
 from grasp_lightning.parsing import extract_answer, extract_participants, reasoning_text
-from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum, combine
+from grasp_lightning.step_metrics import Max, Mean, Min, RankMean, Std, Sum
 from grasp_lightning.task import RolloutRecord, Task, TaskContext, TaskOutput
 
 log = logging.getLogger(__name__)
@@ -156,15 +100,9 @@ class GRPOTask(Task):
         self.reward_weights = self.reward.term_weights  # resolved: one per term
         self.dynamic_sampling = self.batching.dynamic_sampling  # off, drop or refill
         self._warned_no_sharing = False
-        self._window_rollouts: list[Rollout | None] = []  # the current window's rollouts, by position
-        self._window_key: tuple | None = None  # (window index, dataset indices of its micro-batches)
-        self._window_tokens = torch.tensor(0.0)  # loss tokens of the window over all ranks
-        self._ready: tuple | None = None  # the micro-batch prepare() ran for
-        self._progress: tuple[int, int, int] | None = None  # (position, iteration, A) of the last micro-batch prepared
-        self._window_stats: dict[str, float] = {}  # the rollout batch's sampling figures (logged once)
-        self._restored = False  # the cache came from a checkpoint: prompts and items still to attach
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
+        self.cache = WindowCache()  # the current window's rollouts, by micro-batch position
         self.prefetch = RolloutPrefetch()  # model.rollout.overlap: the next window's request in flight
         self._num_generations = 0  # model.rollout.num_generations, known from check_settings (micro_batch: rollout)
 
@@ -178,7 +116,7 @@ class GRPOTask(Task):
 
     @property
     def num_iterations(self) -> int:
-        """Optimizer steps per rollout batch (the module passes it to the DataModule, which yields each window that
+        """Optimizer steps per window of rollouts (the module passes it to the DataModule, which yields each window that
         many times): ``loss.num_iterations``; K with ``batching.micro_batch: rollout`` (the window's A x K
         one-completion micro-batches, A per step)."""
         return self._num_generations if self.splits_groups else self.loss.num_iterations
@@ -219,8 +157,8 @@ class GRPOTask(Task):
         """
         self._num_generations = rollout_cfg.num_generations
         if self.splits_groups:
-            _check_split(self.loss, self.dynamic_sampling, getattr(rollout_cfg, "overlap", 0))
-        if getattr(rollout_cfg, "overlap", 0):
+            _check_split(self.loss, self.dynamic_sampling, rollout_cfg.overlap)
+        if rollout_cfg.overlap:
             check_overlap(self.num_iterations, self.dynamic_sampling)
             if self.loss.importance_sampling_cap is None:
                 log.info("model.rollout.overlap=1: model.task.init_args.loss.importance_sampling_cap set to %g (unset)",
@@ -240,7 +178,207 @@ class GRPOTask(Task):
         """Check the context's rollout settings again (a context may differ from the module's)."""
         self.check_settings(ctx.rollout_cfg)
 
-    # ------------------------------------------------------------------ rollouts
+    # ------------------------------------------------------------------ the step
+    def prepare(self, ctx: TaskContext, batch: Batch) -> dict | None:
+        """Stages 1-3 for the whole window, at its first use: sample it (:meth:`sample_window`), then one
+        all-reduce of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``ctx.cross_rank``) for the ``dapo``
+        normaliser and the ``batch`` advantage std. The module calls it on every micro-batch of every rank,
+        before :meth:`training_step`, also where the micro-batch or the whole window is empty (windows line
+        up across ranks). A later micro-batch of the window reuses the :attr:`cache` (restored rollouts get
+        their prompts first, :meth:`WindowCache.attach <grasp_lightning.grpo.sampling.WindowCache.attach>`).
+
+        Returns:
+            the window's sampling figures (:meth:`sampling_metrics`) when it sampled one, else ``None``.
+        """
+        batches, position, iteration, index = self._window_of(batch)
+        key = (index, tuple(tuple(b.indices) for b in batches))
+        self.cache.prepare(batch, position, iteration, len(batches))
+        first_use = iteration == 0 and position == 0
+        if not first_use and self.cache.holds(key):
+            if self.cache.state is not CacheState.RESTORED or self.cache.attach(
+                    batch.window, batches, ctx.device, self._vision_store(ctx)):
+                return None
+        if not first_use:
+            log.warning("GRPO: window %d (iteration %d) has no cached rollouts (resumed inside a window from a "
+                        "checkpoint without them?); sampling them again", index, iteration)
+        device = ctx.device
+        self.cache.fill(key, *self.sample_window(ctx, [b.to(device) for b in batches], batch.window))
+        self._window_normaliser(ctx, device)
+        return self.sampling_metrics()
+
+    def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
+        """One micro-batch's clipped GRPO loss with the k3 KL, on its rows of the window's rollouts.
+
+        Shapes: ``N = B * K`` rows (``K = 1`` with ``batching.micro_batch: rollout``), ``Lc`` completion
+        tokens. Metrics (:meth:`metrics`) are this micro-batch's parts of the step's: means carry their counts
+        (completions, groups, loss tokens), so the module's step values are means over the whole step on all
+        ranks.
+
+        Raises:
+            GraspError: ``batch`` was not prepared (:meth:`prepare`, which ``GraspModule.training_step`` calls).
+        """
+        cfg = ctx.rollout_cfg
+        # 1-3. sample, reward, advantage: done for the window by prepare(); this micro-batch's rows
+        #      -> completions.ids (N, Lc), advantages (N,), old_logp / ref_logp (N, Lc) or None
+        ro, k, iteration, count_groups = self._micro_batch_rollout(batch, self.cache.take(batch), cfg.num_generations)
+        # 4. score: the policy's log-probs and entropy of the completion tokens -> logp, entropy (N, Lc)
+        t0 = time.perf_counter()
+        logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
+                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
+        # 5. loss: clipped ratio, k3 KL, the loss type's normaliser -> scalar; lm: its parts; sampler: metrics
+        loss, lm, sampler = self._loss(ctx, batch, ro, logp)
+        # 6. metrics: this micro-batch's parts of the step's (step_metrics values); its rollouts for the callbacks
+        metrics = self._step_metrics(batch, ro, k, lm, entropy, sampler, iteration, count_groups, t0)
+        return TaskOutput(loss=loss, metrics=metrics, rollout=self._record(batch, ro, logp, entropy, k))
+
+    @staticmethod
+    def _window_of(batch: Batch) -> tuple[list[Batch], int, int, int]:
+        """``(batches, position, iteration, index)`` of the micro-batch's window (a window of one without)."""
+        w = batch.window
+        return ([batch], 0, 0, -1) if w is None else (w.batches, w.position, w.iteration, w.index)
+
+    def _micro_batch_rollout(self, batch: Batch, rollouts: list[Rollout | None], k: int) -> tuple[Rollout, int, int, bool]:
+        """``(rollout, K, iteration, counts groups)`` of ``batch``: the rollout at its window position; with
+        ``batching.micro_batch: rollout``, one completion of each prompt of one micro-batch of prompts
+        (:meth:`completion_of`), ``K = 1``, and its groups counted at their first completion only."""
+        batches, position, iteration, _ = self._window_of(batch)
+        if not self.splits_groups:
+            return rollouts[position], k, iteration, True
+        source, completion = self.completion_of(position, iteration, len(batches), k)
+        return take_completion(rollouts[source], completion, k), 1, iteration, completion == 0
+
+    # ------------------------------------------------------------------ 1. sample
+    def sample_window(self, ctx: TaskContext, batches: list[Batch], window=None) -> tuple[list[Rollout | None], SamplingStats]:
+        """The rollouts of a window, one per micro-batch position (``None`` for empty micro-batches), and their
+        :class:`~grasp_lightning.grpo.rollouts.SamplingStats`: sampled in as few generation calls as
+        ``batching.rollout_batch_prompts`` allows, refilled (``dynamic_sampling: refill``) from
+        ``window.draw()``, then cut by position (:func:`~grasp_lightning.grpo.sampling.split_window`).
+        Collective under refill: one ``cross_rank.sum`` per try, on every rank, an empty one included.
+        """
+        t0 = time.perf_counter()
+        ros = self._sample(ctx, batches, window)
+        target = sum(len(b) for b in batches)
+        tries = 0
+        if self.dynamic_sampling == "refill":
+            device = ctx.device
+            while tries < self.batching.max_resample:
+                kept = sum(int((~ro.zero_variance).sum()) for ro in ros)
+                short = ctx.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
+                if float(short[0]) == 0:
+                    break
+                extra = window.draw() if window is not None else None
+                if extra is None:
+                    break
+                tries += 1
+                ros += self._sample(ctx, [b.to(device) for b in extra])
+        if not ros:
+            return [None] * len(batches), SamplingStats(resample_tries=float(tries))
+        ro = cat_rollouts(ros, _pad_id(ctx))
+        stats = dataclasses.replace(ro.stats, resample_tries=float(tries), generation_calls=float(len(ros)),
+                                    sequences=float(ro.completions.ids.shape[0]))
+        positions = split_window(ro, batches, self.dynamic_sampling, ctx.rollout_cfg.num_generations, stats)
+        stats.rollout_s = time.perf_counter() - t0
+        stats.generated_tokens = float(ro.completions.mask.sum())
+        return positions, stats
+
+    def _sample(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout]:
+        """One rollout per generation call over the non-empty ``batches``; with ``model.rollout.overlap``
+        the window's calls come from the request submitted a step earlier, and the next window's is
+        submitted before this one is scored (:class:`~grasp_lightning.grpo.overlap.RolloutPrefetch`)."""
+        def calls(micro: list[Batch]) -> list[Batch]:
+            return generation_calls(micro, self.batching.rollout_batch_prompts, _pad_id(ctx))
+
+        if not ctx.rollout_cfg.overlap:
+            return [self.rollout(ctx, call) for call in calls(batches)]
+        return self.prefetch.sample(self, ctx, calls(batches), window, calls)
+
+    @torch.no_grad()
+    def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
+        """One generation call: K completions per prompt of ``batch`` from ``ctx.rollout_engine``, scored
+        (:meth:`score_rollout`).
+
+        Returns:
+            the :class:`~grasp_lightning.grpo.rollouts.Rollout`: ``completions.ids`` ``(B*K, Lc)`` and the
+            tensors of stages 2-3.
+        """
+        t0 = time.perf_counter()
+        policy = ctx.policy
+        was_training = policy.training
+        policy.eval()
+        prompt, share, vision = self.prompt_inputs(ctx, batch)
+        engine = ctx.rollout_engine
+        with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
+            completions = engine.sample(policy, ctx.tokenizer, prompt, ctx.rollout_cfg, share_prompt=share,
+                                        policy_version=ctx.policy_version)
+        policy.train(was_training)
+        return self.score_rollout(ctx, batch, prompt, share, vision, completions, t0=t0,
+                                  generation_seconds=time.perf_counter() - t0,
+                                  weight_sync_seconds=engine.weight_sync_seconds)
+
+    def prompt_inputs(self, ctx: TaskContext, batch: Batch) -> tuple[dict, bool, VisionFeatures | None]:
+        """The batch's prompt inputs, whether its group work is shared, and the store of its vision features."""
+        prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
+        return prompt, self._share(ctx.policy, prompt), self._vision_store(ctx)
+
+    def _vision_store(self, ctx: TaskContext) -> VisionFeatures | None:
+        """An empty store of the frozen tower's features for the policy (``compute.encode_vision_once``), else ``None``."""
+        return VisionFeatures.for_model(ctx.policy) if self.compute.encode_vision_once else None
+
+    def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
+        """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
+        if not self.compute.share_prompt:
+            return False
+        reason = sharing_unsupported_reason(model, prompt)
+        if reason is not None and not self._warned_no_sharing:
+            log.warning("GRPO share_prompt: falling back to repeated prompt rows: %s", reason)
+            self._warned_no_sharing = True
+        return reason is None
+
+    # ------------------------------------------------------------------ 2. reward, 3. advantage
+    @torch.no_grad()
+    def score_rollout(self, ctx: TaskContext, batch: Batch, prompt: dict, share: bool, vision, completions, *,
+                      t0: float, generation_seconds: float, weight_sync_seconds: float) -> Rollout:
+        """Rewards, advantages, and the old-policy (trainer's own, now) and reference log-probs of sampled
+        ``completions`` of ``batch``'s prompts; ``t0`` is when the rollout started (``perf_counter``).
+        ``N = B * K`` rows, ``T`` reward terms, ``Lc`` completion tokens."""
+        cfg = ctx.rollout_cfg
+        k = cfg.num_generations
+        policy = ctx.policy
+        t1 = time.perf_counter()
+        prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
+        # 2. reward: every completion's reward terms -> terms (N, T); the overlong penalty -> (N,) or None
+        items = [item for item in batch.items for _ in range(k)]
+        terms = compute_rewards(completions.texts, items, self.reward_terms,
+                                opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
+        penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
+                   if self.overlong_buffer_tokens(cfg.max_new_tokens) else None)
+        # 3. advantage: weighted rewards, group-normalised -> rewards, advantages (N,); zero_var (B,)
+        rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
+        zero_var = objective.zero_variance_groups(rewards, k)
+        t2 = time.perf_counter()
+        loss_mask = completions.mask.clone()
+        if self.dynamic_sampling != "off":
+            loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
+        # the old-policy and reference log-probs the loss compares with -> (N, Lc) or None
+        old_logp = None
+        if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
+            old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
+                                            share, self.compute.logprob_chunk_size, vision)
+            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
+        ref_logp = None
+        if self.loss.beta != 0.0:
+            with ctx.reference() as ref:
+                ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
+                                                share, self.compute.logprob_chunk_size, vision)
+            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
+        stats = SamplingStats(rollout_s=time.perf_counter() - t0, generation_s=generation_seconds, rewards_s=t2 - t1,
+                              logp_s=time.perf_counter() - t2, weight_sync_s=weight_sync_seconds, generation_calls=1.0,
+                              prompt_tokens=float(prompt_tokens))
+        return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
+                       advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
+                       indices=list(batch.indices), penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
+                       sampled_logp=completions.sampled_logp, vision=vision, stats=stats)
+
     def advantages(self, terms: torch.Tensor, penalty: torch.Tensor | None = None,
                    batch_std: torch.Tensor | None = None, *, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted rewards ``(N,)`` and advantages ``(N,)`` from reward terms ``(N, T)``.
@@ -285,354 +423,46 @@ class GRPOTask(Task):
         return objective.overlong_penalty(lengths, max_new_tokens, self.overlong_buffer_tokens(max_new_tokens),
                                      self.reward.overlong_penalty)
 
-    @torch.no_grad()
-    def rollout(self, ctx: TaskContext, batch: Batch) -> Rollout:
-        """Sample K completions per prompt, score them and compute advantages and reference log-probs."""
-        t0 = time.perf_counter()
-        policy = ctx.policy
-        was_training = policy.training
-        policy.eval()
-        prompt, share, vision = self.prompt_inputs(ctx, batch)
-        engine = engine_of(ctx)
-        with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
-            completions = engine.sample(policy, ctx.tokenizer, prompt, ctx.rollout_cfg, share_prompt=share,
-                                        policy_version=getattr(ctx, "policy_version", 0))
-        policy.train(was_training)
-        return self.score_rollout(ctx, batch, prompt, share, vision, completions, t0=t0,
-                                  generation_seconds=time.perf_counter() - t0,
-                                  weight_sync_seconds=engine.weight_sync_seconds)
-
-    def prompt_inputs(self, ctx: TaskContext, batch: Batch) -> tuple[dict, bool, VisionFeatures | None]:
-        """The batch's prompt inputs, whether its group work is shared, and the store of its vision features."""
-        prompt = {name: v for name, v in batch.inputs.items() if name != "labels"}
-        vision = VisionFeatures.for_model(ctx.policy) if self.compute.encode_vision_once else None
-        return prompt, self._share(ctx.policy, prompt), vision
-
-    @torch.no_grad()
-    def score_rollout(self, ctx: TaskContext, batch: Batch, prompt: dict, share: bool, vision, completions, *,
-                      t0: float, generation_seconds: float, weight_sync_seconds: float) -> Rollout:
-        """Rewards, advantages, and the old-policy (trainer's own, now) and reference log-probs of sampled
-        ``completions`` of ``batch``'s prompts; ``t0`` is when the rollout started (``perf_counter``)."""
-        cfg = ctx.rollout_cfg
-        k = cfg.num_generations
-        policy = ctx.policy
-        t1 = time.perf_counter()
-        prompt_tokens = prompt_tokens_forwarded(prompt, k, share, generation=True)
-        items = [item for item in batch.items for _ in range(k)]
-        terms = compute_rewards(completions.texts, items, self.reward_terms,
-                                opened_think=completions.prompt_opened_think or False).to(completions.ids.device)
-        penalty = (self.overlong(completions.mask.sum(1), cfg.max_new_tokens).to(terms.device)
-                   if self.overlong_buffer_tokens(cfg.max_new_tokens) else None)
-        rewards, adv = self.advantages(terms, penalty, k=k)  # advantage: batch is redone by prepare() with all ranks
-        zero_var = objective.zero_variance_groups(rewards, k)
-        t2 = time.perf_counter()
-        loss_mask = completions.mask.clone()
-        if self.dynamic_sampling != "off":
-            loss_mask &= ~zero_var.repeat_interleave(k)[:, None]
-        old_logp = None
-        if self.loss.num_iterations > 1 or (self.loss.importance_sampling_cap is not None and completions.sampled_logp is not None):
-            old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                            share, self.compute.logprob_chunk_size, vision)
-            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
-        ref_logp = None
-        if self.loss.beta != 0.0:
-            with ctx.reference() as ref:
-                ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                                share, self.compute.logprob_chunk_size, vision)
-            prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
-        return Rollout(prompt=prompt, shared=share, completions=completions, terms=terms, rewards=rewards,
-                       advantages=adv, old_logp=old_logp, ref_logp=ref_logp, zero_variance=zero_var,
-                       indices=list(batch.indices), rollout_seconds=time.perf_counter() - t0,
-                       prompt_tokens=prompt_tokens, penalty=penalty, loss_mask=loss_mask, items=list(batch.items),
-                       generation_seconds=generation_seconds, reward_seconds=t2 - t1,
-                       logp_seconds=time.perf_counter() - t2, sampled_logp=completions.sampled_logp,
-                       weight_sync_seconds=weight_sync_seconds, vision=vision)
-
-    def _share(self, model, prompt: dict[str, torch.Tensor]) -> bool:
-        """Whether this batch's group work is shared: asked for and exact for this model and these prompts."""
-        if not self.compute.share_prompt:
-            return False
-        reason = sharing_unsupported_reason(model, prompt)
-        if reason is not None and not self._warned_no_sharing:
-            log.warning("GRPO share_prompt: falling back to repeated prompt rows: %s", reason)
-            self._warned_no_sharing = True
-        return reason is None
-
-    @staticmethod
-    def _window_of(batch: Batch) -> tuple[list[Batch], int, int, int]:
-        """``(batches, position, iteration, index)`` of the micro-batch's window (a window of one without)."""
-        w = batch.window
-        return ([batch], 0, 0, -1) if w is None else (w.batches, w.position, w.iteration, w.index)
-
-    def prepare(self, ctx: TaskContext, batch: Batch) -> dict | None:
-        """At a window's first use: sample its rollout batch (:meth:`sample_window`), then one all-reduce
-        of ``[loss tokens, n, Σ r, Σ r²]`` over ranks (``ctx.cross_rank``) for the ``dapo``
-        normaliser and the ``batch`` advantage std. Runs on every rank at the same micro-batches
-        (windows line up across ranks), also where the micro-batch or the whole window is empty.
-
-        Returns:
-            the rollout batch's figures (:meth:`sampling_metrics`) when it sampled one, else ``None``.
-        """
-        batches, position, iteration, index = self._window_of(batch)
-        key = (index, tuple(tuple(b.indices) for b in batches))
-        self._ready = (id(batch), id(batch.window))
-        self._progress = (position, iteration, len(batches))
-        if (iteration > 0 or position > 0) and key == self._window_key:
-            if not self._restored or self._attach(ctx, batch.window, batches):
-                return
-        if iteration > 0 or position > 0:
-            log.warning("GRPO: window %d (iteration %d) has no cached rollouts (resumed inside a window from a "
-                        "checkpoint without them?); sampling them again", index, iteration)
-        device = ctx.device
-        self._window_rollouts = self.sample_window(ctx, [b.to(device) for b in batches], batch.window)
-        self._window_key, self._restored = key, False
-        self._window_normaliser(ctx, device)
-        return self.sampling_metrics()
-
     def _window_normaliser(self, ctx: TaskContext, device) -> None:
         """One all-reduce of ``[loss tokens, n, Σ r, Σ r²]`` of the window over ranks: the ``dapo``
         normaliser and, for ``advantage: batch``, the advantages redone with every rank's reward std."""
-        rollouts = [ro for ro in self._window_rollouts if ro is not None]
+        rollouts = [ro for ro in self.cache.rollouts if ro is not None]
         tokens = sum((ro.loss_mask.sum().double() for ro in rollouts), torch.zeros((), dtype=torch.float64))
         rewards = torch.cat([ro.rewards.double().cpu() for ro in rollouts]) if rollouts else torch.zeros(0)
         local = torch.cat([tokens.reshape(1).cpu(), objective.reward_moments(rewards)]).to(device)
         total = ctx.cross_rank.sum(local).cpu()
-        self._window_tokens = total[0]
+        self.cache.tokens = total[0]
         if self.advantage.kind == "batch":
             std = objective.std_from_moments(total[1:])
             for ro in rollouts:
                 ro.rewards, ro.advantages = self.advantages(ro.terms, ro.penalty, batch_std=std,
                                                             k=ctx.rollout_cfg.num_generations)
 
-    def sampling_metrics(self) -> dict:
-        """The figures of the rollout batch just sampled (:meth:`sample_window`), as step metrics: this rank's
-        seconds (:class:`RankMean`), generated and prompt tokens, generation calls (:class:`Sum`) and, with
-        ``dynamic_sampling``, the groups tried and kept; with ``refill`` also the draws, the groups dropped
-        and drawn-but-unused, and the reward over every group tried. Names that would repeat another series
-        are left out: with ``drop`` every group tried is trained (its reward is ``reward/mean``, its dropped
-        groups ``zero_variance_groups/count``), and ``off`` has nothing to report."""
-        st = self._window_stats
-        m: dict = {"time/rollout_s": RankMean(st["rollout_s"]), "time/generation_s": RankMean(st["generation_s"]),
-                   "time/rewards_s": RankMean(st["rewards_s"]), "time/logp_s": RankMean(st["logp_s"]),
-                   "time/weight_sync_s": RankMean(st.get("weight_sync_s", 0.0)),
-                   "tokens/generated": Sum(st["generated_tokens"]), "tokens/prompt_forwarded": Sum(st["prompt_tokens"]),
-                   "rollout/generation_calls": Sum(st["generation_calls"]),
-                   "rollout/sequences_per_call": Mean(st["sequences"], st["generation_calls"])}
-        if self.dynamic_sampling != "off":
-            m["dynamic_sampling/groups_tried"] = Sum(st["groups_tried"])
-            m["dynamic_sampling/groups_kept"] = Sum(st["groups_kept"])
-        if self.dynamic_sampling == "refill":
-            m["dynamic_sampling/groups_dropped"] = Sum(st["groups_dropped"])
-            m["dynamic_sampling/groups_unused"] = Sum(st["groups_unused"])
-            m["dynamic_sampling/resample_tries"] = Max(st["resample_tries"])
-            m["dynamic_sampling/reward_mean_tried"] = Mean(st["reward_sum_tried"], st["completions_tried"])
-        m.update(self.prefetch.metrics())
-        return m
+    # ------------------------------------------------------------------ 5. loss
+    def _loss(self, ctx: TaskContext, batch: Batch, ro: Rollout, logp: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+        """The clipped GRPO loss of ``logp`` ``(N, Lc)`` against the rollout's old/reference log-probs and
+        advantages (:func:`~grasp_lightning.grpo.objective.grpo_loss`), with the sampler's correction
+        (:meth:`_sampler_correction`).
 
-    def _chunks(self, batches: list[Batch]) -> list[list[Batch]]:
-        """Micro-batches grouped into generation calls of at most ``rollout_batch_prompts`` prompts
-        (whole micro-batches, at least one per call); all in one call when it is ``None``."""
-        if self.batching.rollout_batch_prompts is None:
-            return [batches] if batches else []
-        chunks: list[list[Batch]] = []
-        for b in batches:
-            if chunks and sum(len(x) for x in chunks[-1]) + len(b) <= self.batching.rollout_batch_prompts:
-                chunks[-1].append(b)
-            else:
-                chunks.append([b])
-        return chunks
-
-    def _sample(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout]:
-        """One rollout per generation call over the non-empty ``batches``; with ``model.rollout.overlap``
-        the window's batch comes from the request submitted a step earlier, and the next window's is
-        submitted before this one is scored (:class:`~grasp_lightning.grpo.overlap.RolloutPrefetch`)."""
-        def chunked(micro: list[Batch]) -> list[Batch]:
-            return [merge_batches(chunk, _pad_id(ctx)) for chunk in self._chunks([b for b in micro if len(b)])]
-
-        if not getattr(ctx.rollout_cfg, "overlap", 0):
-            return [self.rollout(ctx, chunk) for chunk in chunked(batches)]
-        return self.prefetch.sample(self, ctx, chunked(batches), window, chunked)
-
-    def sample_window(self, ctx: TaskContext, batches: list[Batch], window=None) -> list[Rollout | None]:
-        """The rollout batch of a window: sampled in as few generation calls as ``rollout_batch_prompts``
-        allows, refilled (``dynamic_sampling: refill``) from ``window.draw()``, then cut into one
-        :class:`Rollout` per micro-batch position (``None`` for empty micro-batches).
-
-        Off/drop: position ``i`` gets exactly the prompts of micro-batch ``i``. Refill: the window's prompt
-        count of groups (:func:`~grasp_lightning.grpo.rollouts.refill_selection`: useful ones first, masked degenerate
-        ones if the budget ran out) split evenly over the non-empty positions
-        (:func:`~grasp_lightning.grpo.rollouts.even_split`); none for a window with no prompt on this rank. Collective
-        under refill: one ``cross_rank.sum`` per try, on every rank, an empty one included.
+        Returns:
+            ``(loss, parts, sampler metrics)``: the scalar loss, ``grpo_loss``'s parts (means over the loss
+            tokens), and the sampler's metrics.
         """
-        pad = _pad_id(ctx)
-        t0 = time.perf_counter()
-        ros = self._sample(ctx, batches, window)
-        target = sum(len(b) for b in batches)
-        tries = 0
-        if self.dynamic_sampling == "refill":
-            device = ctx.device
-            while tries < self.batching.max_resample:
-                kept = sum(int((~ro.zero_variance).sum()) for ro in ros)
-                short = ctx.cross_rank.sum(torch.tensor([float(kept < target)], device=device))
-                if float(short[0]) == 0:
-                    break
-                extra = window.draw() if window is not None else None
-                if extra is None:
-                    break
-                tries += 1
-                ros += self._sample(ctx, [b.to(device) for b in extra])
-        positions: list[Rollout | None] = [None] * len(batches)
-        stats = {"groups_tried": 0.0, "groups_kept": 0.0, "groups_dropped": 0.0, "groups_unused": 0.0,
-                 "resample_tries": float(tries), "reward_sum_tried": 0.0, "completions_tried": 0.0,
-                 "generation_calls": 0.0, "sequences": 0.0, "generation_s": 0.0, "rewards_s": 0.0,
-                 "logp_s": 0.0, "rollout_s": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "weight_sync_s": 0.0}
-        if ros:
-            ro = cat_rollouts(ros, pad)
-            live = [i for i, b in enumerate(batches) if len(b)]
-            zero = ro.zero_variance.tolist()
-            n_useful = ro.num_groups - sum(zero)
-            unused = 0
-            if self.dynamic_sampling == "refill":
-                selected, unused = refill_selection(zero, target)
-                sizes = even_split(len(selected), len(live))
-            else:
-                selected, sizes = list(range(ro.num_groups)), [len(batches[i]) for i in live]
-            start = 0
-            for i, size in zip(live, sizes):
-                positions[i] = take_groups(ro, selected[start:start + size], ctx.rollout_cfg.num_generations)
-                start += size
-            stats.update(groups_tried=float(ro.num_groups), groups_kept=float(n_useful - unused),
-                         groups_unused=float(unused), reward_sum_tried=float(ro.rewards.double().sum()),
-                         completions_tried=float(ro.rewards.numel()),
-                         groups_dropped=float(ro.num_groups - n_useful) if self.dynamic_sampling != "off" else 0.0,
-                         generation_calls=float(ro.generation_calls), sequences=float(ro.completions.ids.shape[0]),
-                         generation_s=ro.generation_seconds, rewards_s=ro.reward_seconds, logp_s=ro.logp_seconds,
-                         rollout_s=time.perf_counter() - t0, generated_tokens=float(ro.completions.mask.sum()),
-                         prompt_tokens=float(ro.prompt_tokens), weight_sync_s=ro.weight_sync_seconds)
-        self._window_stats = stats
-        return positions
-
-    # ------------------------------------------------------------------ checkpointed cache
-    def state_dict(self) -> dict:
-        """The current window's rollouts (this rank), so a run resumed inside the window continues with
-        the same samples: plain CPU tensors, lists and numbers (``torch.load(weights_only=True)``).
-        Nothing derived from the data is stored: prompts and items are re-read from the window's
-        micro-batches, or decoded again by dataset index (``Window.fetch``) for drawn prompts, and their
-        vision features are encoded again (:meth:`_attach`). After the last micro-batch of the window's
-        last use (:meth:`window_done`: a step boundary with ``loss.num_iterations`` 1, or the last
-        iteration's) no rollout would be reused, so none is stored; the rollout request in flight
-        (``model.rollout.overlap``) is recorded either way."""
-        if self._window_key is None or self.window_done:
-            return self.prefetch.state_dict()
-        index, indices = self._window_key
-        return {**self.prefetch.state_dict(), "window_index": int(index), "window_indices": [list(x) for x in indices],
-                "window_tokens": float(self._window_tokens), "stats": dict(self._window_stats),
-                "rollouts": [None if ro is None else rollout_state(ro) for ro in self._window_rollouts]}
-
-    @property
-    def window_done(self) -> bool:
-        """True after the last micro-batch of the current window's last use (its last position at iteration
-        ``loss.num_iterations - 1``): the next micro-batch opens a new window, so the cache is never reused."""
-        if self._progress is None:
-            return False
-        position, iteration, size = self._progress
-        return position == size - 1 and iteration >= self.loss.num_iterations - 1
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
-        if not state:
-            return
-        self.prefetch.load_state_dict(state)
-        if "window_index" not in state:  # saved at the end of a window: nothing to reuse
-            return
-        self._window_key = (int(state["window_index"]), tuple(tuple(x) for x in state["window_indices"]))
-        self._window_tokens = torch.tensor(float(state["window_tokens"]), dtype=torch.float64)
-        self._window_stats = dict(state.get("stats", {}))
-        self._window_rollouts = [None if r is None else rollout_from_state(r) for r in state["rollouts"]]
-        self._restored = True
-
-    def _attach(self, ctx: TaskContext, window, batches: list[Batch]) -> bool:
-        """Give restored rollouts their prompts and items (from the micro-batch with the same indices, or
-        decoded again by index) and one empty store of vision features for the window (the frozen tower
-        encodes each clip again at its first forward and the later ones reuse it, as after sampling);
-        ``False`` (resample) where that fails."""
-        device = ctx.device
-        vision = VisionFeatures.for_model(ctx.policy) if self.compute.encode_vision_once else None
-        for i, ro in enumerate(self._window_rollouts):
-            if ro is None:
-                continue
-            source = batches[i] if i < len(batches) and list(batches[i].indices) == ro.indices else None
-            if source is None and window is not None:
-                source = window.fetch(ro.indices)
-            if source is None or list(source.indices) != ro.indices:
-                log.warning("GRPO: cannot rebuild the prompts %s of a restored rollout; sampling again", ro.indices)
-                return False
-            source = source.to(device)
-            ro.prompt = {k: v for k, v in source.inputs.items() if k != "labels"}
-            ro.items = list(source.items)
-            ro.vision = vision
-            for name in (*ROW_TENSORS, *TOKEN_TENSORS, "zero_variance"):
-                if getattr(ro, name) is not None:
-                    setattr(ro, name, getattr(ro, name).to(device))
-            c = ro.completions
-            c.ids, c.mask, c.truncated = c.ids.to(device), c.mask.to(device), c.truncated.to(device)
-        self._restored = False
-        return True
-
-    # ------------------------------------------------------------------ objective
-    def training_step(self, ctx: TaskContext, batch: Batch) -> TaskOutput:
-        """The micro-batch's rollouts (sampled by :meth:`prepare`), then the clipped GRPO loss with the k3 KL.
-
-        Metrics (:meth:`metrics`) are this micro-batch's parts of the step's: means carry their counts
-        (completions, groups, loss tokens), so the module's step values are means over the whole step on
-        all ranks. Called directly (not through the module), the sampling figures of :meth:`prepare` are
-        included."""
-        prepared = {}
-        if self._ready != (id(batch), id(batch.window)):
-            prepared = self.prepare(ctx, batch) or {}  # called directly, not through the module
-        self._ready = None
-        batches, position, iteration, _ = self._window_of(batch)
         cfg = ctx.rollout_cfg
-        k = cfg.num_generations
-        count_groups = True
-        if self.splits_groups:  # one completion of each prompt of one micro-batch of prompts (take_completion)
-            source, completion = self.completion_of(position, iteration, len(batches), k)
-            ro = take_completion(self._window_rollouts[source], completion, k)
-            k, count_groups = 1, completion == 0
-        else:
-            ro = self._window_rollouts[position]
-        t0 = time.perf_counter()
-        mask = ro.loss_mask
-        logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
-                                          k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision)
         num_items = None
         if self.loss.type == "dapo":
             # TRL's num_items_in_batch / W, divided by A once more: Lightning divides the loss by A (grpo.py).
-            num_items = self._window_tokens.float().to(logp.device) / (ctx.cross_rank.world_size * len(batches))
-        sampler = self._sampler_correction(logp, ro, mask)
-        loss, lm = objective.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, mask, epsilon=self.loss.epsilon,
-                                  epsilon_high=self.loss.epsilon_high, beta=self.loss.beta, loss_type=self.loss.type,
-                                  max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
-                                  token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
+            window = len(self._window_of(batch)[0])
+            num_items = self.cache.tokens.float().to(logp.device) / (ctx.cross_rank.world_size * window)
+        sampler = self._sampler_correction(logp, ro, ro.loss_mask)
+        loss, lm = objective.grpo_loss(logp, ro.old_logp, ro.ref_logp, ro.advantages, ro.loss_mask,
+                                       epsilon=self.loss.epsilon, epsilon_high=self.loss.epsilon_high,
+                                       beta=self.loss.beta, loss_type=self.loss.type,
+                                       max_completion_length=cfg.max_new_tokens, num_items_in_batch=num_items,
+                                       token_weights=sampler.pop("weights", None), kl_clamp=self.loss.kl_clamp)
         if self.loss.divide_by_num_generations:
             loss = loss / cfg.num_generations
-        metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
-        metrics.update(sampler)
-        if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
-            metrics["tokens/loss"] = Sum(mask.sum())
-        metrics["rollout/iteration"] = float(iteration)
-        metrics["rollout/shared_prompt"] = float(ro.shared)
-        metrics["tokens/prompt_forwarded"] = Sum(prompt_tokens_forwarded(ro.prompt, k, ro.shared))
-        metrics["time/scoring_s"] = RankMean(time.perf_counter() - t0)
-        if prepared:
-            metrics = combine(prepared, metrics)
-        kl_tokens = None
-        if ro.ref_logp is not None:
-            kl_tokens = objective.k3_kl(logp.detach(), ro.ref_logp, self.loss.kl_clamp)[mask.bool()]
-        record = RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
-                               reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
-                               advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask.bool()])
-        return TaskOutput(loss=loss, metrics=metrics, rollout=record)
+        return loss, lm, sampler
 
     @staticmethod
     def completion_of(position: int, iteration: int, window: int, k: int) -> tuple[int, int]:
@@ -672,6 +502,33 @@ class GRPOTask(Task):
             out["sampling/importance_weight/mean"] = Mean(capped.sum(), n)
             out["sampling/importance_weight/max"] = Max.of(capped)
         return out
+
+    # ------------------------------------------------------------------ 6. metrics
+    def _step_metrics(self, batch: Batch, ro: Rollout, k: int, lm: dict, entropy: torch.Tensor, sampler: dict,
+                      iteration: int, count_groups: bool, t0: float) -> dict:
+        """:meth:`metrics` with the sampler's, the loss tokens, the iteration, the prompt tokens forwarded (``k``
+        completions per prompt) and the seconds since ``t0`` (the scoring's start, ``perf_counter``)."""
+        mask = ro.loss_mask
+        metrics = self.metrics(batch, ro, lm, entropy, mask, count_groups=count_groups)
+        metrics.update(sampler)
+        if self.dynamic_sampling != "off" or self.loss.num_iterations > 1:  # else every generated token is a loss token
+            metrics["tokens/loss"] = Sum(mask.sum())
+        metrics["rollout/iteration"] = float(iteration)
+        metrics["rollout/shared_prompt"] = float(ro.shared)
+        metrics["tokens/prompt_forwarded"] = Sum(prompt_tokens_forwarded(ro.prompt, k, ro.shared))
+        metrics["time/scoring_s"] = RankMean(time.perf_counter() - t0)
+        return metrics
+
+    def _record(self, batch: Batch, ro: Rollout, logp: torch.Tensor, entropy: torch.Tensor, k: int) -> RolloutRecord:
+        """The micro-batch's scored rollouts for the callbacks: its k3 KL ``(M,)`` (with a reference model)
+        and entropy ``(M,)`` over its ``M`` loss tokens."""
+        mask = ro.loss_mask.bool()
+        kl_tokens = None
+        if ro.ref_logp is not None:
+            kl_tokens = objective.k3_kl(logp.detach(), ro.ref_logp, self.loss.kl_clamp)[mask]
+        return RolloutRecord(completions=ro.completions.texts, items=ro.items or batch.items, num_generations=k,
+                             reward_names=list(self.reward_labels), terms=ro.terms, rewards=ro.rewards,
+                             advantages=ro.advantages, kl_tokens=kl_tokens, entropy_tokens=entropy[mask])
 
     def metrics(self, batch: Batch, ro: Rollout, lm: dict, entropy: torch.Tensor, mask: torch.Tensor,
                 count_groups: bool = True) -> dict:
@@ -720,6 +577,31 @@ class GRPOTask(Task):
         m["answer/parsed_fraction"] = Mean(sum(parsed), len(parsed))
         return m
 
+    def sampling_metrics(self) -> dict:
+        """The figures of the window just sampled (:meth:`sample_window`), as step metrics: this rank's
+        seconds (:class:`RankMean`), generated and prompt tokens, generation calls (:class:`Sum`) and, with
+        ``dynamic_sampling``, the groups tried and kept; with ``refill`` also the draws, the groups dropped
+        and drawn-but-unused, and the reward over every group tried. Names that would repeat another series
+        are left out: with ``drop`` every group tried is trained (its reward is ``reward/mean``, its dropped
+        groups ``zero_variance_groups/count``), and ``off`` has nothing to report."""
+        st = self.cache.stats
+        m: dict = {"time/rollout_s": RankMean(st.rollout_s), "time/generation_s": RankMean(st.generation_s),
+                   "time/rewards_s": RankMean(st.rewards_s), "time/logp_s": RankMean(st.logp_s),
+                   "time/weight_sync_s": RankMean(st.weight_sync_s),
+                   "tokens/generated": Sum(st.generated_tokens), "tokens/prompt_forwarded": Sum(st.prompt_tokens),
+                   "rollout/generation_calls": Sum(st.generation_calls),
+                   "rollout/sequences_per_call": Mean(st.sequences, st.generation_calls)}
+        if self.dynamic_sampling != "off":
+            m["dynamic_sampling/groups_tried"] = Sum(st.groups_tried)
+            m["dynamic_sampling/groups_kept"] = Sum(st.groups_kept)
+        if self.dynamic_sampling == "refill":
+            m["dynamic_sampling/groups_dropped"] = Sum(st.groups_dropped)
+            m["dynamic_sampling/groups_unused"] = Sum(st.groups_unused)
+            m["dynamic_sampling/resample_tries"] = Max(st.resample_tries)
+            m["dynamic_sampling/reward_mean_tried"] = Mean(st.reward_sum_tried, st.completions_tried)
+        m.update(self.prefetch.metrics())
+        return m
+
     def step_warnings(self, ctx: TaskContext, metrics: dict[str, float]) -> list[str]:
         """A warning when every completion of the step hit the token budget, and one when every group of
         the step had equal rewards (no advantage, so no policy gradient), each naming what to change."""
@@ -738,6 +620,20 @@ class GRPOTask(Task):
                        "rewards (model.task.init_args.reward.terms / .weights), or start from a policy that can "
                        "earn them (model.policy.name_or_path)")
         return out
+
+    # ------------------------------------------------------------------ checkpointed window
+    def state_dict(self) -> dict:
+        """This rank's window of rollouts (:meth:`WindowCache.state_dict
+        <grasp_lightning.grpo.sampling.WindowCache.state_dict>`: none after the window's last use) and the
+        rollout request in flight (``model.rollout.overlap``)."""
+        return {**self.prefetch.state_dict(), **self.cache.state_dict(self.loss.num_iterations)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; the prompts are attached at the window's next micro-batch."""
+        if not state:
+            return
+        self.prefetch.load_state_dict(state)
+        self.cache.load_state_dict(state)
 
 
 def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tuple[dict[str, Mean], int]:
@@ -773,7 +669,7 @@ def _grounding_metrics(texts: list[str], items: list[GraspItem], k: int) -> tupl
 
 
 def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
-    """``batching.micro_batch: rollout`` trains each rollout batch over K optimizer steps of its own, so rollout
+    """``batching.micro_batch: rollout`` trains each window's rollouts over K optimizer steps of their own, so rollout
     reuse, refill's draws, the rollout overlap and dapo's window-wide normaliser do not apply.
 
     Raises:
@@ -789,8 +685,8 @@ def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
 
 
 def _check_groups(**groups: tuple[object, type]) -> None:
-    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python: ``GRPOTask(advantage="group")``
-    of the older flat layout is refused here, naming the group's keys).
+    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python, ``GRPOTask(advantage="group")``
+    is refused here, naming the group's keys).
 
     Raises:
         GraspConfigError: naming the group, its keys and the value given.

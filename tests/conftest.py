@@ -12,7 +12,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tests.helpers import FAMILIES, REPO, TIMES, TINY, TINY_MODELS  # noqa: E402
+from tests.helpers import FAMILIES, REPO, TIMES, TINY, TINY_MODELS, make_qa_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +54,28 @@ def in_repo(monkeypatch):
     """Run with the repository root as working directory (configs use repo-relative paths)."""
     monkeypatch.chdir(REPO)
     return REPO
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B without network: offline mode, its files and settings under ``tmp_path``; the run finished after."""
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+                       "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+                       "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    import wandb
+
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tmp_path_factory) -> Path:
+    """A generic QA file of four rows (``qa.jsonl``): image, video, image, image + video (two categories)."""
+    folder = tmp_path_factory.mktemp("qa")
+    make_qa_dataset(folder)
+    return folder
 
 
 _PEAK_RSS: list[tuple[str, float]] = []

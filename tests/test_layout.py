@@ -35,7 +35,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.grpo.rewards": 3,  # the reward terms (GRASP-Bench's scoring reads them too)
     "grasp_lightning.grpo.logprobs": 3,  # chunked log-probs and entropy
-    "grasp_lightning.grpo.vision": 3,  # the vision features, computed once per rollout batch
+    "grasp_lightning.grpo.vision": 3,  # the vision features, computed once per window
     "grasp_lightning.grpo.scoring": 3,  # log-prob forwards over the shared prompt and its completions
     "grasp_lightning.policy": 3,
     "grasp_lightning.quantization": 3,  # QLoRA: bitsandbytes 4-bit loading, dequantization, adapter-only checkpoints
@@ -45,7 +45,8 @@ RANKS: dict[str, int] = {
     "grasp_lightning.engines": 4,  # rollout engines: decoding, HF generate, the vLLM client (its server imports none of ours)
     "grasp_lightning.task": 4,
     "grasp_lightning.grpo.rollouts": 5,  # rollout records and their selection into micro-batches
-    "grasp_lightning.grpo.overlap": 5,  # the next rollout batch sampled while this one trains
+    "grasp_lightning.grpo.overlap": 5,  # the next window sampled while this one trains
+    "grasp_lightning.grpo.sampling": 5,  # a window's rollouts: generation calls, refill split, the window cache
     "grasp_lightning.datamodule": 5,
     "grasp_lightning.module": 5,
     "grasp_lightning.planning": 6,
@@ -264,9 +265,45 @@ def test_unit_test_files_name_a_module() -> None:
     assert orphans == [], f"tests/unit files that name no module: {orphans}"
 
 
+def command_runs(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, what)`` of each whole-command run in a parsed test file: a reference to ``run_cli`` (the
+    in-process command of :mod:`tests.helpers.cli`), and a command line naming ``-m grasp_lightning...`` (a
+    list or tuple literal with ``"-m"`` then ``"grasp_lightning..."``, or one string holding
+    ``-m grasp_lightning``) given to a call of ``subprocess`` or ``os``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "run_cli" or isinstance(node, ast.Attribute) and node.attr == "run_cli":
+            found.append((node.lineno, "run_cli"))
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "run_cli" for a in node.names):
+            found.append((node.lineno, "run_cli"))
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None for e in node.elts]
+            if any(a == "-m" and (b or "").startswith("grasp_lightning") for a, b in zip(words, words[1:])):
+                found.append((node.lineno, "-m grasp_lightning"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id in ("subprocess", "os"):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and "-m grasp_lightning" in arg.value:
+                    found.append((node.lineno, "-m grasp_lightning"))
+    return sorted(found)
+
+
+def test_unit_tests_run_no_command() -> None:
+    """Whole-command runs live in ``tests/cli/``: no file under ``tests/unit/`` calls ``run_cli`` or runs
+    ``python -m grasp_lightning...`` in a subprocess (the unit tests call the module under test)."""
+    tree = ast.parse("run = [sys.executable, '-m', 'grasp_lightning', 'fit']\nsubprocess.run('python -m grasp_lightning.x',"
+                     " shell=True)\nfrom tests.helpers import run_cli\ncli = run_cli(['fit'], tmp)")
+    assert command_runs(tree) == [(1, "-m grasp_lightning"), (2, "-m grasp_lightning"), (3, "run_cli"), (4, "run_cli")]
+    runs = [f"{path.relative_to(REPO)}:{line}: {what}" for path in sorted((REPO / "tests" / "unit").rglob("*.py"))
+            for line, what in command_runs(ast.parse(path.read_text(), str(path)))]
+    assert runs == [], f"whole-command runs under tests/unit/ (move them to tests/cli/): {runs}"
+
+
 def test_test_modules_import_only_the_helpers() -> None:
-    """Shared test code lives in ``tests/helpers.py``: no test module imports another test module or a
-    conftest (fixtures need no import), and the entry scripts next to the tests are imported only there."""
+    """Shared test code lives in the package ``tests/helpers/`` (a module per concern, none over 400 lines):
+    no test module imports another test module or a conftest (fixtures need no import), and the entry scripts
+    next to the tests are imported only there; outside the package, tests import its names from
+    ``tests.helpers`` itself, never from one of its modules."""
     bad = []
     for path in sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "experiments").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -278,9 +315,13 @@ def test_test_modules_import_only_the_helpers() -> None:
                 continue
             for name in names:
                 last = name.rsplit(".", 1)[-1]
-                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"):
+                inside = path.parent == REPO / "tests" / "helpers" and name.startswith("tests.helpers.")
+                if last.startswith("test_") or last == "conftest" or (name.startswith("tests.") and name != "tests.helpers"
+                                                                      and not inside):
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
     assert bad == []
+    long = {p.name: n for p in (REPO / "tests" / "helpers").glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}, f"tests/helpers/ modules over 400 lines: {long}"
 
 
 # ------------------------------------------------------------------ the README and the docs

@@ -8,8 +8,9 @@ One interface, two engines:
   environment and process, fed the trainer's video and image embeddings, its weights reloaded after
   every optimizer step that changed the policy; it can also decode evaluation (``model.evaluation.engine``).
 
-Either way the trainer scores the completions itself for the loss; an engine's own sampled-token
-log-probs (``Completions.sampled_logp``) are a health metric and, optionally, the denominator of
+A task reads its engine from its context (``TaskContext.rollout_engine``: the module's
+:attr:`~grasp_lightning.module.GraspModule.rollout_engine`); there is no fallback engine. Either way
+the trainer scores the completions itself for the loss; an engine's own sampled-token (``Completions.sampled_logp``) are a health metric and, optionally, the denominator of
 TRL-style truncated importance sampling (``GRPOTask.importance_sampling_cap``).
 
 The interface: :mod:`grasp_lightning.engines.base`; the HF engine: :mod:`grasp_lightning.engines.hf`; the vLLM client:
@@ -42,10 +43,3 @@ def make_engine(cfg, *, model_path: str | None = None, rank: int = 0):
 
     return HFEngine()
 
-
-def engine_of(ctx):
-    """``ctx.rollout_engine`` (the module's), or the one HF engine for contexts without one (tests)."""
-    from grasp_lightning.engines.hf import default_engine
-
-    engine = getattr(ctx, "rollout_engine", None)
-    return engine if engine is not None else default_engine()

@@ -69,7 +69,7 @@ class RolloutConfig:
             prompt length, and pays on a GPU.
         compile_backend: the ``torch.compile`` backend of ``compile_decode`` (``inductor``: CUDA graphs
             on a GPU; ``aot_eager`` where no C compiler is available).
-        overlap: ``1``: the vLLM server samples rollout batch ``t+1`` while the trainer updates on batch
+        overlap: ``1``: the vLLM server samples window ``t+1`` while the trainer updates on window
             ``t``, with the weights of the step before (one step stale, never more; NeMo-RL's and verl's
             one-step off-policy GRPO). Needs ``engine: vllm``; the task turns the truncated
             importance-sampling correction on with it (``GRPOTask.importance_sampling_cap``, 2.0 unless

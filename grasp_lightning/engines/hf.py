@@ -30,13 +30,3 @@ class HFEngine(RolloutEngine):
             policy, tokenizer, prompt, num_return_sequences=1, max_new_tokens=max_new_tokens, do_sample=do_sample,
             temperature=temperature, top_p=top_p, stop_strings=tuple(stop_strings), streamer=streamer)
 
-
-_HF: HFEngine | None = None
-
-
-def default_engine() -> HFEngine:
-    """The one :class:`HFEngine` of contexts without an engine of their own."""
-    global _HF
-    if _HF is None:
-        _HF = HFEngine()
-    return _HF

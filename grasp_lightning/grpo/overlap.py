@@ -1,13 +1,13 @@
 """GRPO rollouts overlapped with the update (``model.rollout.overlap: 1``): one step off-policy.
 
-While the trainer runs optimizer step ``t`` on rollout batch ``t``, the vLLM server samples batch ``t+1``
+While the trainer runs optimizer step ``t`` on window ``t``, the vLLM server samples window ``t+1``
 with the weights of step ``t-1`` (the ones step ``t`` starts from): at the first micro-batch of window ``t``
 the task collects that window's completions (submitted one step earlier), syncs the server to the current
 weights, submits window ``t+1`` (read ahead with :meth:`grasp_lightning.data.windows.Window.peek`, not
 consumed), and only then scores window ``t`` (rewards, old-policy and reference log-probs) and trains on
 it, while the server samples. The same schedule as NeMo-RL's and verl's one-step off-policy GRPO.
 
-* **Staleness** is the number of optimizer steps between the weights that sampled a batch and the weights
+* **Staleness** is the number of optimizer steps between the weights that sampled a window and the weights
   it is trained from: 0 for a window sampled on the spot (the first of an epoch, the first after a
   resume), 1 for every prefetched one; more than 1 raises (never more than one step stale).
 * **Old-policy log-probs** are the trainer's own, computed before the update (as without overlap), and
@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.engines import engine_of
 from grasp_lightning.engines.base import PendingSample
 from grasp_lightning.errors import GraspConfigError, GraspError
 from grasp_lightning.grpo.vision import reuse_vision
@@ -52,12 +51,29 @@ def check_overlap(num_iterations: int, dynamic_sampling: str) -> None:
     """
     if num_iterations > 1:
         raise GraspConfigError(f"model.rollout.overlap=1 with model.task.init_args.loss.num_iterations={num_iterations}: "
-                               "a reused rollout batch would be trained while the next is sampled from weights older "
+                               "a reused window would be trained while the next is sampled from weights older "
                                "than its own; set num_iterations=1 or overlap=0")
     if dynamic_sampling == "refill":
         raise GraspConfigError("model.rollout.overlap=1 with model.task.init_args.batching.dynamic_sampling=refill: refill "
                                "draws further windows from the stream, among them the one sampled ahead; use "
                                "dynamic_sampling=drop or off, or overlap=0")
+
+
+@dataclass
+class OverlapStats:
+    """The overlap figures of the last window sampled ahead.
+
+    Attributes:
+        staleness: optimizer steps between the weights that sampled it and the weights it trains from
+            (the largest of its generation calls).
+        generation_s: seconds of generation; ``hidden_s``: of them, hidden behind the trainer's work;
+            ``wait_s``: seconds the trainer waited for the server.
+    """
+
+    staleness: float
+    generation_s: float
+    hidden_s: float
+    wait_s: float
 
 
 @dataclass
@@ -83,7 +99,7 @@ class RolloutPrefetch:
         self._requests: list[_Request] = []
         self.in_flight: tuple | None = None
         self.resumed_in_flight: tuple | None = None
-        self._stats: dict[str, float] | None = None
+        self._stats: OverlapStats | None = None
 
     @staticmethod
     def _key(chunks: list[Batch]) -> tuple:
@@ -92,7 +108,7 @@ class RolloutPrefetch:
     def _submit(self, task, ctx, chunks: list[Batch]) -> tuple[list[_Request], float]:
         """Submit one request per generation call (the engine syncs its weights to the current step first);
         returns them and the seconds spent syncing weights."""
-        policy, engine = ctx.policy, engine_of(ctx)
+        policy, engine = ctx.policy, ctx.rollout_engine
         was_training = policy.training
         policy.eval()
         requests, sync = [], 0.0
@@ -101,7 +117,7 @@ class RolloutPrefetch:
                 prompt, share, vision = task.prompt_inputs(ctx, chunk)
                 with reuse_vision(policy, vision):  # the embeddings sent to the server are kept in ``vision``
                     pending = engine.submit(policy, ctx.tokenizer, prompt, ctx.rollout_cfg,
-                                            policy_version=getattr(ctx, "policy_version", 0))
+                                            policy_version=ctx.policy_version)
                 sync += engine.weight_sync_seconds
                 requests.append(_Request(chunk, prompt, share, vision, pending))
         finally:
@@ -113,17 +129,18 @@ class RolloutPrefetch:
 
         Args:
             task: the :class:`~grasp_lightning.tasks.grpo.GRPOTask` (scores the completions).
-            ctx: the task context (``policy_version`` = optimizer steps taken).
+            ctx: the task context (``ctx.rollout_engine`` samples; ``ctx.policy_version`` = optimizer steps taken).
             chunks: the window's generation calls (merged micro-batches), on the device.
             window: the window (:class:`~grasp_lightning.data.windows.Window`), or ``None``.
-            chunked: turns a list of micro-batches into generation calls (``task._chunks`` merged).
+            chunked: turns a list of micro-batches into generation calls
+                (:func:`~grasp_lightning.grpo.sampling.generation_calls`).
 
         Raises:
-            GraspError: a batch more than :data:`MAX_STALENESS` steps stale (a broken schedule).
+            GraspError: a window more than :data:`MAX_STALENESS` steps stale (a broken schedule).
             EngineError: the engine failed.
         """
         t0 = time.perf_counter()
-        version = getattr(ctx, "policy_version", 0)
+        version = ctx.policy_version
         key = self._key(chunks)
         requests, sync = [], 0.0
         if self.in_flight is not None and self.in_flight == key:
@@ -133,18 +150,18 @@ class RolloutPrefetch:
                         "sampling this window now", list(self.in_flight), list(key))
         if not requests and chunks:
             if self.resumed_in_flight == key:
-                log.warning("rollout overlap: the rollout batch in flight when the checkpoint was written (dataset "
+                log.warning("rollout overlap: the window in flight when the checkpoint was written (dataset "
                             "indices %s) was not saved with it; sampling it again now, with the restored weights",
                             list(key))
             requests, sync = self._submit(task, ctx, chunks)
         self.resumed_in_flight = None
         self._requests, self.in_flight = [], None
-        engine = engine_of(ctx)
+        engine = ctx.rollout_engine
         completions = [engine.collect(r.pending) for r in requests]
         stale = [version - r.pending.version for r in requests]
         for s in stale:
             if not 0 <= s <= MAX_STALENESS:
-                raise GraspError(f"rollout overlap: a rollout batch sampled with the weights of {version - s} optimizer "
+                raise GraspError(f"rollout overlap: a window sampled with the weights of {version - s} optimizer "
                                  f"steps is trained at step {version} ({s} steps stale, at most {MAX_STALENESS})")
         after = window.peek() if window is not None else None
         if after is not None:
@@ -159,10 +176,10 @@ class RolloutPrefetch:
             ros.append(task.score_rollout(ctx, r.batch, r.prompt, r.share, r.vision, c, t0=t0,
                                           generation_seconds=r.pending.generation_seconds,
                                           weight_sync_seconds=sync if i == 0 else 0.0))
-        self._stats = {"staleness": float(max(stale, default=0)),
-                       "generation_s": sum(r.pending.generation_seconds for r in requests),
-                       "hidden_s": sum(r.pending.hidden_seconds for r in requests),
-                       "wait_s": sum(r.pending.wait_seconds for r in requests)}
+        self._stats = OverlapStats(staleness=float(max(stale, default=0)),
+                                   generation_s=sum(r.pending.generation_seconds for r in requests),
+                                   hidden_s=sum(r.pending.hidden_seconds for r in requests),
+                                   wait_s=sum(r.pending.wait_seconds for r in requests))
         return ros
 
     def metrics(self) -> dict:
@@ -173,8 +190,8 @@ class RolloutPrefetch:
         st = self._stats
         if st is None:
             return {}
-        return {"rollout/staleness": Max(st["staleness"]), "rollout/overlap": Mean(st["hidden_s"], st["generation_s"]),
-                "time/generation_hidden_s": RankMean(st["hidden_s"]), "time/generation_wait_s": RankMean(st["wait_s"])}
+        return {"rollout/staleness": Max(st.staleness), "rollout/overlap": Mean(st.hidden_s, st.generation_s),
+                "time/generation_hidden_s": RankMean(st.hidden_s), "time/generation_wait_s": RankMean(st.wait_s)}
 
     def state_dict(self) -> dict:
         """``{"in_flight": [[indices], ...]}`` when a request is in flight (it is sampled again on resume)."""
@@ -185,5 +202,5 @@ class RolloutPrefetch:
         flight = state.get("in_flight")
         self.resumed_in_flight = tuple(tuple(int(i) for i in x) for x in flight) if flight else None
         if flight:
-            log.warning("rollout overlap: the checkpoint was written with the rollout batch of dataset indices %s in "
+            log.warning("rollout overlap: the checkpoint was written with the window of dataset indices %s in "
                         "flight; it is sampled again when its window comes", [list(x) for x in flight])

@@ -18,7 +18,7 @@ new reward is one file plus YAML, with no edit here (:func:`resolve_reward`). Tw
     def length_bonus(completions: list[str], items: list[GraspItem], opened_think: list[bool]) -> list[float]
 
 The second (batched: its first parameter is named ``completions``, or the function has an attribute
-``batched = True``) gets every completion of a rollout batch at once, e.g. for a reward model.
+``batched = True``) gets every completion of a generation call at once, e.g. for a reward model.
 
 - ``completion``: one decoded completion (special tokens removed; the prompt not included);
 - ``item``: its prompt's record (:class:`~grasp_lightning.data.records.GraspItem`: ``answer``,

@@ -1,5 +1,6 @@
-"""GRPO rollout batches: the :class:`Rollout` container of one micro-batch's scored groups, and how
-rollouts are merged, split by group and saved in a checkpoint (``tasks/grpo.py`` samples and trains them).
+"""GRPO rollouts: the :class:`Rollout` container of one micro-batch's scored groups, the
+:class:`SamplingStats` of sampling them, and how rollouts are merged, split by group and saved in a
+checkpoint (``tasks/grpo.py`` samples and trains them, a window at a time).
 
 Shapes: ``N = B * K`` rows (``B`` prompts, groups of ``K`` completions, group-major), ``Lp`` prompt and
 ``Lc`` completion tokens.
@@ -7,6 +8,7 @@ Shapes: ``N = B * K`` rows (``B`` prompts, groups of ``K`` completions, group-ma
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +17,50 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines.decoding import Completions
 from grasp_lightning.grpo.scoring import concat_prompts, select_prompts
 from grasp_lightning.grpo.vision import VisionFeatures
+
+
+@dataclass
+class SamplingStats:
+    """Time and counts of sampling rollouts: one generation call's (:meth:`GRPOTask.score_rollout
+    <grasp_lightning.tasks.grpo.GRPOTask.score_rollout>`), or a whole window's (their sum, plus the group
+    counts of dynamic sampling). Every figure is a float (whole numbers for the counts), as the step
+    metrics reduce them and the checkpoint stores them (``dataclasses.asdict``).
+
+    Attributes:
+        rollout_s: wall time of the window's sampling, rewards and old/reference log-probs (s).
+        generation_s: wall time of ``generate`` (s); ``rewards_s``: of the reward terms; ``logp_s``: of
+            the old-policy and reference log-probs; ``weight_sync_s``: the engine's update of its copy of
+            the weights first.
+        generation_calls: ``generate`` calls; ``sequences``: completions they returned (``N``).
+        generated_tokens: completion tokens sampled; ``prompt_tokens``: prompt tokens run through the
+            language model (generation and old/reference scoring, padding included).
+        groups_tried: groups sampled (drawn windows' included); ``groups_kept``: with distinct rewards and
+            trained; ``groups_dropped``: with all rewards equal (``dynamic_sampling`` on); ``groups_unused``:
+            drawn and not trained (``refill``); ``resample_tries``: windows drawn.
+        reward_sum_tried, completions_tried: the reward sum and count over every group tried.
+    """
+
+    rollout_s: float = 0.0
+    generation_s: float = 0.0
+    rewards_s: float = 0.0
+    logp_s: float = 0.0
+    weight_sync_s: float = 0.0
+    generation_calls: float = 0.0
+    sequences: float = 0.0
+    generated_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    groups_tried: float = 0.0
+    groups_kept: float = 0.0
+    groups_dropped: float = 0.0
+    groups_unused: float = 0.0
+    resample_tries: float = 0.0
+    reward_sum_tried: float = 0.0
+    completions_tried: float = 0.0
+
+    def __add__(self, other: SamplingStats) -> SamplingStats:
+        """Figure by figure sum (the figures of several generation calls)."""
+        return SamplingStats(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                for f in dataclasses.fields(self)})
 
 
 @dataclass
@@ -34,18 +80,14 @@ class Rollout:
         penalty: ``(N,)`` overlong penalty (≤ 0; zeros without ``overlong_buffer``).
         loss_mask: ``(N, Lc)`` the completion tokens the loss counts (zero-variance groups dropped
             when asked).
-        rollout_seconds: wall time of sampling, rewards and the old/reference log-probs.
-        prompt_tokens: prompt tokens run through the language model by the rollout (generation and
-            old/reference scoring, padding included).
         items: the records of the B prompts (empty where a caller did not give them).
-        generation_seconds, reward_seconds, logp_seconds: the parts of ``rollout_seconds``.
-        generation_calls: ``generate`` calls that produced these rows.
         sampled_logp: ``(N, Lc)`` the rollout engine's own log-probs of the sampled tokens (vLLM), or
             ``None`` (the HF engine: the trainer's scoring is the sampler's).
-        weight_sync_seconds: wall time the engine spent updating its copy of the weights first.
         vision: the frozen vision tower's outputs for the prompts' clips and images, computed once at
             the rollout and fed to every later forward of these prompts
             (:mod:`grasp_lightning.grpo.vision`); ``None`` where the tower trains.
+        stats: the time and counts of sampling these rows (:class:`SamplingStats`; zeros for a
+            selection of another rollout's rows).
     """
 
     prompt: dict[str, torch.Tensor]
@@ -58,18 +100,12 @@ class Rollout:
     ref_logp: torch.Tensor | None
     zero_variance: torch.Tensor
     indices: list[int]
-    rollout_seconds: float
-    prompt_tokens: int = 0
     penalty: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     items: list = field(default_factory=list)
-    generation_seconds: float = 0.0
-    reward_seconds: float = 0.0
-    logp_seconds: float = 0.0
-    generation_calls: int = 1
     sampled_logp: torch.Tensor | None = None
-    weight_sync_seconds: float = 0.0
     vision: VisionFeatures | None = None
+    stats: SamplingStats = field(default_factory=SamplingStats)
 
     @property
     def num_groups(self) -> int:
@@ -80,6 +116,15 @@ class Rollout:
     def num_generations(self) -> int:
         """Completions per prompt ``K`` (``N / B``)."""
         return self.completions.ids.shape[0] // max(1, self.num_groups)
+
+    def tensors_to(self, device: torch.device) -> None:
+        """Move the completions and every row and token tensor to ``device`` (in place; ``prompt`` and
+        ``vision`` are left as they are)."""
+        for name in (*ROW_TENSORS, *TOKEN_TENSORS, "zero_variance"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
+        c = self.completions
+        c.ids, c.mask, c.truncated = c.ids.to(device), c.mask.to(device), c.truncated.to(device)
 
 
 ROW_TENSORS = ("terms", "rewards", "advantages", "penalty")
@@ -130,14 +175,10 @@ def cat_rollouts(ros: list[Rollout], pad_token_id: int) -> Rollout:
                   completions=completions, terms=cat("terms", 0, False), rewards=cat("rewards", 0, False),
                   advantages=cat("advantages", 0, False), old_logp=cat("old_logp", 0.0, True),
                   ref_logp=cat("ref_logp", 0.0, True), zero_variance=torch.cat([ro.zero_variance for ro in ros]),
-                  indices=[i for ro in ros for i in ro.indices],
-                  rollout_seconds=sum(ro.rollout_seconds for ro in ros),
-                  prompt_tokens=sum(ro.prompt_tokens for ro in ros), penalty=cat("penalty", 0.0, False),
+                  indices=[i for ro in ros for i in ro.indices], penalty=cat("penalty", 0.0, False),
                   loss_mask=cat("loss_mask", False, True), items=[it for ro in ros for it in ro.items],
-                  generation_seconds=sum(ro.generation_seconds for ro in ros),
-                  reward_seconds=sum(ro.reward_seconds for ro in ros), logp_seconds=sum(ro.logp_seconds for ro in ros),
-                  generation_calls=sum(ro.generation_calls for ro in ros), sampled_logp=cat("sampled_logp", 0.0, True),
-                  weight_sync_seconds=sum(ro.weight_sync_seconds for ro in ros), vision=_merged_vision(ros))
+                  sampled_logp=cat("sampled_logp", 0.0, True), vision=_merged_vision(ros),
+                  stats=sum((ro.stats for ro in ros), SamplingStats()))
     return out
 
 
@@ -174,9 +215,9 @@ def take_groups(ro: Rollout, groups: list[int], k: int) -> Rollout:
                    terms=rows_of(ro.terms, False), rewards=rows_of(ro.rewards, False),
                    advantages=rows_of(ro.advantages, False), old_logp=rows_of(ro.old_logp, True),
                    ref_logp=rows_of(ro.ref_logp, True), zero_variance=ro.zero_variance.index_select(0, gidx),
-                   indices=[ro.indices[g] for g in groups], rollout_seconds=0.0, penalty=rows_of(ro.penalty, False),
+                   indices=[ro.indices[g] for g in groups], penalty=rows_of(ro.penalty, False),
                    loss_mask=rows_of(ro.loss_mask, True), items=[ro.items[g] for g in groups] if ro.items else [],
-                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp, True), vision=ro.vision)
+                   sampled_logp=rows_of(ro.sampled_logp, True), vision=ro.vision)
 
 
 def take_completion(ro: Rollout, j: int, k: int) -> Rollout:
@@ -202,9 +243,9 @@ def take_completion(ro: Rollout, j: int, k: int) -> Rollout:
                               prompt_opened_think=[c.prompt_opened_think[r] for r in rows] if c.prompt_opened_think else [])
     return Rollout(prompt=ro.prompt, shared=ro.shared, completions=completions, terms=rows_of(ro.terms),
                    rewards=rows_of(ro.rewards), advantages=rows_of(ro.advantages), old_logp=rows_of(ro.old_logp),
-                   ref_logp=rows_of(ro.ref_logp), zero_variance=ro.zero_variance, indices=list(ro.indices), rollout_seconds=0.0,
+                   ref_logp=rows_of(ro.ref_logp), zero_variance=ro.zero_variance, indices=list(ro.indices),
                    penalty=rows_of(ro.penalty), loss_mask=rows_of(ro.loss_mask), items=list(ro.items),
-                   generation_calls=0, sampled_logp=rows_of(ro.sampled_logp), vision=ro.vision)
+                   sampled_logp=rows_of(ro.sampled_logp), vision=ro.vision)
 
 
 def even_split(n: int, parts: int) -> list[int]:
@@ -223,7 +264,7 @@ def even_split(n: int, parts: int) -> list[int]:
 
 
 def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int], int]:
-    """The groups ``dynamic_sampling: refill`` trains, from every group sampled for a rollout batch.
+    """The groups ``dynamic_sampling: refill`` trains, from every group sampled for a window.
 
     The first ``target`` groups with distinct rewards, in sampling order (the window's own prompts, then
     each drawn window's), then, if there are fewer, degenerate groups (all rewards equal: masked out of
@@ -233,7 +274,7 @@ def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int],
 
     Args:
         zero_variance: per group sampled, in order, whether its rewards are all equal.
-        target: groups the rollout batch holds (the window's prompts on this rank; 0 for an empty window).
+        target: groups the window trains (its prompts on this rank; 0 for an empty window).
 
     Returns:
         ``(selected, unused)``: indices of at most ``target`` groups (useful first), and the count of useful
@@ -248,12 +289,12 @@ def refill_selection(zero_variance: list[bool], target: int) -> tuple[list[int],
 def rollout_state(ro: Rollout) -> dict:
     """A rollout as plain CPU tensors and lists: its completions, rewards, advantages and log-probs. Nothing
     derived from the data is kept: the prompt, the items and the vision features (``ro.vision``) are left out,
-    to be re-read, decoded and encoded again on resume (:meth:`~grasp_lightning.tasks.grpo.GRPOTask._attach`;
+    to be re-read, decoded and encoded again on resume (:meth:`~grasp_lightning.grpo.sampling.WindowCache.attach`;
     the features of one clip at 8B widths are about 184 MiB)."""
     c = ro.completions
     out = {"shared": bool(ro.shared), "indices": list(ro.indices), "texts": list(c.texts),
            "opened": list(c.prompt_opened_think), "ids": c.ids.cpu(), "mask": c.mask.cpu(),
-           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.prompt_tokens)}
+           "truncated": c.truncated.cpu(), "zero_variance": ro.zero_variance.cpu(), "prompt_tokens": int(ro.stats.prompt_tokens)}
     for name in (*ROW_TENSORS, *TOKEN_TENSORS):
         value = getattr(ro, name)
         out[name] = None if value is None else value.detach().cpu()
@@ -267,5 +308,5 @@ def rollout_from_state(state: dict) -> Rollout:
     return Rollout(prompt=None, shared=bool(state["shared"]), completions=completions, terms=state["terms"],
                    rewards=state["rewards"], advantages=state["advantages"], old_logp=state["old_logp"],
                    ref_logp=state["ref_logp"], zero_variance=state["zero_variance"], indices=list(state["indices"]),
-                   rollout_seconds=0.0, prompt_tokens=int(state["prompt_tokens"]), penalty=state["penalty"],
-                   loss_mask=state["loss_mask"], generation_calls=0, sampled_logp=state.get("sampled_logp"))
+                   penalty=state["penalty"], loss_mask=state["loss_mask"], sampled_logp=state.get("sampled_logp"),
+                   stats=SamplingStats(prompt_tokens=float(state["prompt_tokens"])))

@@ -555,9 +555,9 @@ def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool
     return batch * (length - 1) + batch * k if generation else batch * length
 
 
-# ---------------------------------------------------------------------------------------- rollout batches
+# ---------------------------------------------------------------------------------------- generation calls
 def concat_prompts(prompts: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Left-pad and concatenate the prompt inputs of several micro-batches into one rollout batch.
+    """Left-pad and concatenate the prompt inputs of several micro-batches into one generation call's batch.
 
     Text inputs (``input_ids`` with ``pad_token_id``, ``attention_mask`` and ``mm_token_type_ids``
     with 0) are left-padded to the longest prompt; vision patch rows (``pixel_values_videos``,

@@ -1,8 +1,8 @@
-"""The frozen vision tower once per rollout batch: its outputs kept with the rollout and fed to every later forward.
+"""The frozen vision tower once per window: its outputs kept with the rollout and fed to every later forward.
 
 In a GRPO step each prompt's clip goes through the vision tower in the sampling prefill, the
 reference model's scoring, the policy's training forward and, with ``num_iterations > 1`` or
-importance sampling, the old-policy scoring, and again at every reuse of the rollout batch. With the
+importance sampling, the old-policy scoring, and again at every reuse of the window's rollouts. With the
 tower frozen (``model.policy.freeze_vision``) and shared by the reference model (the
 adapter-disabled LoRA policy, or a reference whose tower has the same weights), its output for a
 clip is the same every time. :class:`VisionFeatures` keeps that output, one entry per clip or
@@ -93,7 +93,7 @@ def fingerprint(medium: str, patches: torch.Tensor, grid: torch.Tensor) -> tuple
 
 @dataclass
 class VisionFeatures:
-    """The vision tower's outputs of a rollout batch's grids (clips and images), found by :func:`fingerprint`.
+    """The vision tower's outputs of a window's grids (clips and images), found by :func:`fingerprint`.
 
     Attributes:
         entries: key -> ``(embeds (T, D_text), deepstack)``, ``T`` the grid's merged visual tokens;

@@ -3,7 +3,7 @@
 Every generated clip goes through :func:`encode_mp4`: the bundled sample data
 (:mod:`grasp_lightning.synthetic.sample`), the synthetic world of ``experiments/world``, the
 evaluation-suite fixtures (:mod:`~grasp_lightning.synthetic.suite_fixtures`), the test fixtures
-(``tests/helpers.py``) and the benchmark clips (``benchmarks/video_decode.py``,
+(``tests/helpers/data.py``) and the benchmark clips (``benchmarks/video_decode.py``,
 ``benchmarks/faults.py``). What differs between them is an :class:`Mp4Settings`:
 
 - :data:`STABLE` (the default): H.264 crf 30, preset medium, no B-frames, a keyframe every 2 s,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grasp_lightning.commands.check_data import main
-from tests.helpers import REPO, SAMPLE, make_tar, write_jsonl
+from tests.helpers import REPO, SAMPLE, make_tar, qa_row, write_jsonl
 
 CONFIGS = ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml"]
 
@@ -260,3 +261,27 @@ def test_sgr_before_the_sft_export_is_one_error_saying_what_to_do(tmp_path, monk
     monkeypatch.chdir(tmp_path)  # no runs/sft/export here
     plan = plan_from_config([REPO / "configs/sgr.yaml"], video_seconds=4)
     assert any(note.startswith(message) for note in plan.notes), plan.notes
+
+
+def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo, tmp_path):
+    (tmp_path / "media").symlink_to(qa_dir / "media")
+    (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
+    rows = [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None), qa_row(image="media/gone.png"),
+            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None),
+            qa_row(image=None, video="media/clip.mp4", start=25.0)]
+    path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
+    report_path = tmp_path / "report.json"
+    rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
+               f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
+    report = json.loads(report_path.read_text())
+    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 7 and report["files"]["qa.jsonl"]["bad"] == 6
+    reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
+    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6, 7)}, reasons
+    # a start past the clip's end names the start ("empty time window [d, d) s" before)
+    assert re.search(r"start_seconds 25 is at or past the end of the clip \(\d+\.\d{3} s\): its window holds no frame",
+                     reasons[f"{path}:7"]), reasons[f"{path}:7"]
+    assert reasons[f"{path}:6"].startswith("GRPO needs an 'answer'")
+    assert reasons[f"{path}:2"].startswith("unreadable image")
+    assert "neither 'video' nor 'image'" in reasons[f"{path}:3"]
+    assert "media/gone.png not found" in reasons[f"{path}:4"]
+    assert reasons[f"{path}:5"].startswith("end_seconds 30 is beyond the clip's duration")

@@ -1,4 +1,6 @@
-"""The command table and its dispatcher, the one config loader, and the planner asking the task."""
+"""The command table and its dispatcher, the one config loader, the planner asking the task, and the errors
+a command stops with before it starts: ``build-model``'s usage errors, a vLLM ``fit`` without room to sync
+the weights."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from grasp_lightning.__main__ import main as dispatch
 from grasp_lightning.commands import COMMANDS
 from grasp_lightning.commands.config import config_args, load_run
 from grasp_lightning.task import Task
-from tests.helpers import REPO
+from tests.helpers import REPO, run_cli
 
 #: Every command users are told about: LightningCLI's four, ours, and the synthetic models' and data's.
 EXPECTED = ["fit", "validate", "test", "predict", "chat", "export", "pipeline", "check-data", "plan-memory", "plot",
@@ -261,3 +263,80 @@ def test_help_says_what_each_command_does_and_names_its_page(in_repo, capsys, mo
     assert f"--demo_settings.run_dir RUN_DIR the demo's run folder, instead of run_dir (configs/grasp_pipeline.yaml's). " \
            f"(type: str, default: {demo_dir})" in pipeline, pipeline
     assert "pipeline_demo" not in pipeline.replace(demo_dir, "")
+
+
+# ------------------------------------------------------------------ errors before a command starts
+def test_command_line_lists_qwen3_5_and_refuses_a_stand_in_without_full_attention(tmp_path):
+    """``python -m grasp_lightning build-model``: the help names every known checkpoint; a Qwen3.5 stand-in of
+    3 layers is a usage error before anything is written (the 4-layer one is built in the real-shape tier), and
+    so is an unknown ``--like`` to ``python -m grasp_lightning.synthetic.tiny`` (exit status 2, no traceback)."""
+    from grasp_lightning.synthetic.standin import checkpoint_names
+
+    run = [sys.executable, "-m", "grasp_lightning", "build-model"]
+    help_text = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120).stdout
+    assert all(name in " ".join(help_text.split()) for name in checkpoint_names()) and "Qwen3.5-9B" in help_text
+    out = tmp_path / "never"
+    proc = subprocess.run([*run, str(out), "--like", "Qwen/Qwen3.5-9B", "--text-layers", "3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "error: --text-layers 3: in Qwen3.5 every 4th decoder layer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    proc = subprocess.run([sys.executable, "-m", "grasp_lightning.synthetic.tiny", str(out), "--like", "Qwen3-VL-8B-Base"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --like 'Qwen3-VL-8B-Base': not a known checkpoint; known: " in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_path, monkeypatch, in_repo):
+    """``fit`` of GRPO-SGR with ``engine: vllm`` (no vLLM environment needed: the check comes first) stops at
+    the first rollout, before the server starts and before any optimizer step, naming the setting."""
+    import shutil
+
+    from grasp_lightning.engines.vllm import VLLMEngine
+    from grasp_lightning.errors import GraspConfigError
+
+    python = tmp_path / "python"
+    python.write_text("")
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
+    started = []
+    monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
+    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.source.train_limit=4",
+            "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
+            f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
+    with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "
+                                               r"language-model weights need \d+ bytes .*Set "
+                                               r"model.rollout.vllm.weight_sync_dir to a directory with room"):
+        run_cli(args, tmp_path / "run")
+    assert started == [] and not list((tmp_path / "run").rglob("*.ckpt"))
+
+
+def test_cli_writes_a_stand_in_that_loads_like_a_download(tmp_path):
+    """``python -m grasp_lightning.synthetic.tiny OUT --like ...``: real widths, 1 + 1 layers (for speed), loaded
+    back through the policy loader (``AutoModelForImageTextToText`` / ``AutoProcessor``)."""
+    import json
+
+    import torch
+
+    from grasp_lightning.policy import load_model, load_processor
+    from grasp_lightning.synthetic.tiny import main
+
+    out = tmp_path / "standin"
+    main([str(out), "--like", "Qwen3-VL-2B-Thinking", "--text-layers", "1", "--vision-layers", "1"])
+    model = load_model(str(out), dtype="auto")
+    processor = load_processor(str(out))
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+    t = model.config.text_config
+    assert (t.hidden_size, t.num_hidden_layers, t.vocab_size, model.config.vision_config.depth) == (2048, 1, 151_936, 1)
+    assert model.dtype == torch.bfloat16
+    g = model.generation_config
+    assert (g.eos_token_id, g.pad_token_id, g.do_sample, g.top_k, g.top_p, g.temperature) == \
+        ([151645, 151643], 151643, True, 20, 0.95, 1.0)
+    assert len(processor.tokenizer) == 151_669 and processor.tokenizer.pad_token_id == 151643
+    assert processor.video_processor.size["longest_edge"] == 25_165_824 and processor.video_processor.patch_size == 16
+    assert processor.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                         tokenize=False) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert (out / "processor_config.json").is_file()
+    info = json.loads((out / "STANDIN.json").read_text())
+    assert info["like"] == "Qwen3-VL-2B-Thinking" and info["parameters"] == sum(p.numel() for p in model.parameters())

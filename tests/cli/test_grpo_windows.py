@@ -1,6 +1,7 @@
 """GRPO across accumulation windows and ranks: rollout reuse after an optimizer step (num_iterations),
-the dapo normaliser over the window and all ranks, the batch advantage std over all ranks, and the
-overlong penalty modes. Hand-computed values; the cross-rank tests run 2 CPU processes over gloo."""
+the dapo normaliser over the window and all ranks, the batch advantage std over all ranks, a run stopped
+and resumed inside a rollout batch, and refill's validation settings. Hand-computed values; the cross-rank
+tests run 2 CPU processes over gloo."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import grasp_lightning.engines.hf as engines_hf
+import grasp_lightning.tasks.grpo as grpo_task
 from grasp_lightning.data.collate import Batch
-from grasp_lightning.data.datamodule_config import LoaderConfig, SourceConfig
 from grasp_lightning.data.windows import Window
 from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
@@ -28,54 +29,7 @@ from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
 from tests.helpers import REPO, free_port, run_cli, scalars, spawn_two_ranks
 
-
 # ----------------------------------------------------------------------------------- overlong
-def _overlong_task(mode: str, advantage: str = "none", clip: float | None = None) -> GRPOTask:
-    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer=4, overlong_penalty=1.0, overlong_mode=mode),
-                    advantage=AdvantageConfig(kind=advantage, clip=clip))
-    return task  # K = 2, budget 8: passed to advantages()/overlong() below
-
-
-def test_overlong_penalty_modes_by_hand():
-    # budget 8, buffer 4: lengths [8, 8 | 6, 4] -> penalty [-1, -1 | -0.5, 0]; accuracy [1, 0 | 1, 1].
-    # Group 1 is all-overlong (both rollouts hit the limit).
-    terms = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
-    penalty = _overlong_task("reward").overlong(torch.tensor([8, 8, 6, 4]), 8)
-    assert penalty.tolist() == [-1.0, -1.0, -0.5, 0.0]
-    # reward (DAPO): rewards [0, -1 | 0.5, 1], centred: [0.5, -0.5 | -0.25, 0.25]; the all-overlong group's
-    # equal penalties cancel.
-    rewards, adv = _overlong_task("reward").advantages(terms, penalty, k=2)
-    assert rewards.tolist() == [0.0, -1.0, 0.5, 1.0] and adv.tolist() == [0.5, -0.5, -0.25, 0.25]
-    # group std (unbiased): group 1 std sqrt(0.5) -> ±0.5 / 0.70711 (+1e-4); group 2 likewise ±0.25 / 0.35355
-    _, adv = _overlong_task("reward", "group").advantages(terms, penalty, k=2)
-    torch.testing.assert_close(adv, torch.tensor([0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4),
-                                                  -0.25 / (math.sqrt(0.125) + 1e-4), 0.25 / (math.sqrt(0.125) + 1e-4)]))
-    # released (GRASP code): the raw penalty is added to the centred advantage, then clipped:
-    # group 1: [0.5 - 1, -0.5 - 1] = [-0.5, -1.5] (the all-overlong group is penalised); group 2: [0 - 0.5, 0]
-    rewards, adv = _overlong_task("released").advantages(terms, penalty, k=2)
-    assert rewards.tolist() == [1.0, 0.0, 1.0, 1.0] and adv.tolist() == [-0.5, -1.5, -0.5, 0.0]
-    _, adv = _overlong_task("released", clip=1.0).advantages(terms, penalty, k=2)
-    assert adv.tolist() == [-0.5, -1.0, -0.5, 0.0]  # the penalty comes before the clip
-    # advantage: released (each term centred) with the DAPO mode: the penalty is centred like a term
-    _, adv = _overlong_task("reward", "released").advantages(terms, penalty, k=2)
-    assert adv.tolist() == [0.5, -0.5, -0.25, 0.25]
-    with pytest.raises(GraspConfigError, match="overlong_mode"):
-        GRPOTask(reward=RewardConfig(overlong_mode="group"))
-
-
-def test_overlong_buffer_fraction_follows_the_budget():
-    # 0.25 of the released 1,024-token budget is the released 256-token buffer; of demo.yaml's 32, 8 tokens
-    task = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.25, overlong_mode="released"))
-    assert (task.overlong_buffer_tokens(1024), task.overlong_buffer_tokens(32), task.overlong_buffer_tokens(2)) == \
-        (256, 8, 1)  # rounded down, at least one token
-    # budget 8, fraction 0.5 -> buffer 4: the penalties of the hand-worked case above
-    half = GRPOTask(reward=RewardConfig(terms=["accuracy"], overlong_buffer_fraction=0.5))
-    assert half.overlong(torch.tensor([8, 8, 6, 4]), 8).tolist() == [-1.0, -1.0, -0.5, 0.0]
-    assert GRPOTask(reward=RewardConfig(terms=["accuracy"])).overlong_buffer_tokens(1024) is None
-    with pytest.raises(GraspConfigError, match="not both"):
-        GRPOTask(reward=RewardConfig(overlong_buffer=256, overlong_buffer_fraction=0.25))
-    with pytest.raises(GraspConfigError, match=r"overlong_buffer_fraction must be in \(0, 1\]"):
-        GRPOTask(reward=RewardConfig(overlong_buffer_fraction=1.5))
 
 
 def test_an_overlong_buffer_over_the_budget_is_refused_at_load(in_repo):
@@ -115,7 +69,7 @@ class _ScriptedTask(GRPOTask):
         comp = Completions(ids=torch.full((n, width), 5), mask=mask, texts=[""] * n, truncated=torch.zeros(n, dtype=bool))
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
                        old_logp=None, ref_logp=None, zero_variance=torch.zeros(n // 2, dtype=torch.bool),
-                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+                       indices=list(batch.indices), loss_mask=mask)
 
 
 # (g) rank 0 holds rewards [1, 0, 1, 1], rank 1 [0, 0 | 3, 1] (one micro-batch each, K = 2).
@@ -130,7 +84,7 @@ def _batch_std_rank(rank: int) -> None:
     task.prepare(module, batch)
     # all 8 rewards [1, 0, 1, 1, 0, 0, 3, 1]: mean 7/8, Σr² = 13, unbiased var = (13 - 49/8) / 7 = 55/56
     std = math.sqrt(55 / 56)
-    ro = task._window_rollouts[0]
+    ro = task.cache.rollouts[0]
     expected = [0.5 / std, -0.5 / std, 0.0, 0.0] if rank == 0 else [0.0, 0.0, 1.0 / std, -1.0 / std]
     torch.testing.assert_close(ro.advantages, torch.tensor(expected))
 
@@ -164,7 +118,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
         outs.append((result, module.last_task_output))
     if rank == 1:
         assert outs[0] == (None, None)
-    assert float(task._window_tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
+    assert float(task.cache.tokens) == 21.0  # the dapo normaliser: the window's loss tokens on both ranks
     # the step (the window, no trainer) logged once over both ranks: 6 completions of lengths 3 5 2 4 1 6
     assert module.last_step_metrics["train/completion_length/mean"] == pytest.approx(21 / 6)
     # rank 0, micro-batch A: advantages ±0.5 (K = 2, centred then / std 0.7071), ratio 1:
@@ -228,31 +182,6 @@ def test_num_iterations_reuses_rollouts_after_the_optimizer_step(in_repo, tmp_pa
 
 
 # ----------------------------------------------------------------------------------- context and shared values
-def test_the_module_is_a_task_context_and_the_task_reads_k_from_it():
-    from grasp_lightning.module import GraspModule
-    from grasp_lightning.task import TaskContext
-
-    module = GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=3))
-    assert isinstance(module, TaskContext) and module.tokenizer is None  # before configure_model
-    module.task.setup(module)  # checks, copies nothing
-    assert not hasattr(module.task, "num_generations") and module.rollout_cfg.num_generations == 3
-    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):  # when the module is built
-        GraspModule(GRPOTask(), rollout=RolloutConfig(num_generations=1))
-    with pytest.raises(GraspConfigError, match="num_generations must be >= 2"):  # and from any context
-        GRPOTask().setup(types.SimpleNamespace(rollout_cfg=RolloutConfig(num_generations=1)))
-
-
-def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
-    from grasp_lightning.datamodule import GraspDataModule
-
-    dm = GraspDataModule(source=SourceConfig(bench=None))
-    assert dm.data_mode == "sft"  # stand-alone: no task connected
-    dm.connect(data_mode="rl")
-    assert dm.data_mode == "rl"
-    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="rl"))
-    agreeing.connect(data_mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.loader.data_mode='sft' contradicts the task, which consumes 'rl'"):
-        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="sft")).connect(data_mode="rl")
 
 
 def _launch_ranks(args: list[str], run: Path, timeout: float) -> None:
@@ -350,7 +279,7 @@ class _TruncationTask(GRPOTask):
         comp = Completions(ids=torch.full((n, 3), 5), mask=mask, texts=[""] * n, truncated=truncated)
         return Rollout(prompt=batch.inputs, shared=False, completions=comp, terms=terms, rewards=r, advantages=adv,
                        old_logp=None, ref_logp=None, zero_variance=objective.zero_variance_groups(r, 2),
-                       indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask)
+                       indices=list(batch.indices), loss_mask=mask)
 
 
 @pytest.mark.parametrize(("script", "expected"), [
@@ -385,3 +314,120 @@ def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, exp
             assert "model.rollout.temperature" in m and "model.task.init_args.reward.terms" in m
             fired.add("zero variance")
     assert fired == expected and len(messages) == len(expected), messages
+
+
+# ----------------------------------------------------------------------------------- CLI stop / resume
+K = 3  # completions per prompt of the CLI runs below
+
+# sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
+# num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
+CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
+       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.loss.num_iterations=2",
+       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.source.train_limit=12",
+       "--model.task.init_args.loss.type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
+
+
+
+def cli_rewards(texts, items, names, **kwargs):
+    """Deterministic rewards: groups of rows 1, 4, 7, 10 of the file are degenerate (all 1), the others
+    alternate by completion (so advantages, hence the updates, are non-zero)."""
+    bad = {f"data_rl:{n}" for n in (1, 4, 7, 10)}
+    return torch.tensor([[1.0 if items[i].uid in bad else float(i % K % 2)] * len(names) for i in range(len(texts))])
+
+
+
+def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
+    """Record every GRPO micro-batch (step, the loader's and the trained dataset indices, completions, loss)
+    and the prompts of every generate call."""
+    rows: list[dict] = []
+    calls: list[int] = []
+    real_sample, step = engines_hf.sample_completions, grpo_task.GRPOTask.training_step
+
+    def counting(policy, tokenizer, prompt, **kwargs):
+        calls.append(int(prompt["input_ids"].shape[0]))
+        return real_sample(policy, tokenizer, prompt, **kwargs)
+
+    def recording(self, module, batch):
+        out = step(self, module, batch)
+        w = batch.window
+        rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
+                     "trained": list(self.cache.rollouts[w.position].indices), "window": w.index,
+                     "iteration": w.iteration, "texts": list(out.rollout.completions),
+                     "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
+                     "tries": self.cache.stats.resample_tries, "calls": len(calls)})
+        return out
+
+    monkeypatch.setattr(engines_hf, "sample_completions", counting)
+    monkeypatch.setattr(grpo_task, "compute_rewards", cli_rewards)
+    monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
+    return rows, calls
+
+
+
+@pytest.mark.parametrize("mode", ["drop", "refill"])
+def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_repo, tmp_path, monkeypatch, mode):
+    """An uninterrupted run saves a checkpoint after every optimizer step; a second CLI run resumes from the
+    one after step 1 — inside window 0's reuse, between its two uses — and must train the same samples
+    (loader and trained dataset indices per micro-batch), with the same completions and losses (float32),
+    sampling nothing for the reused window."""
+    from tests.helpers import run_cli
+
+    rows, calls = _record_cli(monkeypatch)
+    ckpts = tmp_path / "ckpts"
+    every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
+                  "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
+    args = [*CLI, f"--model.task.init_args.batching.dynamic_sampling={mode}"]
+    run_cli([*args, *every_step], tmp_path / "full")
+    full, full_calls = list(rows), list(calls)
+    assert [r["step"] for r in full[:4]] == [0, 0, 1, 1] and [r["iteration"] for r in full[:4]] == [0, 0, 1, 1]
+    assert full[0]["batch"] == full[2]["batch"] and full[0]["texts"] == full[2]["texts"]  # reused after step 0
+    assert abs(full[2]["ratio"] - 1.0) > 1e-4  # the second use is off-policy
+    trained = [i for r in full if r["iteration"] == 0 for i in r["trained"]]
+    assert len(trained) == len(set(trained))  # no prompt trained twice in the epoch
+    if mode == "refill":
+        assert full[0]["tries"] >= 1  # window 0 drew further prompts: the resume must exclude and re-decode them
+        assert [r["trained"] for r in full[:2]] != [r["batch"] for r in full[:2]]
+    for stop in (1, 2, 3):  # 1 and 3: between the two uses of window 0 / of the next window; 2: a window boundary
+        ckpt = ckpts / f"step={stop}.ckpt"
+        assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
+        rows.clear(), calls.clear()
+        run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / f"resumed{stop}")
+        resumed, done = list(rows), 2 * stop
+        assert len(resumed) == len(full) - done
+        for got, want in zip(resumed, full[done:]):
+            assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
+                   {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (stop, got["step"], got["loss"])
+        # a window already sampled before the checkpoint is not sampled again
+        sampled_before = len(full_calls) - len(calls)
+        assert sampled_before == full[done - 1]["calls"] >= 1 and calls == full_calls[sampled_before:]
+
+
+
+def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_path):
+    """Refill ends epochs early, so ``val_check_interval: null`` (configs/demo.yaml: once per epoch, at the
+    announced length) would never validate: refused at setup, naming the key and the fix."""
+    from tests.helpers import run_cli
+
+    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=1.0 .*would never run.*in micro-batches"):
+        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill"], tmp_path / "epoch")
+    with pytest.raises(GraspConfigError, match=r"val_check_interval=0.5"):
+        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
+                tmp_path / "half")
+
+
+
+def test_refill_runs_with_validation_off_by_bench_null(in_repo, tmp_path):
+    """The fix the refusal names: ``--data.source.bench null`` (no GRASP-Bench, no other suite) leaves nothing to
+    validate, so ``refill`` with the per-epoch ``val_check_interval`` of configs/demo.yaml runs (it read a
+    ``bench`` key the grouped data options no longer have, and refused)."""
+    from tests.helpers import run_cli
+
+    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
+    cli = run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--data.source.bench=null",
+                   "--trainer.max_steps=1"], tmp_path)
+    assert cli.trainer.global_step == 1 and cli.trainer.val_check_interval == 1.0
+    assert cli.datamodule.val_suites == []

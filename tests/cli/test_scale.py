@@ -1,7 +1,7 @@
 """Scaling: DeepSpeed ZeRO-2, gradient accumulation, exact resume, atomic checkpoints, HF export, LoRA.
 
 The ZeRO-2 tests run DeepSpeed's real engine on 2 CPU processes over gloo
-(``tests/helpers.py``), launched the way ``torchrun`` launches them (one process per rank with
+(``tests/helpers/recorders.py``), launched the way ``torchrun`` launches them (one process per rank with
 ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set). One module fixture runs,
 on the SFT demo (deterministic):
 
@@ -276,7 +276,8 @@ def _rl_batch():
 def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     """LoRA's reference is the policy with adapters disabled (no second copy), or a configured separate
     model; either way the KL of the first step is exactly 0, and it is not once the adapters moved."""
-    from grasp_lightning.module import GraspModule, RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
+    from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import LoraConfig, PolicyConfig, ReferenceConfig
     from grasp_lightning.tasks.grpo import GRPOTask, LossConfig
 
@@ -288,6 +289,7 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
     assert module.uses_adapter_reference is not separate_reference
     assert (module.reference_model is not None) is separate_reference
     batch = _rl_batch()
+    module.task.prepare(module, batch)
     out = module.task.training_step(module, batch)
     assert out.rollout.kl_tokens.numel() > 0
     assert torch.equal(out.rollout.kl_tokens, torch.zeros_like(out.rollout.kl_tokens))
@@ -296,7 +298,7 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0(separate_reference):
         for name, p in module.policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    module.task._cached = None
+    module.task.prepare(module, batch)  # sampled again, with the perturbed adapters
     assert float(module.task.training_step(module, batch).metrics["kl"]) > 0.0
 
 

@@ -249,6 +249,29 @@ def test_sgr_demo_logs_every_metric_kl_section_rollouts_and_validation(tiny_mode
     assert len(rows) == 2 * 4 and {"rewards", "answer", "participants_named", "completion"} <= set(rows[0])
 
 
+def test_step_timing_logs_every_phase_each_step(in_repo, tmp_path):
+    """The SGR demo (sgr.yaml lists grasp_lightning.callbacks.timing.StepTiming) logs the time accounting every step."""
+    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
+                   "--trainer.enable_progress_bar=false", "--trainer.max_steps=3", "--data.source.bench=null",
+                   "--model.rollout.num_generations=4", "--model.rollout.max_new_tokens=32"], tmp_path)
+    series = {k: [v for _, v in vals] for k, vals in scalars(cli.trainer.log_dir).items()}
+    keys = ["time/data_wait_s", "time/step_s", "time/update_s", "time/model_s", "time/other_s",
+            "time/overhead_fraction", "throughput/samples_per_s", "throughput/generated_tokens_per_s",
+            "train/tokens/prompt_forwarded", "train/time/rollout_s", "train/time/scoring_s"]
+    for key in keys:
+        assert len(series[key]) == 3, key
+    timing = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "StepTiming")
+    for rec in timing.history:
+        assert rec["time/data_wait_s"] >= 0 and rec["time/update_s"] > 0 and rec["time/model_s"] > 0
+        inside = rec["time/rollout_s"] + rec["time/scoring_s"] + rec["time/update_s"]
+        assert inside <= rec["time/step_s"] + 1e-6 and rec["time/model_s"] < rec["time/step_s"]
+        assert 0.0 <= rec["time/overhead_fraction"] < 1.0
+        assert rec["throughput/samples_per_s"] == pytest.approx(
+            2 * 4 / (rec["time/step_s"] + rec["time/data_wait_s"]), rel=1e-6)
+    assert "throughput/prompt_tokens_per_step" not in series  # one name per series: the task's
+    assert series["train/rollout/shared_prompt"] == [1.0, 1.0, 1.0]
+
+
 def _completions(cli) -> list[str]:
     return [json.loads(line)["completion"] for line in open(f"{_log_dir(cli)}/rollouts.jsonl")]
 

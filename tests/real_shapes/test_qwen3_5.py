@@ -138,6 +138,7 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     batch = next(iter(dm.train_dataloader()))
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING), torch.no_grad():
+        module.task.prepare(module, batch)
         out = module.task.training_step(module, batch)
     TIMES[f"Qwen3.5 SGR step without backward (K={K35}, {BUDGET35} new tokens)"] = time.perf_counter() - start
     assert not [r for r in caplog.records if "falling back to repeated prompt rows" in r.getMessage()]

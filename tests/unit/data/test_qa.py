@@ -3,14 +3,13 @@
 Reader errors name ``file:line`` and are counted in skip mode; images go through the processor's
 image path with ``data.video.max_image_pixels``; a batch mixing image rows, video rows and a row with both
 gives each row what it gives alone: SFT logits, greedy generation, and the group-shared prefill and
-scoring against the naive K repeated rows, on both tiny families. A GRPO fit through the CLI, a
-validation suite and ``check-data`` run on a generated QA file.
+scoring against the naive K repeated rows, on both tiny families. ``check-data`` runs on a generated QA
+file (the GRPO fit and validation suite on one are in tests/cli/test_eval_suites.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -36,26 +35,14 @@ from tests.helpers import (
     LOGP_TOLS,
     TINY,
     TINY_MODELS,
-    event_tags,
     load_model,
-    make_qa_dataset,
     qa_row,
-    run_cli,
-    scalars,
     write_jsonl,
 )
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 K = 2
-
-
-@pytest.fixture(scope="module")
-def qa_dir(tmp_path_factory) -> Path:
-    """A QA file of four rows: image, video, image, image + video (two categories)."""
-    folder = tmp_path_factory.mktemp("qa")
-    make_qa_dataset(folder)
-    return folder
 
 
 def _datamodule(folder: Path, mode: str, model: Path = TINY, train_file: str = "qa.jsonl",
@@ -290,55 +277,6 @@ def test_shared_prefill_and_scoring_on_a_mixed_batch_equal_the_naive_rows(qa_dir
     for got, want in zip(shared_grads, naive_grads):
         if want is not None:
             assert float((got - want).abs().max()) <= GRAD_TOLS[family] * float(want.abs().max()) + 1e-9
-
-
-# ------------------------------------------------------------------ the CLI: GRPO, validation, check-data
-def test_grpo_fit_and_validation_on_a_generic_qa_file(qa_dir, in_repo, tmp_path, capsys):
-    suite = json.dumps([{"class_path": "grasp_lightning.evaluation.QASuite",
-                         "init_args": {"path": str(qa_dir / "qa.jsonl"), "name": "my_qa"}}])
-    cli = run_cli(["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
-                   "--trainer.enable_progress_bar=false", f"--data.source.root={qa_dir}", "--data.source.train_file=qa.jsonl",
-                   "--data.source.bench=null", f"--data.eval_suites={suite}", "--data.video.max_image_pixels=2048",
-                   "--data.loader.batch_size=4", "--trainer.max_epochs=2", "--trainer.max_steps=2", "--model.rollout.num_generations=2", "--model.rollout.max_new_tokens=8",
-                   "--model.evaluation.max_new_tokens=4", "--trainer.limit_val_batches=1"], tmp_path)
-    series = scalars(cli.trainer.log_dir)
-    assert len(series["train/loss"]) == 2 and series["train/rollout/shared_prompt"][0][1] == 1.0
-    assert all(v == v for _, v in series["train/loss"])  # finite
-    assert {"val/my_qa/acc/gaze", "val/my_qa/acc/gesture", "val/my_qa/acc/overall"} <= set(series)
-    rows = [json.loads(line) for line in open(f"{cli.trainer.log_dir}/rollouts.jsonl")]
-    assert rows and "participants_named" in rows[0]  # data.loader.batch_size=4: each step's batch mixes all four rows
-    table = (Path(cli.trainer.log_dir) / "bench" / "latest" / "table_my_qa.md").read_text()
-    assert table.startswith("### Generic QA") and "| gaze |" in table and "| gesture |" in table
-    # the chart docs/evaluation.md promises for every suite: a table and no chart before
-    chart = Path(cli.trainer.log_dir) / "bench" / "latest" / "categories_my_qa.png"
-    assert chart.read_bytes().startswith(b"\x89PNG")
-    assert "bench/my_qa/category_accuracy" in event_tags(cli.trainer.log_dir)["images"]
-
-
-def test_check_data_reports_generic_qa_problems_by_file_and_line(qa_dir, in_repo, tmp_path):
-    from grasp_lightning.commands.check_data import main
-
-    (tmp_path / "media").symlink_to(qa_dir / "media")
-    (tmp_path / "garbage.jpg").write_bytes(b"\xff\xd8 broken")
-    rows = [qa_row(), qa_row(image="garbage.jpg"), qa_row(image=None), qa_row(image="media/gone.png"),
-            qa_row(image=None, video="media/clip.mp4", end=30.0), qa_row(answer=None),
-            qa_row(image=None, video="media/clip.mp4", start=25.0)]
-    path = write_jsonl(tmp_path / "qa.jsonl", [{**row, "id": f"row{n}"} for n, row in enumerate(rows)])
-    report_path = tmp_path / "report.json"
-    rc = main(["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--workers=0", "--progress=false",
-               f"--report={report_path}", f"--data.source.root={tmp_path}", "--data.source.train_file=qa.jsonl", "--data.source.bench=null"])
-    report = json.loads(report_path.read_text())
-    assert rc == 1 and report["files"]["qa.jsonl"]["rows"] == 7 and report["files"]["qa.jsonl"]["bad"] == 6
-    reasons = {p["where"].split(" (")[0]: p["reason"] for p in report["problems"]}
-    assert set(reasons) == {f"{path}:{n}" for n in (2, 3, 4, 5, 6, 7)}, reasons
-    # a start past the clip's end names the start ("empty time window [d, d) s" before)
-    assert re.search(r"start_seconds 25 is at or past the end of the clip \(\d+\.\d{3} s\): its window holds no frame",
-                     reasons[f"{path}:7"]), reasons[f"{path}:7"]
-    assert reasons[f"{path}:6"].startswith("GRPO needs an 'answer'")
-    assert reasons[f"{path}:2"].startswith("unreadable image")
-    assert "neither 'video' nor 'image'" in reasons[f"{path}:3"]
-    assert "media/gone.png not found" in reasons[f"{path}:4"]
-    assert reasons[f"{path}:5"].startswith("end_seconds 30 is beyond the clip's duration")
 
 
 def test_vllm_engine_requests_carry_each_rows_image_and_clip_and_refuse_a_row_without_media(qa_dir, tmp_path):

@@ -2,7 +2,6 @@
 
 import pytest
 
-from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 
 
@@ -47,60 +46,6 @@ def test_windows_group_accumulation_windows_and_drop_the_partial_one():
     odd = ResumableBatchSampler(ResumableSampler(10, seed=0), batch_size=2, window=2)  # 5 micro-batches
     assert len(odd) == 2 and list(odd) == [order_ for order_ in [ResumableSampler(10, seed=0).order()[i:i + 4]
                                                                  for i in (0, 4)]]
-
-
-def test_window_loader_repeats_whole_windows_and_resumes_inside_them():
-    from grasp_lightning.data.windows import WindowLoader
-
-    class B:  # a stand-in micro-batch
-        def __init__(self, name):
-            self.name, self.window = name, None
-
-    loader = [[B("a0"), B("a1")], [B("b0"), B("b1")]]
-    seen = [(b.name, b.window.position, b.window.iteration, b.window.index) for b in WindowLoader(loader, 2, 2)]
-    # w0 w1 w0 w1: the second use of a window comes after the optimizer step of its first use
-    assert seen == [("a0", 0, 0, 0), ("a1", 1, 0, 0), ("a0", 0, 1, 0), ("a1", 1, 1, 0),
-                    ("b0", 0, 0, 1), ("b1", 1, 0, 1), ("b0", 0, 1, 1), ("b1", 1, 1, 1)]
-    assert len(WindowLoader(loader, 2, 2)) == 8
-    # resumed after 6 micro-batches: the batch sampler skipped window 0 (loader starts at b), and the
-    # loader skips b's first iteration; the next epoch starts from its first window again
-    resumed = WindowLoader(loader[1:], 2, 2, skip=2, first_window=1)
-    assert [(b.name, b.window.iteration, b.window.index) for b in resumed] == [("b0", 1, 1), ("b1", 1, 1)]
-    assert len(list(resumed)) == 4
-
-
-class _Micro:
-    """A stand-in micro-batch (``WindowLoader`` sets ``window`` on it)."""
-
-    def __init__(self, name):
-        self.name, self.window = name, None
-
-
-def _as_window(items: list[int]) -> list[_Micro]:
-    return [_Micro(i) for i in items]
-
-
-def test_lightning_shuts_down_the_workers_of_a_window_loader_stopped_inside_a_window():
-    """``fit`` that stops at ``max_steps`` leaves the window generator suspended; Lightning's loop teardown
-    (``CombinedLoader.reset``) must still shut the persistent workers down. They ignore SIGTERM, so before
-    this the interpreter's exit (terminate, then join) waited on them forever (a refill run never exited)."""
-    from lightning.pytorch.utilities.combined_loader import CombinedLoader
-    from torch.utils.data import DataLoader
-
-    from grasp_lightning.data.windows import WindowLoader
-    from grasp_lightning.datamodule import ignore_stop_signals
-
-    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True, collate_fn=_as_window,
-                        worker_init_fn=ignore_stop_signals)
-    combined = CombinedLoader(WindowLoader(loader, 2, 1), "max_size_cycle")
-    it = iter(combined)
-    first, _, _ = next(it)
-    assert first.name == 0 and first.window.position == 0  # stopped inside the first window
-    workers = list(loader._iterator._workers)
-    assert len(workers) == 1 and workers[0].is_alive()
-    combined.reset()
-    workers[0].join(timeout=20)
-    assert not workers[0].is_alive() and loader._iterator is None
 
 
 def test_bad_arguments_raise():
@@ -153,47 +98,3 @@ def test_curriculum_resumes_exactly_after_consumed_batches():
     assert list(resumed) == full[2:]
 
 
-def _curriculum_dm(root):
-    from grasp_lightning.datamodule import GraspDataModule
-    from tests.helpers import TINY
-
-    dm = GraspDataModule(source=SourceConfig(root=str(root), train_file="train/data_sft.jsonl", bench=None),
-                         prompt=PromptConfig(processor=str(TINY)),
-                         loader=LoaderConfig(curriculum=True, num_workers=0, batch_size=2))
-    dm.setup("fit")
-    return dm
-
-
-def test_datamodule_curriculum_orders_the_sample_rows_and_resumes_exactly():
-    from grasp_lightning.data.records import DIFFICULTIES
-    from tests.helpers import SAMPLE
-
-    dm = _curriculum_dm(SAMPLE)
-    batches = list(dm.train_dataloader().batch_sampler)
-    rank = [DIFFICULTIES.index(dm.train_items[i].difficulty) for i in sum(batches, [])]
-    assert rank == sorted(rank) and len(set(rank)) == 3 and len(rank) == 24  # easy -> medium -> hard, every row
-    dm._consumed = 5  # five micro-batches consumed in epoch 0: the checkpoint records them with the setting
-    state = dm.state_dict()
-    assert state["curriculum"] is True
-    resumed = _curriculum_dm(SAMPLE)
-    resumed.load_state_dict(state)
-    assert list(resumed.train_dataloader().batch_sampler) == batches[5:]
-    from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.errors import GraspConfigError
-
-    with pytest.raises(GraspConfigError, match="resume with data.loader.curriculum=true"):  # the other order: refused
-        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(curriculum=False)).load_state_dict(state)
-
-
-def test_datamodule_curriculum_names_the_file_when_rows_carry_no_difficulty(tmp_path):
-    from grasp_lightning.errors import GraspDataError
-    from tests.helpers import SAMPLE, sft_row, write_jsonl
-
-    write_jsonl(tmp_path / "train" / "data_sft.jsonl", [sft_row(), sft_row()])  # no meta spec
-    (tmp_path / "train" / "videos").symlink_to(SAMPLE / "train" / "videos")
-    dm = _curriculum_dm(tmp_path)
-    with pytest.raises(GraspDataError) as err:
-        dm.train_dataloader()
-    assert err.value.where == f"{tmp_path / 'train' / 'data_sft.jsonl'}:1"
-    assert "2 of 2 rows of train/data_sft.jsonl carry no difficulty" in err.value.reason
-    assert "data.loader.curriculum=false" in str(err.value)

@@ -115,16 +115,23 @@ def test_sampler_gap_metrics_and_the_capped_weights():
 
 
 def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
-    from grasp_lightning.engines import engine_of, make_engine
+    from grasp_lightning.data.collate import Batch
+    from grasp_lightning.engines import make_engine
     from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.engines.hf import HFEngine
     from grasp_lightning.engines.vllm_config import VLLMConfig
     from grasp_lightning.errors import GraspConfigError
+    from grasp_lightning.grpo.config import ComputeConfig
     from grasp_lightning.tasks.grpo import GRPOTask
 
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
     assert isinstance(make_engine(RolloutConfig()), HFEngine)
-    assert isinstance(engine_of(types.SimpleNamespace()), HFEngine)
+    # a context without an engine cannot sample: no silent fallback to an HF engine
+    bare = types.SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout_cfg=RolloutConfig())
+    prompt = Batch(inputs={"input_ids": torch.ones(1, 2, dtype=torch.long)}, items=[], indices=[0],
+                   valid=torch.ones(1, dtype=torch.bool), prompt_lengths=torch.tensor([2]), padding_side="left")
+    with pytest.raises(AttributeError, match="rollout_engine"):
+        GRPOTask(compute=ComputeConfig(share_prompt=False, encode_vision_once=False)).rollout(bare, prompt)
     with pytest.raises(GraspConfigError, match=r"model.rollout.engine=vllm needs model.rollout.vllm.python \(or "
                                                r"GRASP_VLLM_PYTHON\)"):
         make_engine(RolloutConfig(engine="vllm"), model_path="m")
@@ -234,32 +241,6 @@ def test_embeddings_reach_the_server_mapped_from_one_file_without_copies(tmp_pat
     path.unlink()  # the trainer removes the file after the answer; the server's mapping stays valid
     assert torch.equal(got[2], clips[2])
     folder.close()
-
-
-def test_fit_with_a_too_small_weight_sync_dir_stops_before_the_first_step(tmp_path, monkeypatch, in_repo):
-    """``fit`` of GRPO-SGR with ``engine: vllm`` (no vLLM environment needed: the check comes first) stops at
-    the first rollout, before the server starts and before any optimizer step, naming the setting."""
-    import shutil
-
-    from grasp_lightning.engines.vllm import VLLMEngine
-    from grasp_lightning.errors import GraspConfigError
-    from tests.helpers import run_cli
-
-    python = tmp_path / "python"
-    python.write_text("")
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
-    started = []
-    monkeypatch.setattr(VLLMEngine, "_connect", lambda self, *a: started.append(a))
-    args = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
-            "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--data.source.train_limit=4",
-            "--trainer.max_steps=1", "--model.rollout.engine=vllm", f"--model.rollout.vllm.python={python}",
-            f"--model.rollout.vllm.weight_sync_dir={tmp_path / 'shm'}"]
-    with pytest.raises(GraspConfigError, match=rf"{tmp_path / 'shm'} has 4096 bytes \(0.00 MiB\) free, but the policy's "
-                                               r"language-model weights need \d+ bytes .*Set "
-                                               r"model.rollout.vllm.weight_sync_dir to a directory with room"):
-        run_cli(args, tmp_path / "run")
-    assert started == [] and not list((tmp_path / "run").rglob("*.ckpt"))
 
 
 def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predictions(monkeypatch, tmp_path):

@@ -2,12 +2,11 @@
 
 Expected values come from the released code's definitions (``Social-Reaoning/grasp`` at 805d115:
 ``eval/eval_social_qa.py``, ``eval/metric_report.py``, ``socialmllm/utils/input_processing.py``),
-written out here by hand, never computed by the module under test.
+written out by hand here and in ``tests/helpers/released.py``, never computed by the module under test.
 """
 
 from __future__ import annotations
 
-import io
 import re
 
 import numpy as np
@@ -25,34 +24,31 @@ from grasp_lightning.evaluation.protocol import (
     resolve_resolution,
     split_reasoning,
 )
-from tests.helpers import SAMPLE, PromptRecorder, run_cli
-
-# eval_social_qa.py, generate() and compose_prompt(reasoning=True), verbatim.
-SYSTEM = ("Answer multiple-choice questions with only the option letter (A, B, C, or D) inside <answer> tags. "
-          "Example: <answer>A</answer>")
-INSTRUCTION = ("Think step by step about the gaze and gesture interactions you observe. Use <gaze> and <gesture> "
-               "tags to describe what you see, then select the best answer wrapped in <answer> tags, e.g. "
-               "<answer>A</answer>.")
-QUESTION = "Who or what is Person 0 looking at?"  # the first item of the sample bench
-OPTIONS = ("A) Person 2", "B) An object", "C) Person 1", "D) No one")
-BENCH = SAMPLE / "test" / "grasp_bench.tar"
+from tests.helpers import (
+    BENCH_OPTIONS,
+    BENCH_QUESTION,
+    RELEASED_INSTRUCTION,
+    RELEASED_SYSTEM,
+    first_bench_item,
+    released_reference,
+)
 
 
-def _item(category="T1", answer="A", options=OPTIONS, difficulty="easy", uid="x") -> GraspItem:
+def _item(category="T1", answer="A", options=BENCH_OPTIONS, difficulty="easy", uid="x") -> GraspItem:
     return GraspItem(uid=uid, origin=f"test:{uid}", clip=ClipRef(path="video/x.mp4"),
-                     question="\n".join([QUESTION, *options]), options=tuple(options), answer=answer,
+                     question="\n".join([BENCH_QUESTION, *options]), options=tuple(options), answer=answer,
                      category=category, difficulty=difficulty, format="mcq" if options else "open_ended",
-                     question_text=QUESTION)
+                     question_text=BENCH_QUESTION)
 
 
 def test_user_text_and_system_prompt_are_the_released_ones():
-    expected = QUESTION + "\nA) Person 2\nB) An object\nC) Person 1\nD) No one\n" + INSTRUCTION
-    assert compose_prompt(QUESTION, OPTIONS, reasoning=True) == expected
-    assert compose_prompt(QUESTION, OPTIONS, reasoning=False) == (
-        QUESTION + "\nA) Person 2\nB) An object\nC) Person 1\nD) No one\nAnswer with just the letter.")
+    expected = BENCH_QUESTION + "\nA) Person 2\nB) An object\nC) Person 1\nD) No one\n" + RELEASED_INSTRUCTION
+    assert compose_prompt(BENCH_QUESTION, BENCH_OPTIONS, reasoning=True) == expected
+    assert compose_prompt(BENCH_QUESTION, BENCH_OPTIONS, reasoning=False) == (
+        BENCH_QUESTION + "\nA) Person 2\nB) An object\nC) Person 1\nD) No one\nAnswer with just the letter.")
     assert compose_prompt("Describe the gaze.", (), reasoning=True) == "Describe the gaze."  # open-ended: as is
     assert released_messages(_item()) == [
-        {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+        {"role": "system", "content": [{"type": "text", "text": RELEASED_SYSTEM}]},
         {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": expected}]},
     ]
     assert [m["role"] for m in released_messages(_item(), reasoning=False)] == ["user"]  # no system turn
@@ -171,76 +167,18 @@ def test_spatial_patch_must_split_into_whole_tokens(processor):
         make_protocol("released", frame_spatial_patch=24).bench_encoder(processor)
 
 
-def _first_bench_item():
-    from grasp_lightning.data.formats import bench_store, read_bench
-
-    item = read_bench(BENCH).items[0]
-    return item, bench_store(BENCH).open(item.clip.path)
-
-
-def _released_reference(processor, clip: bytes, height: int, width: int, max_frames: int = 240, reasoning=True):
-    """The released generate() inputs, re-done by hand: linspace frames, area resize to the
-    resolve_resolution size, MOCK_FPS metadata, the chat template on its messages, then "<think>\\n"."""
-    import decord
-    from PIL import Image
-
-    vr = decord.VideoReader(io.BytesIO(clip), num_threads=1)
-    n = min(max_frames, len(vr))
-    frames = vr.get_batch(np.linspace(0, len(vr) - 1, n, dtype=int).tolist()).asnumpy()
-    frames = np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BOX)) for f in frames])
-    messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
-                {"role": "user", "content": [{"type": "video", "video": frames},
-                                             {"type": "text", "text": compose_prompt(QUESTION, OPTIONS, reasoning)}]}]
-    metadata = {"fps": 100, "frames_indices": [i * 50 for i in range(n)], "total_num_frames": n}
-    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt",
-                                           return_dict=True, videos_kwargs={"do_sample_frames": False,
-                                                                            "do_resize": False,
-                                                                            "video_metadata": [metadata]})
-    think = processor.tokenizer.encode("<think>\n", add_special_tokens=False)
-    return torch.cat([inputs["input_ids"][0], torch.tensor(think)]), inputs["pixel_values_videos"], n
-
-
 def test_encoder_gives_the_released_inputs(processor):
-    item, clip = _first_bench_item()
-    assert item.question_text == QUESTION and item.options == OPTIONS
+    item, clip = first_bench_item()
+    assert item.question_text == BENCH_QUESTION and item.options == BENCH_OPTIONS
     enc = make_protocol("released").bench_encoder(processor)(processor, item, clip)
-    ids, pixels, n = _released_reference(processor, clip, 64, 128)  # 72x128 -> 4 x 8 tokens of 16 px
+    ids, pixels, n = released_reference(processor, clip, 64, 128)  # 72x128 -> 4 x 8 tokens of 16 px
     assert n == 40  # every frame of the 4 s, 10 fps clip (not 2 fps)
     assert torch.equal(enc.input_ids, ids) and torch.equal(enc.pixel_values_videos, pixels)
     assert enc.video_grid_thw.tolist() == [[20, 8, 16]]  # 40 frames / 2, 64/8 x 128/8 patches
     text = processor.tokenizer.decode(enc.input_ids)
     stamps = [float(t) for t in re.findall(r"<([\d.]+) seconds>", text)]
     assert stamps[:3] == [0.2, 1.2, 2.2] and stamps[-1] == 19.2  # frame i labelled i / 2 s: a 4 s clip "lasts 20 s"
-    assert text.endswith(f"{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert text.endswith(f"{RELEASED_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n<think>\n")
     real = make_protocol("released", timestamps="real").bench_encoder(processor)(processor, item, clip)
     stamps = [float(t) for t in re.findall(r"<([\d.]+) seconds>", processor.tokenizer.decode(real.input_ids))]
     assert stamps[0] == 0.1 and stamps[-1] == 3.8  # frames 2k, 2k+1 at 10 fps: 0.2 k + 0.05 s (3.85 prints 3.8)
-
-
-def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp_path, processor, caplog):
-    """``validate --config configs/sgr.yaml --config configs/demo.yaml --config configs/eval_released.yaml``
-    (two items and 8 new tokens to keep it fast): its prompts are the released ones, with demo.yaml's
-    8 frames (the released script with ``--max_frames 8``)."""
-    import json
-    import logging
-
-    with caplog.at_level(logging.INFO, logger="grasp_lightning.module"):
-        cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                       "configs/eval_released.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
-                       "--data.source.val_limit=2", "--model.evaluation.max_new_tokens=8",
-                       "--trainer.callbacks+=tests.helpers.PromptRecorder"], tmp_path)
-    module = cli.model
-    assert module.eval_cfg.protocol == "released" and module.eval_cfg.released.max_frames == 8
-    recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PromptRecorder))
-    item, clip = _first_bench_item()
-    assert recorder.uids == [item.uid, "158_1_004_qa0001"]
-    ids, _, n = _released_reference(processor, clip, 64, 128, max_frames=8)
-    assert n == 8 and torch.equal(recorder.prompts[0], ids)
-    results = json.load(open(f"{cli.trainer.log_dir}/bench/latest/results.json"))
-    assert results["metrics"]["n/overall"] == 2 and results["meta"]["decoding"]["protocol"] == "released"
-    assert results["meta"]["decoding"]["max_new_tokens"] == 8
-    report = open(f"{cli.trainer.log_dir}/bench/latest/report_released.txt").read()
-    bench = module.suites.by_name("grasp_bench")  # scored by the protocol the DataModule handed over
-    assert bench.protocol is module.eval_protocol
-    assert report.strip() == bench.summary(module.suites.results["grasp_bench"]).strip() and "===== Overall: " in report
-    assert "===== Overall: " in caplog.text and "max_new_tokens=8 (released: 2048)" in caplog.text

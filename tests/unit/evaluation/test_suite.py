@@ -1,6 +1,6 @@
 """Evaluation suites beyond GRASP-Bench: hand-scored golden scorers, readers on the fixtures, audio,
-GRASP-Bench as a suite, and one ``validate`` that reports GRASP-Bench, MMSI, Online-MMSI, TVQA+ and
-HumanSense together."""
+GRASP-Bench as a suite. The ``validate`` that reports GRASP-Bench, MMSI, Online-MMSI, TVQA+ and HumanSense
+together is in tests/cli/test_eval_suites.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from grasp_lightning.evaluation.humansense import multi_score, pattern_of
 from grasp_lightning.evaluation.suite_report import read_sections
 from grasp_lightning.evaluation.tvqa import parse_ts
 from grasp_lightning.synthetic import suite_fixtures as fixtures
-from tests.helpers import REPO, SAMPLE, run_cli, scalars
+from tests.helpers import REPO, SAMPLE
 
 ASSETS = REPO / "grasp_lightning" / "assets" / "eval_suites"
 NO_AUDIO = "they need audio and the model's processor takes no audio input"
@@ -336,32 +336,3 @@ def test_read_sections_reads_the_suites_key_and_no_other(tmp_path):
     sections = read_sections(new)
     assert sections["mmsi"]["title"] == "MMSI" and math.isnan(sections["mmsi"]["metrics"]["acc/overall"])
     assert list(read_sections(other)) == ["grasp_bench"] and list(sections) == ["mmsi"]
-
-
-# ------------------------------------------------------------------------------------ validate, all at once
-def test_validate_reports_grasp_bench_and_four_other_suites(in_repo, tmp_path, capsys):
-    cli = run_cli(["validate", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--config",
-                   "configs/eval_suites.yaml", "--data.loader.num_workers=0", "--trainer.enable_progress_bar=false",
-                   "--data.source.val_limit=4", "--trainer.limit_val_batches=1", "--model.evaluation.max_new_tokens=4"],
-                  tmp_path)
-    out = capsys.readouterr().out
-    assert re.search(r"^\| T1 \| Gaze target identification \|", out, re.M)  # GRASP-Bench, Table 1 layout
-    for title in ("### MMSI", "### Online-MMSI", "### TVQA+", "### HumanSense"):
-        assert title in out, title
-    assert "Not evaluated: 2 items (they need audio" in out
-    latest = Path(cli.trainer.log_dir) / "bench" / "latest"
-    sections = read_sections(latest / "results.json")
-    assert list(sections) == ["grasp_bench", "mmsi", "online_mmsi", "tvqa_plus", "humansense"]
-    raw = json.loads((latest / "results.json").read_text())
-    assert list(raw["suites"]) == ["mmsi", "online_mmsi", "tvqa_plus", "humansense"] and "benchmarks" not in raw
-    assert sections["grasp_bench"]["metrics"]["n/overall"] == 4
-    sizes = {name: (s["metrics"]["n/overall"], len(s["items"])) for name, s in sections.items() if name != "grasp_bench"}
-    assert sizes == {"mmsi": (6, 6), "online_mmsi": (6, 6), "tvqa_plus": (5, 5), "humansense": (7, 7)}
-    assert sections["humansense"]["metrics"]["not_evaluated/overall"] == 2
-    assert {r["pattern"] for r in sections["humansense"]["items"]} == {"mcq", "mcq_multi", "number", "yes_no"}
-    for name in ("mmsi", "online_mmsi", "tvqa_plus", "humansense"):
-        assert (latest / f"table_{name}.md").read_text().startswith("### ")
-    assert (latest / "table.md").is_file()
-    logged = scalars(cli.trainer.log_dir)
-    assert {"val/acc/overall", "val/mmsi/acc/overall", "val/online_mmsi/acc/mean", "val/tvqa_plus/acc/overall",
-            "val/humansense/acc/overall"} <= set(logged)

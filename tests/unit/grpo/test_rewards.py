@@ -421,7 +421,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
     monkeypatch.setattr(engines_hf, "sample_completions", sample)
     ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
                           rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
-                          reference=contextlib.nullcontext)
+                          reference=contextlib.nullcontext, rollout_engine=engines_hf.HFEngine(), policy_version=0)
     task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy", PLUGIN], weights=[1.0, 0.5]),
                               loss=grpo_task.LossConfig(beta=0.0), compute=grpo_task.ComputeConfig(share_prompt=False),
                               advantage=grpo_task.AdvantageConfig(kind="none"))

@@ -21,10 +21,9 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.data.datamodule_config import LoaderConfig, PromptConfig, SourceConfig, VideoConfig
 from grasp_lightning.data.sampler import ResumableBatchSampler, ResumableSampler
 from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_position
-from grasp_lightning.engines.decoding import Completions
+from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo.rollouts import even_split
-from grasp_lightning.module import RolloutConfig
 from grasp_lightning.task import CrossRank
 from tests.helpers import SAMPLE, TINY
 
@@ -100,7 +99,7 @@ def make_module(policy, reference, processor):
 
     return SimpleNamespace(policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
                            rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
-                           reference=ref)
+                           reference=ref, rollout_engine=engines_hf.HFEngine(), policy_version=0)
 
 
 def make_task(**kwargs) -> grpo_task.GRPOTask:
@@ -201,6 +200,7 @@ def test_resume_inside_a_rollout_batch_continues_with_the_same_samples(world, mo
     sampled = task.prepare(module, micro[0])  # the rollout batch's figures, once
     first = task.training_step(module, micro[0])
     state = _roundtrip(task.state_dict())
+    task.prepare(module, micro[1])  # the window's second micro-batch: its cached rollouts
     ref_out = task.training_step(module, micro[1])
     n_calls = len(calls)
     assert sampled["dynamic_sampling/groups_tried"] == (4.0 if mode == "refill" else 2.0)
@@ -276,116 +276,6 @@ def test_refill_draws_never_lose_or_repeat_a_sample(stop_after):
     assert sorted(seen) == list(range(24))
 
 
-# ----------------------------------------------------------------------------------- CLI stop / resume
-# sgr.yaml + demo.yaml on the tiny model: 12 RL rows, 2 prompts per micro-batch, accumulate 2 x
-# num_iterations 2 (micro-batches w0 w1 w0 w1, then the next window), K = 3 real sampled completions.
-CLI = ["fit", "--config", "configs/sgr.yaml", "--config", "configs/demo.yaml", "--data.loader.num_workers=0",
-       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
-       "--trainer.accumulate_grad_batches=2", "--model.task.init_args.loss.num_iterations=2",
-       f"--model.rollout.num_generations={K}", "--model.rollout.max_new_tokens=6", "--data.source.train_limit=12",
-       "--model.task.init_args.loss.type=dapo", "--model.optim.warmup_steps=0"]  # lr > 0 from step 0 (cosine)
-
-
-def cli_rewards(texts, items, names, **kwargs):
-    """Deterministic rewards: groups of rows 1, 4, 7, 10 of the file are degenerate (all 1), the others
-    alternate by completion (so advantages, hence the updates, are non-zero)."""
-    bad = {f"data_rl:{n}" for n in (1, 4, 7, 10)}
-    return torch.tensor([[1.0 if items[i].uid in bad else float(i % K % 2)] * len(names) for i in range(len(texts))])
-
-
-def _record_cli(monkeypatch) -> tuple[list[dict], list[int]]:
-    """Record every GRPO micro-batch (step, the loader's and the trained dataset indices, completions, loss)
-    and the prompts of every generate call."""
-    rows: list[dict] = []
-    calls: list[int] = []
-    real_sample, step = engines_hf.sample_completions, grpo_task.GRPOTask.training_step
-
-    def counting(policy, tokenizer, prompt, **kwargs):
-        calls.append(int(prompt["input_ids"].shape[0]))
-        return real_sample(policy, tokenizer, prompt, **kwargs)
-
-    def recording(self, module, batch):
-        out = step(self, module, batch)
-        w = batch.window
-        rows.append({"step": module.trainer.global_step, "batch": list(batch.indices),
-                     "trained": list(self._window_rollouts[w.position].indices), "window": w.index,
-                     "iteration": w.iteration, "texts": list(out.rollout.completions),
-                     "loss": float(out.loss.detach()), "ratio": float(out.metrics["ratio/mean"]),
-                     "tries": self._window_stats["resample_tries"], "calls": len(calls)})
-        return out
-
-    monkeypatch.setattr(engines_hf, "sample_completions", counting)
-    monkeypatch.setattr(grpo_task, "compute_rewards", cli_rewards)
-    monkeypatch.setattr(grpo_task.GRPOTask, "training_step", recording)
-    return rows, calls
-
-
-@pytest.mark.parametrize("mode", ["drop", "refill"])
-def test_cli_stopped_between_the_two_uses_of_a_rollout_batch_resumes_exactly(in_repo, tmp_path, monkeypatch, mode):
-    """An uninterrupted run saves a checkpoint after every optimizer step; a second CLI run resumes from the
-    one after step 1 — inside window 0's reuse, between its two uses — and must train the same samples
-    (loader and trained dataset indices per micro-batch), with the same completions and losses (float32),
-    sampling nothing for the reused window."""
-    from tests.helpers import run_cli
-
-    rows, calls = _record_cli(monkeypatch)
-    ckpts = tmp_path / "ckpts"
-    every_step = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-                  f"--trainer.callbacks.init_args.dirpath={ckpts}", "--trainer.callbacks.init_args.every_n_train_steps=1",
-                  "--trainer.callbacks.init_args.save_top_k=-1", "--trainer.callbacks.init_args.filename={step}"]
-    args = [*CLI, f"--model.task.init_args.batching.dynamic_sampling={mode}"]
-    run_cli([*args, *every_step], tmp_path / "full")
-    full, full_calls = list(rows), list(calls)
-    assert [r["step"] for r in full[:4]] == [0, 0, 1, 1] and [r["iteration"] for r in full[:4]] == [0, 0, 1, 1]
-    assert full[0]["batch"] == full[2]["batch"] and full[0]["texts"] == full[2]["texts"]  # reused after step 0
-    assert abs(full[2]["ratio"] - 1.0) > 1e-4  # the second use is off-policy
-    trained = [i for r in full if r["iteration"] == 0 for i in r["trained"]]
-    assert len(trained) == len(set(trained))  # no prompt trained twice in the epoch
-    if mode == "refill":
-        assert full[0]["tries"] >= 1  # window 0 drew further prompts: the resume must exclude and re-decode them
-        assert [r["trained"] for r in full[:2]] != [r["batch"] for r in full[:2]]
-    for stop in (1, 2, 3):  # 1 and 3: between the two uses of window 0 / of the next window; 2: a window boundary
-        ckpt = ckpts / f"step={stop}.ckpt"
-        assert ckpt.exists(), sorted(p.name for p in ckpts.iterdir())
-        rows.clear(), calls.clear()
-        run_cli([*args, f"--ckpt_path={ckpt}"], tmp_path / f"resumed{stop}")
-        resumed, done = list(rows), 2 * stop
-        assert len(resumed) == len(full) - done
-        for got, want in zip(resumed, full[done:]):
-            assert {k: got[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")} == \
-                   {k: want[k] for k in ("step", "batch", "trained", "window", "iteration", "texts")}
-            assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), (stop, got["step"], got["loss"])
-        # a window already sampled before the checkpoint is not sampled again
-        sampled_before = len(full_calls) - len(calls)
-        assert sampled_before == full[done - 1]["calls"] >= 1 and calls == full_calls[sampled_before:]
-
-
-def test_refill_refuses_validation_placed_as_a_share_of_the_epoch(in_repo, tmp_path):
-    """Refill ends epochs early, so ``val_check_interval: null`` (configs/demo.yaml: once per epoch, at the
-    announced length) would never validate: refused at setup, naming the key and the fix."""
-    from tests.helpers import run_cli
-
-    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
-    with pytest.raises(GraspConfigError, match=r"val_check_interval=1.0 .*would never run.*in micro-batches"):
-        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill"], tmp_path / "epoch")
-    with pytest.raises(GraspConfigError, match=r"val_check_interval=0.5"):
-        run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--trainer.val_check_interval=0.5"],
-                tmp_path / "half")
-
-
-def test_refill_runs_with_validation_off_by_bench_null(in_repo, tmp_path):
-    """The fix the refusal names: ``--data.source.bench null`` (no GRASP-Bench, no other suite) leaves nothing to
-    validate, so ``refill`` with the per-epoch ``val_check_interval`` of configs/demo.yaml runs (it read a
-    ``bench`` key the grouped data options no longer have, and refused)."""
-    from tests.helpers import run_cli
-
-    per_epoch = [a for a in CLI if a != "--trainer.limit_val_batches=0"]
-    cli = run_cli([*per_epoch, "--model.task.init_args.batching.dynamic_sampling=refill", "--data.source.bench=null",
-                   "--trainer.max_steps=1"], tmp_path)
-    assert cli.trainer.global_step == 1 and cli.trainer.val_check_interval == 1.0
-    assert cli.datamodule.val_suites == []
-
-
 # ----------------------------------------------------------------------------------- refill on two ranks
 class _IndexTask(grpo_task.GRPOTask):
     """GRPOTask whose rollouts are scripted by dataset index: K = 2 completions, rewards [1, 1] (a
@@ -408,7 +298,7 @@ class _IndexTask(grpo_task.GRPOTask):
         return grpo_task.Rollout(prompt={k: v for k, v in batch.inputs.items()}, shared=False, completions=comp,
                                  terms=terms, rewards=rewards, advantages=adv, old_logp=None, ref_logp=None,
                                  zero_variance=grpo_task.objective.zero_variance_groups(rewards, 2),
-                                 indices=list(batch.indices), rollout_seconds=0.0, loss_mask=mask.clone(),
+                                 indices=list(batch.indices), loss_mask=mask.clone(),
                                  items=list(batch.items))
 
 
@@ -456,7 +346,7 @@ def _refill_rank(rank: int) -> None:
         w = batch.window
         calls = cross.calls
         sampled = task.prepare(module, batch)
-        ro = task._window_rollouts[w.position]
+        ro = task.cache.rollouts[w.position]
         steps.append((w.index, w.position, w.iteration, w.draws, cross.calls - calls))
         if sampled:
             unused += int(sampled["dynamic_sampling/groups_unused"])
@@ -544,7 +434,7 @@ def test_refill_trims_to_the_window_and_splits_evenly():
     task = _IndexTask({0})
     window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
     sampled = task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[1], [2]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[1], [2]]
     assert {k.split("/")[1]: v for k, v in sampled.items() if k.startswith("dynamic_sampling/")} == {
         "groups_tried": 4.0, "groups_kept": 2.0, "groups_dropped": 1.0, "groups_unused": 1.0, "resample_tries": 1.0,
         "reward_mean_tried": pytest.approx((2 + 1 + 1 + 1) / 8)}
@@ -553,19 +443,19 @@ def test_refill_trims_to_the_window_and_splits_evenly():
     window = _refill_window([_index_batch([0, 1]), _index_batch([2, 3])],
                             [[_index_batch([4, 5]), _index_batch([6, 7])]])
     sampled = task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[1, 4], [5, 6]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[1, 4], [5, 6]]
     assert sampled["dynamic_sampling/groups_unused"] == 1.0 and sampled["dynamic_sampling/groups_kept"] == 4.0
     # a budget of no draws: the degenerate group is trained (masked by the task's rollout) after the useful one
     task = _IndexTask({0}, max_resample=0)
     window = _refill_window([_index_batch([0]), _index_batch([1])], [[_index_batch([2]), _index_batch([3])]])
     task.prepare(_index_context(), window[0])
-    useful, filler = task._window_rollouts
+    useful, filler = task.cache.rollouts
     assert (useful.indices, filler.indices) == ([1], [0]) and bool(filler.zero_variance.all())
     # a micro-batch with an item skipped: 3 prompts into 2 micro-batches, [2, 1]
     task = _IndexTask(set())
     window = _refill_window([_index_batch([0, 1]), _index_batch([2], skipped=1)], [])
     task.prepare(_index_context(), window[0])
-    assert [ro.indices for ro in task._window_rollouts] == [[0, 1], [2]]
+    assert [ro.indices for ro in task.cache.rollouts] == [[0, 1], [2]]
 
 
 def test_even_split_of_nothing_and_its_errors():
@@ -595,9 +485,9 @@ def _empty_window_rank(rank: int) -> None:
     results = [module.training_step(b, i) for i, b in enumerate(window)]
     assert window[0].window.draws == 1
     if rank == 0:
-        assert results == [None, None] and task._window_rollouts == [None, None]
+        assert results == [None, None] and task.cache.rollouts == [None, None]
     else:
-        assert [ro.indices for ro in task._window_rollouts] == [[11], [12]]
+        assert [ro.indices for ro in task.cache.rollouts] == [[11], [12]]
     step = module.last_step_metrics  # the window over both ranks, reduced once
     assert step["data/skipped"] == 2.0
     assert step["train/dynamic_sampling/groups_tried"] == 6.0 and step["train/dynamic_sampling/groups_kept"] == 2.0
@@ -742,7 +632,7 @@ def test_take_completion_keeps_one_row_per_group_with_the_group_advantage() -> N
     adv = torch.tensor([0.5, -0.5, 1.5, -1.5, 0.0, 0.0, 2.0, -2.0])
     ro = Rollout(prompt={}, shared=True, completions=comp, terms=adv[:, None], rewards=adv, advantages=adv,
                  old_logp=None, ref_logp=torch.zeros(8, 3), zero_variance=torch.tensor([False, False]),
-                 indices=[7, 9], rollout_seconds=0.0)
+                 indices=[7, 9])
     one = take_completion(ro, 2, k)  # completion 2 of each group: rows 2 and 6
     assert one.completions.texts == ["t2", "t6"] and one.advantages.tolist() == [1.5, 2.0]
     assert one.completions.ids.tolist() == [ids[2].tolist(), ids[6].tolist()] and one.ref_logp.shape == (2, 3)

@@ -111,7 +111,8 @@ def test_trained_tower_and_other_reference_tower_keep_todays_path(prompts, famil
 def _task_step(family: str, batch, once: bool, num_iterations: int = 1, checkpointing: bool = False,  # noqa: F811
                share: bool = True):
     """One GRPO step (sampling, reference and policy scoring); completions, loss, grads, grids encoded, task."""
-    from grasp_lightning.module import GraspModule, RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
+    from grasp_lightning.module import GraspModule
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.tasks.grpo import ComputeConfig, GRPOTask, LossConfig
 
@@ -123,6 +124,7 @@ def _task_step(family: str, batch, once: bool, num_iterations: int = 1, checkpoi
     module.configure_model()
     torch.manual_seed(0)
     with VisionForwardCounter(module.policy) as policy_grids, VisionForwardCounter(module.reference_model) as ref_grids:
+        module.task.prepare(module, batch)
         out = module.task.training_step(module, batch)
         out.loss.backward()
     grads = {n: p.grad for n, p in module.policy.named_parameters() if p.grad is not None}
@@ -145,7 +147,7 @@ def test_grpo_step_encodes_each_clip_once_with_the_same_loss(family, num_iterati
     for name, grad in before[1].items():
         assert_grad_close(after[1][name], grad, name, family)
     task = after[3]
-    ro = task._window_rollouts[0]
+    ro = task.cache.rollouts[0]
     assert ro.vision is not None and len(ro.vision.entries) == prompts_in_batch
     one = take_groups(ro, [1], K)
     assert one.vision is ro.vision  # the window's positions share one store

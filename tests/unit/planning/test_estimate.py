@@ -495,7 +495,7 @@ def test_run_spec_defaults_are_the_codes(tmp_path) -> None:
     import lightning as L
 
     from grasp_lightning.datamodule import GraspDataModule
-    from grasp_lightning.module import RolloutConfig
+    from grasp_lightning.engines.decoding import RolloutConfig
     from grasp_lightning.policy import PolicyConfig
     from grasp_lightning.tasks.grpo import GRPOTask
 

@@ -685,7 +685,7 @@ def _check_split(loss: LossConfig, dynamic_sampling: str, overlap: int) -> None:
 
 
 def _check_groups(**groups: tuple[object, type]) -> None:
-    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python, ``GRPOTask(advantage="group")``
+    """Each of ``GRPOTask``'s setting groups is its dataclass (from Python, ``GRPOTask(advantage="group")``
     is refused here, naming the group's keys).
 
     Raises:
@@ -694,7 +694,7 @@ def _check_groups(**groups: tuple[object, type]) -> None:
     for name, (value, cls) in groups.items():
         if not isinstance(value, cls):
             keys = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise GraspConfigError(f"{KEY}{name} is a group of settings ({keys}), got {value!r}; set its keys, "
+            raise GraspConfigError(f"{KEY}{name} is a setting group ({keys}), got {value!r}; set its keys, "
                                    f"e.g. {KEY}{name}.{dataclasses.fields(cls)[0].name}")
 
 

@@ -422,7 +422,7 @@ def test_a_grouped_key_parses_and_a_group_given_a_flat_value_is_refused(fit_pars
                                  "--model.task.init_args.reward.terms=[accuracy]", "--data.video.fps=1.5"])
     assert (cfg.model.task.init_args.loss.beta, cfg.model.task.init_args.reward.terms) == (0.0, ["accuracy"])
     assert cfg.data.video.fps == 1.5 and cfg.data.loader.batch_size == 1  # the rest of the group: the recipe's
-    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a group of settings \(kind, eps, "
+    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a setting group \(kind, eps, "
                                                 r"clip\), got 'group'"):
         GRPOTask(advantage="group")
 

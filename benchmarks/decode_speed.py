@@ -40,7 +40,7 @@ def _datamodule(path: Path):
 
     dm = GraspDataModule(source=SourceConfig(root=str(ASSETS / "sample"), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(path)),
-                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm
 

@@ -56,7 +56,7 @@ def _data(train_file: str, mode: str, batch_size: int) -> GraspDataModule:
     return GraspDataModule(source=SourceConfig(root=str(REPO / "grasp_lightning/assets/sample"), train_file=train_file,
                                                bench=None),
                            video=VideoConfig(max_frames=8, max_pixels=4096),
-                           loader=LoaderConfig(mode=mode, batch_size=batch_size, num_workers=0, seed=0))
+                           loader=LoaderConfig(data_mode=mode, batch_size=batch_size, num_workers=0, seed=0))
 
 
 class RewardTrace(L.Callback):

@@ -302,7 +302,7 @@ class WindowData:
                 super().__init__()
                 self.window, self.repeat = 1, 1
 
-            def connect(self, window=1, repeat=1, draws=False, mode=None):
+            def connect(self, window=1, repeat=1, draws=False, data_mode=None):
                 self.window, self.repeat = window, repeat
 
             def train_dataloader(self):

@@ -83,7 +83,7 @@ def _data(batch_size: int, processor: str | None = None) -> GraspDataModule:
     return GraspDataModule(source=SourceConfig(root=str(REPO / "grasp_lightning/assets/sample"),
                                                train_file="train/data_rl.jsonl", bench=None),
                            video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=processor),
-                           loader=LoaderConfig(mode="rl", batch_size=batch_size, num_workers=0, seed=0))
+                           loader=LoaderConfig(data_mode="rl", batch_size=batch_size, num_workers=0, seed=0))
 
 
 class StepClock(L.Callback):

@@ -146,7 +146,7 @@ def build(tmp: Path, sizes: dict) -> tuple[Path, object]:
     dm = GraspDataModule(source=SourceConfig(root=str(tmp / "data"), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=frames, max_pixels=sizes["clip_size"] ** 2),
                          prompt=PromptConfig(processor=str(model_dir)),
-                         loader=LoaderConfig(mode="rl", batch_size=1, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=1, num_workers=0))
     dm.setup("fit")
     return model_dir, next(iter(dm.train_dataloader()))
 

@@ -25,10 +25,17 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from grasp_lightning.data.collate import Batch, Sample, collate_samples
-from grasp_lightning.data.datamodule_config import ErrorConfig, LoaderConfig, PromptConfig, SourceConfig, VideoConfig
+from grasp_lightning.data.datamodule_config import (
+    DATA_MODES,
+    ErrorConfig,
+    LoaderConfig,
+    PromptConfig,
+    SourceConfig,
+    VideoConfig,
+)
 from grasp_lightning.data.formats import SkipRecord, bench_store, read_bench
 from grasp_lightning.data.frames import ClipFrames, clip_frames, decode_max_pixels, video_processor_settings
-from grasp_lightning.data.prompts import INSTRUCTION, encode_example
+from grasp_lightning.data.prompts import encode_example
 from grasp_lightning.data.qa import decode_image, open_media, read_qa, store_for
 from grasp_lightning.data.readers import reader_for
 from grasp_lightning.data.records import DIFFICULTIES, GraspItem
@@ -72,26 +79,19 @@ class GraspDataset(Dataset):
         items: the records.
         store: where clips are read from (opened lazily per worker process).
         processor: the transformers processor.
-        with_target: encode the SFT target (``item.response``) after the prompt.
-        fps: sampling rate in frames per second.
-        max_frames: cap on frames per clip.
-        max_pixels: cap on pixels per frame (height × width) at decode time.
-        max_prompt_tokens: prompt budget in tokens (refused, never truncated).
-        max_target_tokens: target budget in tokens.
-        system_prompt: the system turn.
-        skip_bad: turn a :class:`GraspDataError` into a counted skip instead of raising.
-        instruction: appended to questions that carry none (bench items), see
-            :func:`~grasp_lightning.data.prompts.user_text`.
-        max_image_pixels: cap on an image's pixels (height × width), applied by the processor
-            (generic QA rows with an ``image``).
-        frame_max_tokens: ``None``: frames capped at ``max_pixels`` (ours). An integer: the released
-            training resolution rule instead: frames decoded at their source size, then shrunk (area
-            averaging) to the largest grid of whole tokens (processor patch × merge pixels) holding at
-            most this many tokens per 2-frame temporal patch, aspect kept
-            (:func:`~grasp_lightning.data.frames.resolve_resolution`), and passed unresized
+        video: how clips and images are decoded (``data.video``: ``fps``, ``max_frames``, ``max_pixels``,
+            ``max_image_pixels``, ``frame_max_tokens``, ``sampling``). With ``frame_max_tokens`` set, frames are
+            decoded at their source size, then shrunk (area averaging) to the largest grid of whole tokens
+            (processor patch × merge pixels) holding at most that many tokens per 2-frame temporal patch, aspect
+            kept (:func:`~grasp_lightning.data.frames.resolve_resolution`), and passed unresized
             (:meth:`frame_sizing`).
-        sampling: which frames of a clip: ``"rate"`` (``fps`` by timestamp) or ``"even"`` (the released reader's
-            even spread; :func:`~grasp_lightning.data.video.even_indices`).
+        prompt: the chat turns and budgets as this dataset uses them (``data.prompt``: ``system_prompt``,
+            ``instruction`` appended to questions that carry none, see
+            :func:`~grasp_lightning.data.prompts.user_text`; ``max_prompt_tokens``, refused, never truncated;
+            ``max_target_tokens``).
+        errors: ``data.errors``: ``on_bad_item: skip`` turns a :class:`GraspDataError` (or any failure to decode
+            or encode one item) into a counted skip instead of raising.
+        with_target: encode the SFT target (``item.response``) after the prompt.
 
     Attribute ``encoder``: when set (``(processor, item, clip_bytes, max_prompt_tokens=) -> EncodedExample``,
     e.g. :class:`~grasp_lightning.evaluation.protocol.ReleasedBenchEncoder`), it decodes and encodes prompt-only
@@ -100,26 +100,15 @@ class GraspDataset(Dataset):
 
     encoder = None
 
-    def __init__(self, items: list[GraspItem], store: ClipStore, processor, *, with_target: bool, fps: float,
-                 max_frames: int, max_pixels: int, max_prompt_tokens: int | None, max_target_tokens: int | None,
-                 system_prompt: str, skip_bad: bool, instruction: str = INSTRUCTION,
-                 max_image_pixels: int | None = None, frame_max_tokens: int | None = None,
-                 sampling: str = "rate") -> None:
+    def __init__(self, items: list[GraspItem], store: ClipStore, processor, video: VideoConfig, prompt: PromptConfig,
+                 errors: ErrorConfig, *, with_target: bool) -> None:
         self.items = items
-        self.sampling = sampling
-        self.frame_max_tokens = frame_max_tokens
-        self.max_image_pixels = max_image_pixels
         self.store = store
         self.processor = processor
+        self.video = video
+        self.prompt = prompt
+        self.skip_bad = errors.on_bad_item == "skip"
         self.with_target = with_target
-        self.fps = fps
-        self.max_frames = max_frames
-        self.max_pixels = max_pixels
-        self.max_prompt_tokens = max_prompt_tokens
-        self.max_target_tokens = max_target_tokens
-        self.system_prompt = system_prompt
-        self.instruction = instruction
-        self.skip_bad = skip_bad
 
     def __len__(self) -> int:
         return len(self.items)
@@ -134,7 +123,7 @@ class GraspDataset(Dataset):
             target = item.response
         if self.encoder is not None and target is None and item.image is None and item.clip is not None:
             data = open_media(self.store, item.clip.path, item.origin)
-            return self.encoder(self.processor, item, data, max_prompt_tokens=self.max_prompt_tokens)
+            return self.encoder(self.processor, item, data, max_prompt_tokens=self.prompt.max_prompt_tokens)
         return self.encode_decoded(item, self.decode(item), target)
 
     def decode(self, item: GraspItem) -> DecodedMedia:
@@ -150,10 +139,11 @@ class GraspDataset(Dataset):
             media.image = decode_image(open_media(self.store, item.image, item.origin), f"{item.origin} ({item.image})")
         if item.clip is not None:
             data = open_media(self.store, item.clip.path, item.origin)
-            clip = decode_clip(data, fps=self.fps, start_seconds=item.clip.start_seconds,
-                               end_seconds=item.clip.end_seconds, max_frames=self.max_frames,
-                               max_pixels=decode_max_pixels(self.max_pixels, self.frame_max_tokens),
-                               where=f"{item.origin} ({item.clip.path})", sampling=self.sampling)
+            video = self.video
+            clip = decode_clip(data, fps=video.fps, start_seconds=item.clip.start_seconds,
+                               end_seconds=item.clip.end_seconds, max_frames=video.max_frames,
+                               max_pixels=decode_max_pixels(video.max_pixels, video.frame_max_tokens),
+                               where=f"{item.origin} ({item.clip.path})", sampling=video.sampling)
             frames, media.metadata = clip.frames, video_metadata(clip)
             sizing = self.frame_sizing(*frames.shape[:3])
             media.frames = resize_area(frames, sizing.passed)  # unchanged unless the released rule shrinks them
@@ -167,10 +157,11 @@ class GraspDataset(Dataset):
         Raises:
             TokenBudgetError: the prompt or target is over its budget.
         """
+        prompt = self.prompt
         return encode_example(self.processor, item, media.frames, media.metadata, target=target,
-                              system_prompt=self.system_prompt, max_prompt_tokens=self.max_prompt_tokens,
-                              max_target_tokens=self.max_target_tokens, instruction=self.instruction,
-                              image=media.image, max_image_pixels=self.max_image_pixels,
+                              system_prompt=prompt.system_prompt, max_prompt_tokens=prompt.max_prompt_tokens,
+                              max_target_tokens=prompt.max_target_tokens, instruction=prompt.instruction,
+                              image=media.image, max_image_pixels=self.video.max_image_pixels,
                               resize_frames=media.resize_frames)
 
     def frame_sizing(self, frames: int, height: int, width: int) -> ClipFrames:
@@ -184,7 +175,8 @@ class GraspDataset(Dataset):
             GraspConfigError: the processor is not a Qwen3-VL-style video processor, or (released rule) a
                 frame is smaller than one token on a side.
         """
-        return clip_frames(frames, height, width, max_pixels=self.max_pixels, frame_max_tokens=self.frame_max_tokens,
+        return clip_frames(frames, height, width, max_pixels=self.video.max_pixels,
+                           frame_max_tokens=self.video.frame_max_tokens,
                            settings=video_processor_settings(self.processor.video_processor))
 
     def __getitem__(self, index: int) -> Sample:
@@ -208,7 +200,7 @@ class GraspDataset(Dataset):
 class GraspDataModule(L.LightningDataModule):
     """GRASP train rows and GRASP-Bench for validation/test.
 
-    The settings come in groups (:mod:`grasp_lightning.data.datamodule_config`), each kept as the attribute of its
+    The settings come in setting groups (:mod:`grasp_lightning.data.datamodule_config`), each kept as the attribute of its
     name (``datamodule.video.fps``) and saved in ``hparams`` as plain dicts.
 
     Args:
@@ -217,7 +209,7 @@ class GraspDataModule(L.LightningDataModule):
         video: how clips and images are decoded into frames (``fps``, ``max_frames``, pixel caps, the
             released resolution rule).
         prompt: the processor, the system turn and instruction, and the token budgets.
-        loader: batch sizes, workers, the seeded shuffle, the SFT curriculum and the batch kind (``mode``).
+        loader: batch sizes, workers, the seeded shuffle, the SFT curriculum and the batch kind (``data_mode``).
         errors: what happens to an unusable row or clip (``on_bad_item``, ``max_skip_fraction``).
         eval_suites: more evaluation suites (``class_path`` plugins of ``grasp_lightning.evaluation``:
             MMSI, OnlineMMSI, TVQAPlus, HumanSense, ...), each with its own dataloader after GRASP-Bench
@@ -226,7 +218,7 @@ class GraspDataModule(L.LightningDataModule):
 
     def __init__(self, source: SourceConfig = SourceConfig(), video: VideoConfig = VideoConfig(),  # noqa: B008
                  prompt: PromptConfig = PromptConfig(), loader: LoaderConfig = LoaderConfig(),  # noqa: B008
-                 errors: ErrorConfig = ErrorConfig(),  # noqa: B008 (the groups are copied below)
+                 errors: ErrorConfig = ErrorConfig(),  # noqa: B008 (the setting groups are copied below)
                  eval_suites: list[EvalSuite] | None = None) -> None:
         super().__init__()
         self.source = dataclasses.replace(source)
@@ -252,7 +244,7 @@ class GraspDataModule(L.LightningDataModule):
         self._resume: tuple[int, int] | None = None
         self._window, self._repeat = 1, 1  # set by connect(): accumulation window and its repeats
         self._split = False  # set by connect(): the epoch ends after len(prompt loader) micro-batches
-        self._mode = self.loader.mode  # set by connect(): the task's data_mode (None: not connected, data.loader.mode unset)
+        self._data_mode = self.loader.data_mode  # set by connect(): the task's (None: not connected, data.loader.data_mode unset)
         self._draws = False  # set by connect(): the task may draw further windows (GRPO refill)
         self._lookahead = False  # set by connect(): the task peeks at the next window (rollout overlap)
         self._stream: tuple[int, int] | None = None  # resume: (stream index, draws) of the last window
@@ -265,9 +257,9 @@ class GraspDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ loading
     @property
-    def mode(self) -> str:
-        """The training batch kind: the task's (:meth:`connect`), else ``data.loader.mode``, else ``"sft"``."""
-        return self._mode or "sft"
+    def data_mode(self) -> str:
+        """The training batch kind: the task's (:meth:`connect`), else ``data.loader.data_mode``, else ``"sft"``."""
+        return self._data_mode or "sft"
 
     @property
     def processor(self):
@@ -385,22 +377,17 @@ class GraspDataModule(L.LightningDataModule):
             training: the training rows: with ``data.prompt.rows_as_written`` their user text gets no
                 ``data.prompt.instruction`` appended.
         """
-        video, prompt = self.video, self.prompt
-        instruction = "" if training and prompt.rows_as_written else prompt.instruction
-        return GraspDataset(items, store, self.processor, with_target=with_target, fps=video.fps,
-                            max_frames=video.max_frames, max_pixels=video.max_pixels,
-                            max_prompt_tokens=prompt.max_prompt_tokens, max_target_tokens=prompt.max_target_tokens,
-                            system_prompt=prompt.system_prompt if system_prompt is None else system_prompt,
-                            skip_bad=self.errors.on_bad_item == "skip", instruction=instruction,
-                            max_image_pixels=video.max_image_pixels, frame_max_tokens=video.frame_max_tokens,
-                            sampling=video.sampling)
+        prompt = dataclasses.replace(
+            self.prompt, system_prompt=self.prompt.system_prompt if system_prompt is None else system_prompt,
+            instruction="" if training and self.prompt.rows_as_written else self.prompt.instruction)
+        return GraspDataset(items, store, self.processor, self.video, prompt, self.errors, with_target=with_target)
 
-    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, mode: str | None = None,
+    def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, data_mode: str | None = None,
                 lookahead: bool = False, split_groups: bool = False) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
-        ``DataModule.connect`` pattern: shared values are passed, not configured twice).
+        ``DataModule.connect`` pattern: values two parts need are passed, not configured twice).
 
         Args:
             window: micro-batches per accumulation window delivered together (``batch.window``):
@@ -409,8 +396,8 @@ class GraspDataModule(L.LightningDataModule):
             draws: the task may draw further windows from the stream (``Window.draw``, GRPO
                 ``dynamic_sampling: refill``): batches come through a :class:`WindowLoader` even for
                 ``window = repeat = 1``, and checkpoints record the draws.
-            mode: the batch kind the task consumes (``Task.data_mode``: ``"sft"`` or ``"rl"``);
-                ``None`` keeps ``data.loader.mode``.
+            data_mode: the batch kind the task consumes (``Task.data_mode``: ``"sft"`` or ``"rl"``);
+                ``None`` keeps ``data.loader.data_mode``.
             lookahead: the task reads the next window ahead (``Window.peek``, ``model.rollout.overlap: 1``):
                 batches come through a :class:`WindowLoader` even for ``window = repeat = 1``.
             split_groups: each repeat of a window trains other completions of its prompts (GRPO
@@ -419,19 +406,19 @@ class GraspDataModule(L.LightningDataModule):
                 ``len(dataloader)`` (docs/released-recipe.md, "What the released run did").
 
         Raises:
-            GraspConfigError: ``window``/``repeat`` < 1, an unknown ``mode``, or a ``data.loader.mode`` set
+            GraspConfigError: ``window``/``repeat`` < 1, an unknown ``data_mode``, or a ``data.loader.data_mode`` set
                 explicitly to another kind than the task's.
         """
         if window < 1 or repeat < 1:
             raise GraspConfigError(f"window and repeat must be >= 1, got {window}, {repeat}")
-        if mode is not None:
-            if mode not in ("sft", "rl"):
-                raise GraspConfigError(f"the task's data_mode must be 'sft' or 'rl', got {mode!r}")
-            given = self.loader.mode
-            if given is not None and given != mode:
-                raise GraspConfigError(f"data.loader.mode={given!r} contradicts the task, which consumes {mode!r} batches; "
-                                       f"remove data.loader.mode (the task sets it)")
-            self._mode = mode
+        if data_mode is not None:
+            if data_mode not in DATA_MODES:
+                raise GraspConfigError(f"the task's data_mode must be 'sft' or 'rl', got {data_mode!r}")
+            given = self.loader.data_mode
+            if given is not None and given != data_mode:
+                raise GraspConfigError(f"data.loader.data_mode={given!r} contradicts the task, which consumes "
+                                       f"{data_mode!r} batches; remove data.loader.data_mode (the task sets it)")
+            self._data_mode = data_mode
         self._window, self._repeat, self._draws, self._lookahead = window, repeat, draws, lookahead
         self._split = split_groups
 
@@ -460,7 +447,7 @@ class GraspDataModule(L.LightningDataModule):
             GraspConfigError: windowed, and this rank's epoch has fewer micro-batches than one window.
             GraspDataError: RL batches, and a row has no ``answer`` (:meth:`_check_rl_answers`).
         """
-        if self.mode == "rl":
+        if self.data_mode == "rl":
             self._check_rl_answers()
         rank, world = self._rank()
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.loader.seed, rank=rank,
@@ -481,8 +468,8 @@ class GraspDataModule(L.LightningDataModule):
             self._epoch, self._consumed = epoch, consumed
             self._resume = self._stream = None
         dataset = self.dataset(self.train_items, store_for(self.train_items, self.root / self.source.videos),
-                               self.mode == "sft", training=True)
-        loader = self._loader(dataset, batches, "right" if self.mode == "sft" else "left", windowed)
+                               self.data_mode == "sft", training=True)
+        loader = self._loader(dataset, batches, "right" if self.data_mode == "sft" else "left", windowed)
         if not windowed:
             return loader
         micro = -(-len(sampler) // self.loader.batch_size)

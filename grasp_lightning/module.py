@@ -4,8 +4,25 @@ Training delegates the objective to the task plugin (``grasp_lightning.tasks.sft
 ``grasp_lightning.tasks.grpo.GRPOTask``); validation and test decode answers for every evaluation suite
 (GRASP-Bench, MMSI, ...) and hand them to ``module.suites``
 (:class:`~grasp_lightning.evaluation.suite.SuiteRunner`), which scores each with its own suite and
-metric (exact across ranks). Reports are written by the ``grasp_lightning.callbacks.bench.GraspBenchReport``
+metric (exact across ranks). Reports are written by the ``grasp_lightning.callbacks.eval_reports.EvalReports``
 callback from ``module.suites``.
+
+The module's settings, one setting group per ``model.<name>`` key, all importable from here
+(``from grasp_lightning.module import RolloutConfig``):
+
+=============================  ======================  ========================================
+key                            class                   defined in
+=============================  ======================  ========================================
+``model.policy``               ``PolicyConfig``        :mod:`grasp_lightning.policy`
+``model.reference``            ``ReferenceConfig``     :mod:`grasp_lightning.policy`
+``model.lora``                 ``LoraConfig``          :mod:`grasp_lightning.policy`
+``model.optim``                ``OptimConfig``         this module
+``model.rollout``              ``RolloutConfig``       :mod:`grasp_lightning.engines.decoding`
+``model.rollout.vllm``         ``VLLMConfig``          :mod:`grasp_lightning.engines.vllm_config`
+``model.evaluation``           ``EvalConfig``          this module
+``model.evaluation.released``  ``ReleasedEvalConfig``  this module
+``model.task``                 a ``Task`` plugin       ``tasks/`` (GRPO: :mod:`grasp_lightning.grpo.config`)
+=============================  ======================  ========================================
 """
 
 from __future__ import annotations
@@ -15,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -34,7 +51,7 @@ from grasp_lightning.data.collate import Batch
 from grasp_lightning.engines import make_engine
 from grasp_lightning.engines.base import RolloutEngine
 from grasp_lightning.engines.decoding import RolloutConfig
-from grasp_lightning.engines.vllm_config import ENGINES
+from grasp_lightning.engines.vllm_config import ENGINES, VLLMConfig
 from grasp_lightning.errors import GraspConfigError, is_count, is_number, require
 from grasp_lightning.evaluation.protocol import GraspProtocol, make_protocol
 from grasp_lightning.evaluation.suite import SuiteRunner
@@ -57,6 +74,9 @@ from grasp_lightning.quantization import check_strategy
 from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
+__all__ = ["EvalConfig", "GraspModule", "LoraConfig", "OptimConfig", "PolicyConfig", "ReferenceConfig",
+           "ReleasedEvalConfig", "RolloutConfig", "VLLMConfig"]
+
 log = logging.getLogger(__name__)
 
 #: The policy version a vLLM engine is synced to in ``validate``/``test``/``predict`` (never an optimizer step
@@ -65,6 +85,9 @@ EVALUATED_WEIGHTS = -2
 
 #: Checkpoint key of every rank's task state (``Task.state_dict``; GRPO: the rollout cache of the window).
 TASK_STATE_KEY = "task_state_all_ranks"
+
+#: The prefix of the ``released`` protocol's keys, as a config or the command line spells it.
+RELEASED_KEY = "model.evaluation.released."
 
 
 @dataclass
@@ -101,6 +124,41 @@ class OptimConfig:
 
 
 @dataclass
+class ReleasedEvalConfig:
+    """The ``released`` evaluation protocol's prompt and frame settings (``model.evaluation.released.*``;
+    unused by ``grasp``). The defaults are the released GRASP evaluation's
+    (:class:`~grasp_lightning.evaluation.protocol.ReleasedProtocol`).
+
+    Attributes:
+        reasoning: reasoning mode (its system prompt, think instruction, ``<think>\n``).
+        model_type: ``qwen3_vl`` (``<think>\n`` appended after the generation prompt) or ``qwen3_5`` (the chat
+            template's ``enable_thinking``).
+        max_frames: at most this many frames, spread uniformly over the whole clip (replaces
+            ``data.video.fps``/``data.video.max_frames``/``data.video.max_pixels`` for GRASP-Bench).
+        frame_max_tokens: visual tokens per 2-frame temporal patch; frames are shrunk to the largest patch grid
+            within it, aspect ratio kept.
+        frame_spatial_patch: pixels per token side; ``None``: the processor's patch size x merge size (32 for
+            Qwen3-VL and Qwen3.5, the released constant).
+        timestamps: ``released`` (frame ``i`` labelled ``i / 2`` s, as the released code's fake metadata does)
+            or ``real`` (the frames' true seconds).
+    """
+
+    reasoning: bool = True
+    model_type: str = "qwen3_vl"
+    max_frames: int = 240
+    frame_max_tokens: int = 256
+    frame_spatial_patch: int | None = None
+    timestamps: str = "released"
+
+    def __post_init__(self) -> None:
+        k = RELEASED_KEY
+        require(is_count(self.max_frames), k + "max_frames", "an integer >= 1", self.max_frames)
+        require(is_count(self.frame_max_tokens), k + "frame_max_tokens", "an integer >= 1", self.frame_max_tokens)
+        require(is_count(self.frame_spatial_patch, optional=True), k + "frame_spatial_patch",
+                "an integer >= 1 or null", self.frame_spatial_patch)
+
+
+@dataclass
 class EvalConfig:
     """Validation and test: the decoding of every evaluation suite and GRASP-Bench's evaluation protocol.
 
@@ -115,21 +173,11 @@ class EvalConfig:
         temperature: sampling temperature (only when sampling).
         top_p: nucleus mass (only when sampling).
         stop_at_answer: stop a completion at ``</answer>`` (released: in reasoning mode only).
-        reasoning: ``released`` only: reasoning mode (its system prompt, think instruction, ``<think>\n``).
-        model_type: ``released`` only: ``qwen3_vl`` (``<think>\n`` appended after the generation prompt)
-            or ``qwen3_5`` (the chat template's ``enable_thinking``).
-        max_frames: ``released`` only: at most this many frames, spread uniformly over the whole clip
-            (replaces ``data.video.fps``/``data.video.max_frames``/``data.video.max_pixels`` for GRASP-Bench).
-        frame_max_tokens: ``released`` only: visual tokens per 2-frame temporal patch; frames are
-            shrunk to the largest patch grid within it, aspect ratio kept.
-        frame_spatial_patch: ``released`` only: pixels per token side; ``None``: the processor's patch
-            size x merge size (32 for Qwen3-VL and Qwen3.5, the released constant).
-        timestamps: ``released`` only: ``released`` (frame ``i`` labelled ``i / 2`` s, as the released
-            code's fake metadata does) or ``real`` (the frames' true seconds).
         engine: who decodes the answers: ``hf`` (transformers' ``generate`` on the policy) or ``vllm`` (a
             vLLM server with ``model.rollout.vllm``'s settings, the one rollouts use when
             ``model.rollout.engine`` is ``vllm`` too; docs/rollout-engines.md); ``None``:
             ``model.rollout.engine``'s. Greedy answers are the same tokens either way (float32).
+        released: the ``released`` protocol's prompt and frame settings (:class:`ReleasedEvalConfig`).
     """
 
     protocol: str = "grasp"
@@ -138,26 +186,19 @@ class EvalConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_at_answer: bool = True
-    reasoning: bool = True
-    model_type: str = "qwen3_vl"
-    max_frames: int = 240
-    frame_max_tokens: int = 256
-    frame_spatial_patch: int | None = None
-    timestamps: str = "released"
     engine: str | None = None
+    released: ReleasedEvalConfig = field(default_factory=ReleasedEvalConfig)
 
     def __post_init__(self) -> None:
         k = "model.evaluation."
+        if isinstance(self.released, Mapping):  # from a checkpoint's hyperparameters
+            self.released = ReleasedEvalConfig(**self.released)
         require(self.engine is None or self.engine in ENGINES, k + "engine", f"one of {list(ENGINES)} or null",
                 self.engine)
         require(is_count(self.max_new_tokens, optional=True), k + "max_new_tokens", "an integer >= 1 or null",
                  self.max_new_tokens)
         require(is_number(self.temperature) and self.temperature > 0, k + "temperature", "a number > 0", self.temperature)
         require(is_number(self.top_p) and 0 < self.top_p <= 1, k + "top_p", "a number in (0, 1]", self.top_p)
-        require(is_count(self.max_frames), k + "max_frames", "an integer >= 1", self.max_frames)
-        require(is_count(self.frame_max_tokens), k + "frame_max_tokens", "an integer >= 1", self.frame_max_tokens)
-        require(is_count(self.frame_spatial_patch, optional=True), k + "frame_spatial_patch",
-                 "an integer >= 1 or null", self.frame_spatial_patch)
 
     def make_protocol(self) -> GraspProtocol:
         """The protocol object (:func:`grasp_lightning.evaluation.protocol.make_protocol`).
@@ -167,9 +208,7 @@ class EvalConfig:
         """
         if self.protocol != "released":
             return make_protocol(self.protocol)
-        return make_protocol("released", reasoning=self.reasoning, model_type=self.model_type,
-                             max_frames=self.max_frames, frame_max_tokens=self.frame_max_tokens,
-                             frame_spatial_patch=self.frame_spatial_patch, timestamps=self.timestamps)
+        return make_protocol("released", **dataclasses.asdict(self.released))
 
 
 class GraspModule(L.LightningModule):
@@ -391,7 +430,7 @@ class GraspModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Before ``fit`` builds the train loader: tell the DataModule how the task consumes batches.
 
-        ``connect(window, repeat, mode)``: the accumulation window (``trainer.accumulate_grad_batches``)
+        ``connect(window, repeat, data_mode)``: the accumulation window (``trainer.accumulate_grad_batches``)
         for tasks that work on whole windows, the task's ``num_iterations`` (each window is yielded
         that many times, so a rollout is reused only after an optimizer step) and the task's
         ``data_mode`` (the batch kind; the task is its one owner); ``lookahead`` with ``model.rollout.overlap: 1``
@@ -400,7 +439,7 @@ class GraspModule(L.LightningModule):
         Raises:
             GraspConfigError: ``num_iterations > 1`` with a DataModule that has no ``connect``; a task that
                 draws prompts (``dynamic_sampling: refill``) with validation placed as a share of the epoch
-                (:meth:`_check_validation_in_steps`); from ``connect``: an explicit ``data.loader.mode`` that
+                (:meth:`_check_validation_in_steps`); from ``connect``: an explicit ``data.loader.data_mode`` that
                 contradicts the task.
         """
         if stage != "fit" or self._trainer is None:
@@ -417,15 +456,15 @@ class GraspModule(L.LightningModule):
                                        f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} "
                                        "needs a DataModule with connect(window, repeat) (GraspDataModule)")
             return
-        shared = {"window": window, "repeat": repeat, "mode": self.task.data_mode}
+        connection = {"window": window, "repeat": repeat, "data_mode": self.task.data_mode}
         if self.task.draws_prompts:
             self._check_validation_in_steps()
-            shared["draws"] = True
+            connection["draws"] = True
         if self.task.samples_rollouts and self.rollout_cfg.overlap:
-            shared["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
+            connection["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
         if self.task.splits_groups:
-            shared["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
-        connect(**shared)
+            connection["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
+        connect(**connection)
 
     def _check_validation_in_steps(self) -> None:
         """A task that draws prompts from the stream (``dynamic_sampling: refill``) ends its epochs early, so
@@ -665,7 +704,7 @@ class GraspModule(L.LightningModule):
 
     @property
     def setting_groups(self) -> dict[str, object]:
-        """The module's settings groups by config name (``model.<name>``): one per dataclass argument of
+        """The module's setting groups by config name (``model.<name>``): one per dataclass argument of
         :class:`GraspModule` (``tests/unit/test_predictions.py`` checks none is missing)."""
         return {"policy": self.policy_cfg, "reference": self.reference_cfg, "lora": self.lora_cfg,
                 "optim": self.optim_cfg, "rollout": self.rollout_cfg, "evaluation": self.eval_cfg}
@@ -683,7 +722,7 @@ class GraspModule(L.LightningModule):
         trainer's precision, and the ``model.evaluation`` decoding with ``max_new_tokens`` resolved.
 
         Args:
-            data_groups: the DataModule's settings by group name (plain dicts; ``{}``: none).
+            data_groups: the DataModule's setting groups by name (plain dicts; ``{}``: none).
         """
         cfg = self.policy_cfg
         trainer = self._trainer

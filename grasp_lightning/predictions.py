@@ -35,11 +35,11 @@ from grasp_lightning.parsing import answer_block, extract_answer, extract_partic
 __all__ = ["NOT_IN_SETUP_KEY", "PredictionSetup", "files_signature", "item_key", "model_identity", "not_in_key",
            "parsed_answer", "prediction_records", "setup_settings"]
 
-#: The settings, by dotted config key (a whole group, or one key of it), that change neither a prompt nor an
-#: answer of ``predict``, each with the reason. Every other setting of the module's groups (``model.policy``,
+#: The settings, by dotted config key (a whole setting group, or one key of it), that change neither a prompt nor an
+#: answer of ``predict``, each with the reason. Every other setting of the module's setting groups (``model.policy``,
 #: ``model.rollout``, ...) and the DataModule's (``data.video``, ``data.prompt``, ...) enters the setup key
-#: (:func:`setup_settings`), so a setting added to a group is keyed unless it is named here
-#: (``tests/unit/test_predictions.py`` checks that every field of every group is one or the other).
+#: (:func:`setup_settings`), so a setting added to a setting group is keyed unless it is named here
+#: (``tests/unit/test_predictions.py`` checks that every field of every setting group is one or the other).
 NOT_IN_SETUP_KEY: dict[str, str] = {
     "data.source": "which items are read, and from where: an item is matched by item_key, never by its folder",
     "data.loader": "batch sizes, workers, the training shuffle and batch kind: which items share a step, not "
@@ -75,7 +75,7 @@ NOT_IN_SETUP_KEY: dict[str, str] = {
 
 
 def not_in_key(key: str) -> bool:
-    """Whether the dotted setting ``key`` (or a group holding it) is in :data:`NOT_IN_SETUP_KEY`."""
+    """Whether the dotted setting ``key`` (or a setting group holding it) is in :data:`NOT_IN_SETUP_KEY`."""
     parts = key.split(".")
     return any(".".join(parts[:n]) in NOT_IN_SETUP_KEY for n in range(1, len(parts) + 1))
 
@@ -178,8 +178,8 @@ class PredictionSetup:
         checkpoint: the Lightning checkpoint ``predict`` restored (``--ckpt_path``), ``None`` for none.
         decoding: the ``model.evaluation`` settings, ``max_new_tokens`` resolved (written on every line).
         identity: everything :attr:`key` hashes besides ``decoding``: the model's :func:`model_identity`, the
-            checkpoint's :func:`files_signature`, ``trainer.precision``, the answering engine and the groups'
-            settings (:func:`setup_settings`).
+            checkpoint's :func:`files_signature`, ``trainer.precision``, the answering engine and the setting
+            groups' values (:func:`setup_settings`).
     """
 
     model: str

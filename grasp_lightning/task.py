@@ -153,8 +153,8 @@ class Task:
         needs_reference: the module builds a frozen reference model only when this is true.
         data_mode: the batch kind the task consumes: ``"sft"`` (prompt + target, labels) or
             ``"rl"`` (prompts with answers and ground-truth events). The task is its one owner: the
-            module passes it to the DataModule (``GraspDataModule.connect(mode=...)``), so
-            ``data.loader.mode`` need not be set.
+            module passes it to the DataModule (``GraspDataModule.connect(data_mode=...)``), so
+            ``data.loader.data_mode`` need not be set.
         num_iterations: optimizer steps each batch serves (GRPO's rollout reuse); the DataModule
             repeats every accumulation window this many times.
         window_batches: the task works on whole accumulation windows: each micro-batch arrives with

@@ -102,7 +102,7 @@ class GRPOTask(Task):
                                    f"(entries {self.reward.terms}); give the functions distinct names")
         self.reward_labels = labels
         self.reward_weights = self.reward.term_weights  # resolved: one per term
-        self.dynamic_sampling = self.batching.mode  # resolved: off, drop or refill
+        self.dynamic_sampling = self.batching.dynamic_sampling  # off, drop or refill
         self._warned_no_sharing = False
         self.zero_variance_groups_total = 0
         self.rows_without_participants_total = 0
@@ -787,7 +787,7 @@ def _check_off_policy(loss: LossConfig, rollout_cfg: RolloutConfig) -> None:
 
 
 def _check_groups(**groups: tuple[object, type]) -> None:
-    """Each of ``GRPOTask``'s settings groups is its dataclass (from Python, ``GRPOTask(advantage="group")``
+    """Each of ``GRPOTask``'s setting groups is its dataclass (from Python, ``GRPOTask(advantage="group")``
     is refused here, naming the group's keys).
 
     Raises:
@@ -796,7 +796,7 @@ def _check_groups(**groups: tuple[object, type]) -> None:
     for name, (value, cls) in groups.items():
         if not isinstance(value, cls):
             keys = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise GraspConfigError(f"{KEY}{name} is a group of settings ({keys}), got {value!r}; set its keys, "
+            raise GraspConfigError(f"{KEY}{name} is a setting group ({keys}), got {value!r}; set its keys, "
                                    f"e.g. {KEY}{name}.{dataclasses.fields(cls)[0].name}")
 
 

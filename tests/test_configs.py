@@ -422,6 +422,87 @@ def test_a_grouped_key_parses_and_a_group_given_a_flat_value_is_refused(fit_pars
                                  "--model.task.init_args.reward.terms=[accuracy]", "--data.video.fps=1.5"])
     assert (cfg.model.task.init_args.loss.beta, cfg.model.task.init_args.reward.terms) == (0.0, ["accuracy"])
     assert cfg.data.video.fps == 1.5 and cfg.data.loader.batch_size == 1  # the rest of the group: the recipe's
-    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a group of settings \(kind, eps, "
+    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a setting group \(kind, eps, "
                                                 r"clip\), got 'group'"):
         GRPOTask(advantage="group")
+
+
+# ------------------------------------------------------------------ keys that moved, the released group, defaults
+@pytest.mark.parametrize("key, new", [
+    ("model.task.init_args.batching.drop_zero_variance_groups", "model.task.init_args.batching.dynamic_sampling"),
+    ("data.loader.mode", "data.loader.data_mode"),
+    ("model.evaluation.max_frames", "model.evaluation.released.max_frames"),
+    ("model.evaluation.reasoning", "model.evaluation.released.reasoning"),
+    ("model.evaluation.model_type", "model.evaluation.released.model_type"),
+    ("model.evaluation.timestamps", "model.evaluation.released.timestamps"),
+    ("model.evaluation.frame_max_tokens", "model.evaluation.released.frame_max_tokens"),
+    ("model.evaluation.frame_spatial_patch", "model.evaluation.released.frame_spatial_patch"),
+])
+def test_a_moved_key_is_refused_naming_the_key_that_holds_it(tmp_path, key, new) -> None:
+    """On the command line, in a YAML file and in a YAML string, a key that moved stops the run at start-up with a
+    GraspConfigError naming it and its new key (jsonargparse alone says only "not accepted")."""
+    from grasp_lightning.commands.train import MOVED_KEYS, build_cli
+    from grasp_lightning.errors import GraspConfigError
+
+    assert MOVED_KEYS[key] == new
+    head, leaf = key.rsplit(".", 1)
+    tree: dict = {leaf: "1"}
+    for part in reversed(head.split(".")):
+        tree = {part: tree}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(tree))
+    message = f"{key} is not a setting: set {new} instead"
+    for extra in ([f"--{key}=1"], [f"--{key}", "1"], ["--config", str(tmp_path / "old.yaml")],
+                  ["--config", yaml.safe_dump(tree)], [f"--{head}", json.dumps({leaf: 1})]):
+        with pytest.raises(GraspConfigError) as err:
+            build_cli(["--config", str(CONFIGS / "sgr.yaml"), *extra], run=False, build_trainer=False)
+        assert str(err.value) == message, extra
+
+
+def test_the_released_protocol_settings_are_a_group_of_their_own(fit_parser) -> None:
+    """``model.evaluation.released.<key>`` parses into ``ReleasedEvalConfig`` and reaches the protocol; the
+    decoding keys stay one level up."""
+    import dataclasses
+
+    from grasp_lightning.module import EvalConfig, ReleasedEvalConfig
+
+    cfg = fit_parser.parse_args(["--config", str(CONFIGS / "sgr.yaml"), "--config", str(CONFIGS / "eval_released.yaml"),
+                                 "--model.evaluation.released.max_frames=8",
+                                 "--model.evaluation.released.model_type=qwen3_5"])
+    evaluation = fit_parser.instantiate_classes(cfg).model.eval_cfg
+    assert isinstance(evaluation, EvalConfig) and isinstance(evaluation.released, ReleasedEvalConfig)
+    assert (evaluation.protocol, evaluation.released.max_frames, evaluation.released.model_type) == ("released", 8,
+                                                                                                      "qwen3_5")
+    assert evaluation.released.timestamps == "released" and evaluation.released.frame_max_tokens == 256
+    assert evaluation.make_protocol().settings == dict(reasoning=True, model_type="qwen3_5", max_frames=8,
+                                                       frame_max_tokens=256, timestamps="released")
+    assert [f.name for f in dataclasses.fields(EvalConfig)] == [
+        "protocol", "max_new_tokens", "do_sample", "temperature", "top_p", "stop_at_answer", "engine", "released"]
+
+
+def test_every_model_setting_group_is_importable_from_the_module_and_in_its_table() -> None:
+    """``grasp_lightning.module`` is the one place the ``model.*`` setting groups are found: every dataclass argument
+    of ``GraspModule`` (and the groups nested in one) is importable from it and named in its docstring's table."""
+    import dataclasses
+    import typing
+
+    import grasp_lightning.module as module
+
+    hints = typing.get_type_hints(module.GraspModule.__init__)
+    groups = {name: cls for name, cls in hints.items() if dataclasses.is_dataclass(cls)}
+    nested = {f"{name}.{f.name}": typing.get_type_hints(cls)[f.name] for name, cls in groups.items()
+              for f in dataclasses.fields(cls) if dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name])}
+    assert set(groups) == {"policy", "reference", "lora", "optim", "rollout", "evaluation"}
+    assert set(nested) == {"rollout.vllm", "evaluation.released"}
+    for name, cls in {**groups, **nested}.items():
+        assert getattr(module, cls.__name__) is cls and cls.__name__ in module.__all__, name
+        assert f"``model.{name}``" in module.__doc__ and f"``{cls.__name__}``" in module.__doc__, name
+
+
+def test_the_loss_function_defaults_to_the_configs_loss_type() -> None:
+    """``grpo_loss`` called without ``loss_type`` aggregates as ``model.task.init_args.loss.type`` does by default."""
+    import inspect
+
+    from grasp_lightning.grpo.config import LossConfig
+    from grasp_lightning.grpo.objective import grpo_loss
+
+    assert inspect.signature(grpo_loss).parameters["loss_type"].default == LossConfig().type == "grpo"

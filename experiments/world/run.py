@@ -165,7 +165,7 @@ def states_prior(text: str) -> bool:
 def prior_rate(run: Path, step: int) -> float | None:
     """Share of the ``J3`` bench completions of validation step ``step`` (1-based, as :func:`summary`'s ``step``)
     that state the shortcut prior (:func:`states_prior`), from ``bench/step_<step>/results.json``
-    (:class:`grasp_lightning.callbacks.bench.GraspBenchReport`); ``None`` without that file or without ``J3`` items."""
+    (:class:`grasp_lightning.callbacks.eval_reports.EvalReports`); ``None`` without that file or without ``J3`` items."""
     path = run / "bench" / f"step_{step}" / "results.json"
     if not path.exists():
         return None
@@ -355,7 +355,7 @@ def sft_handoff(args: argparse.Namespace, options=None, tag: str = "", sft_steps
         ckpt_cb = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                     "init_args": {"filename": "{step}", "every_n_train_steps": args.val_every, "save_top_k": -1,
                                   "save_weights_only": True}},
-                   {"class_path": "grasp_lightning.callbacks.bench.GraspBenchReport", "init_args": {"print_table": False}}]
+                   {"class_path": "grasp_lightning.callbacks.eval_reports.EvalReports", "init_args": {"print_table": False}}]
         sft_overrides = run_overrides("sft", data, init, work, args.seed, steps, args.val_every, ckpt_cb)
         sft_run, sft_s, sft_started = fit("sft", "sft.yaml", sft_overrides, work, args.threads)
         if not scalars(sft_run, "val/acc/overall"):  # before the stage is recorded for --reuse-sft

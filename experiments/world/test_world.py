@@ -303,7 +303,7 @@ def test_datamodule_appends_the_configured_instruction_to_bench_prompts(out: Pat
     dm = GraspDataModule(source=SourceConfig(root=str(out)),
                          video=VideoConfig(max_frames=4, max_pixels=world.WIDTH * world.HEIGHT),
                          prompt=PromptConfig(processor=str(TINY), system_prompt=world.SYSTEM_PROMPT, instruction=world.INSTRUCTION),
-                         loader=LoaderConfig(mode="rl", val_batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", val_batch_size=2, num_workers=0))
     dm.setup("validate")
     loader = dm.val_dataloader()
     batch = next(iter(loader[0] if isinstance(loader, list) else loader))

@@ -268,7 +268,7 @@ def run_check(data: GraspDataModule, files: list[str] | None = None, workers: in
 
     Args:
         data: the run's DataModule (``load_run``): its settings (``source``: root, train_file, videos,
-            bench; ``video``, ``prompt``: fps, budgets, prompts), its batch kind (``mode``: ``"sft"`` encodes the train file's
+            bench; ``video``, ``prompt``: fps, budgets, prompts), its batch kind (``data_mode``: ``"sft"`` encodes the train file's
             targets) and its processor.
         files: files relative to the root to check (default: every known file present, and the bench).
         workers: processes for decoding and archive scans (default: all CPU cores; 0: this process).
@@ -373,10 +373,10 @@ def _read_rows(data: GraspDataModule, rel: str, kind: str, store_name: str, is_t
                                     "participants"))
         if kind == "rl":
             warnings.extend(Problem(item.origin, w, item.uid, "events") for w in event_warnings(item))
-        if kind == "qa" and is_train and data.mode == "rl" and not item.answer:
+        if kind == "qa" and is_train and data.data_mode == "rl" and not item.answer:
             problems.append(Problem(item.origin, "GRPO needs an 'answer' (the accuracy reward's target); this "
                                                  "generic QA row has none", item.uid, "answer"))
-        with_target = (data.mode == "sft") if is_train else (kind == "sft" or (kind in ("annotations", "qa")
+        with_target = (data.data_mode == "sft") if is_train else (kind == "sft" or (kind in ("annotations", "qa")
                                                                                 and bool(item.response)))
         jobs.append((len(jobs), store_name, with_target, item))
     return _counts(result.items, len(result.skipped))
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run(sys.argv[1:] if argv is None else list(argv), arguments=add_arguments,
                        prog="python -m grasp_lightning check-data")
-        run.datamodule.connect(mode=run.task.data_mode)  # the task's batch kind, as GraspModule.setup passes it
+        run.datamodule.connect(data_mode=run.task.data_mode)  # the task's batch kind, as GraspModule.setup passes it
     except GraspConfigError as err:
         print(f"check-data: error: {err}", file=sys.stderr)  # noqa: T201 - the command's output
         return 2

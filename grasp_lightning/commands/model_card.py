@@ -4,7 +4,7 @@ The card is written with ``huggingface_hub``'s :class:`~huggingface_hub.ModelCar
 :class:`~huggingface_hub.ModelCardData`: a YAML metadata block the Hub reads (``base_model``, ``license``,
 ``library_name``, ``pipeline_tag``, ``tags``, ``datasets``), then the recipe and its settings (from the
 run's configuration, as ``export`` was given it), the optimizer steps of the checkpoint, the run's last
-evaluation table (``<run folder>/bench/latest/``, written by :mod:`grasp_lightning.callbacks.bench`) when
+evaluation table (``<run folder>/bench/latest/``, written by :mod:`grasp_lightning.callbacks.eval_reports`) when
 there is one, and the code that loads the folder.
 
 Licences: GRASP's data (``interlive/GRASP``) is CC BY-NC 4.0, so weights trained on it are marked

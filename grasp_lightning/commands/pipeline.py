@@ -58,7 +58,7 @@ class Stage:
     """One stage: a ``fit`` of ``configs`` (+ the pipeline's ``common_configs``) with overrides.
 
     Attributes:
-        name: folder name under ``<run_dir>/stages/`` (unique).
+        name: the stage's folder under ``<run_dir>/stages/`` (unique).
         configs: ``--config`` files, in order (e.g. ``[configs/sft.yaml]``).
         overrides: ``{"model.optim.lr": 1.0e-5, ...}``, given as ``--key=value`` after the configs.
         args: further raw command-line arguments (e.g. ``--trainer.callbacks+=...``).

@@ -21,12 +21,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning as L
+import yaml
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from grasp_lightning.callbacks.watch import RunWatch
 from grasp_lightning.datamodule import GraspDataModule
-from grasp_lightning.module import GraspModule
+from grasp_lightning.errors import GraspConfigError
+from grasp_lightning.module import RELEASED_KEY, GraspModule
 from grasp_lightning.monitoring.loggers import run_dir
 from grasp_lightning.paths import resolve_config_args, resolve_package_paths
 
@@ -186,6 +188,68 @@ def null_group_args(args: Sequence[str]) -> list[str]:
     return out
 
 
+#: Keys that are not settings, each with the key that holds its setting: a config or command line naming one
+#: fails at start-up naming the other (:func:`refuse_moved_keys`) instead of jsonargparse's "not accepted".
+MOVED_KEYS: dict[str, str] = {
+    "model.task.init_args.batching.drop_zero_variance_groups": "model.task.init_args.batching.dynamic_sampling",
+    "data.loader.mode": "data.loader.data_mode",
+    **{f"model.evaluation.{key}": f"{RELEASED_KEY}{key}" for key in (
+        "reasoning", "model_type", "max_frames", "frame_max_tokens", "frame_spatial_patch", "timestamps")},
+}
+
+
+def _dotted_keys(tree: object, prefix: str = "") -> list[str]:
+    """Every dotted key of a nested mapping (``{"a": {"b": 1}}`` -> ``["a", "a.b"]``)."""
+    if not isinstance(tree, dict):
+        return []
+    keys = []
+    for name, value in tree.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        keys += [key, *_dotted_keys(value, key)]
+    return keys
+
+
+def refuse_moved_keys(args: Sequence[str]) -> None:
+    """Refuse a key of :data:`MOVED_KEYS` in ``args``: as ``--key``, inside a ``--config`` file or YAML string, or
+    inside a mapping given to a key on the command line (``--model.evaluation={"max_frames": 8}``).
+
+    Raises:
+        GraspConfigError: naming the key given and the key that holds its setting.
+    """
+    args, found = list(args), []
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        key, eq, value = arg[2:].partition("=")
+        if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        if key == "config":
+            text = Path(value).read_text(encoding="utf-8") if _is_file(value) else value
+            found += _dotted_keys(_yaml_mapping(text))
+        else:
+            found += [key, *_dotted_keys(_yaml_mapping(value), key)]
+    for key in found:
+        if key in MOVED_KEYS:
+            raise GraspConfigError(f"{key} is not a setting: set {MOVED_KEYS[key]} instead")
+
+
+def _is_file(value: str) -> bool:
+    """Whether ``value`` names a file (a YAML string given to ``--config`` may be too long for a path)."""
+    try:
+        return bool(value) and Path(value).is_file()
+    except OSError:
+        return False
+
+
+def _yaml_mapping(text: str) -> dict | None:
+    """``text`` read as YAML when it is a mapping, else ``None`` (a file the parser reports, a plain value)."""
+    try:
+        tree = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return None
+    return tree if isinstance(tree, dict) else None
+
+
 def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None, **options) -> GraspCLI:
     """The training CLI as ``python -m grasp_lightning fit|validate|test|predict`` builds it.
 
@@ -194,7 +258,7 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
             ``run`` is false). A ``--config`` file the working directory lacks is read from the
             installation (``configs/sft.yaml`` or ``sft.yaml`` from any directory:
             :func:`grasp_lightning.paths.resolve_config_args`); ``null`` works for every key
-            (:func:`null_group_args`).
+            (:func:`null_group_args`); a key of :data:`MOVED_KEYS` is refused (:func:`refuse_moved_keys`).
         run: parse a subcommand and run it; ``False``: parse and instantiate only (the caller runs
             ``cli.trainer.fit(cli.model, datamodule=cli.datamodule)`` or reads the objects).
         prog: the program name in the usage line (e.g. ``python -m grasp_lightning check-data``).
@@ -204,6 +268,7 @@ def build_cli(args: Sequence[str], run: bool = True, *, prog: str | None = None,
         The CLI (``cli.model``, ``cli.datamodule``, ``cli.trainer``, ``cli.config``, ``cli.config_init``).
     """
     args, command_line = null_group_args(resolve_config_args(args)), list(args) == sys.argv[1:]
+    refuse_moved_keys(args)
     if run and command_line:
         sys.argv[1:] = args  # --config files of the installation as absolute paths, also for re-launched ranks
         args = None  # the command line itself: LightningCLI reads sys.argv (and does not warn that it sees both)

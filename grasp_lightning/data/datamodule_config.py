@@ -1,6 +1,6 @@
-"""``GraspDataModule``'s settings in groups by purpose: ``data.{source,video,prompt,loader,errors}``.
+"""``GraspDataModule``'s settings in setting groups by purpose: ``data.{source,video,prompt,loader,errors}``.
 
-Each group is a small dataclass whose ``Attributes:`` jsonargparse reads as the help of its keys
+Each setting group is a small dataclass whose ``Attributes:`` jsonargparse reads as the help of its keys
 (``--data.video.fps``), checked when it is built: a bad value stops the run at start-up with a
 :class:`~grasp_lightning.errors.GraspConfigError` naming its key instead of failing on every row.
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from grasp_lightning.data.prompts import DEFAULT_SYSTEM_PROMPT, INSTRUCTION
 from grasp_lightning.errors import is_count, is_number, require
 
-#: The data modes: ``sft`` (prompt + target, right padding) and ``rl`` (prompts only, left padding).
-MODES = ("sft", "rl")
+#: The batch kinds (``data.loader.data_mode``): ``sft`` (prompt + target, right padding) and ``rl`` (prompts only, left padding).
+DATA_MODES = ("sft", "rl")
 #: What happens to an unusable row or clip.
 ON_BAD_ITEM = ("raise", "skip")
 
@@ -137,7 +137,7 @@ class LoaderConfig:
             data_sft/data_rl rows, difficulty of annotation and generic QA rows), shuffled by seed and epoch inside
             each; every row must carry one (released GRASP SFT trainer, docs/released-recipe.md). false: one seeded
             permutation (the paper's recipe, and GRPO).
-        mode: sft (prompt + target, right padding) or rl (prompts only, left padding); null (default): the task's
+        data_mode: sft (prompt + target, right padding) or rl (prompts only, left padding); null (default): the task's
             data_mode. Set it only for the DataModule used on its own; a value that contradicts the task is an error.
     """
 
@@ -146,7 +146,7 @@ class LoaderConfig:
     num_workers: int = 2
     seed: int = 0
     curriculum: bool = False
-    mode: str | None = None
+    data_mode: str | None = None
 
     def __post_init__(self) -> None:
         k = "data.loader."
@@ -154,7 +154,8 @@ class LoaderConfig:
             require(is_count(getattr(self, name)), k + name, "an integer >= 1", getattr(self, name))
         require(is_number(self.num_workers) and self.num_workers >= 0 and float(self.num_workers).is_integer(),
                 k + "num_workers", "an integer >= 0", self.num_workers)
-        require(self.mode is None or self.mode in MODES, k + "mode", "'sft', 'rl' or null (the task's)", self.mode)
+        require(self.data_mode is None or self.data_mode in DATA_MODES, k + "data_mode", "'sft', 'rl' or null (the task's)",
+                self.data_mode)
 
 
 @dataclass

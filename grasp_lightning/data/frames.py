@@ -45,7 +45,7 @@ def resolve_resolution(height: int, width: int, *, spatial_patch: int = 32, max_
     token covers 2 frames (temporal patch 2), so a 2-frame temporal patch holds at most
     ``max_tokens`` tokens. Never larger than the frame. Source: ``resolve_resolution`` in
     ``socialmllm/utils/input_processing.py`` of the GRASP repository (training: ``data.video.frame_max_tokens``;
-    evaluation: ``model.evaluation.frame_max_tokens``).
+    evaluation: ``model.evaluation.released.frame_max_tokens``).
 
     Raises:
         GraspConfigError: the frame is smaller than one patch on a side (no grid fits).

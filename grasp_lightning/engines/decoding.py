@@ -1,5 +1,5 @@
 """Decoding: sampling completions from the policy with transformers' ``generate`` (and ``RolloutConfig``,
-the ``model.rollout`` settings), shared by GRPO rollouts and evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
+the ``model.rollout`` settings), used by both GRPO rollouts and evaluation: left-padded prompts, a stop at ``</answer>``, vision placeholder tokens
 suppressed, completions cut at the first sampled end-of-turn token or stop string (never at padding,
 which Qwen3-VL's generation config writes with an end-of-turn id) and decoded once.
 """
@@ -49,7 +49,7 @@ class RolloutConfig:
 
     The config key is ``model.rollout``; ``GraspModule`` holds the one instance and tasks read it
     from their context (:class:`grasp_lightning.task.TaskContext`, ``rollout_cfg``), never copying it.
-    Also importable as ``grasp_lightning.module.RolloutConfig``.
+    Importable from :mod:`grasp_lightning.module` with the other ``model.*`` setting groups.
 
     Attributes:
         num_generations: K completions per prompt, a group (paper: 8); a group stays on one rank.

@@ -8,7 +8,7 @@ turns one completion into a JSON-ready record with ``category``, ``target``, ``p
 ``score`` (1 correct, 0 wrong, a fraction for partial credit); :class:`CategoryAccuracy` sums them per
 category with sum-reduced states (exact across ranks); :meth:`EvalSuite.log_values` names the logged
 values, :meth:`EvalSuite.markdown` renders the table and :meth:`EvalSuite.report` /
-:meth:`EvalSuite.figures` give what ``grasp_lightning.callbacks.bench.GraspBenchReport`` writes.
+:meth:`EvalSuite.figures` give what ``grasp_lightning.callbacks.eval_reports.EvalReports`` writes.
 
 Configs select suites by ``class_path`` under ``data.eval_suites``; the DataModule gives each one a
 validation dataloader and :class:`~grasp_lightning.evaluation.suite.SuiteRunner` routes each
@@ -103,7 +103,7 @@ def answer_space(completion: str) -> tuple[str, bool]:
 
 @dataclass
 class SuiteReport:
-    """What ``grasp_lightning.callbacks.bench.GraspBenchReport`` writes for one suite after an evaluation epoch.
+    """What ``grasp_lightning.callbacks.eval_reports.EvalReports`` writes for one suite after an evaluation epoch.
 
     Attributes:
         name: the suite's name.

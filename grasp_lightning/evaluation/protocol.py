@@ -4,7 +4,7 @@
 stays in :class:`~grasp_lightning.module.EvalConfig` for both: greedy and the stop at ``</answer>``
 by default, and ``max_new_tokens: null`` takes the protocol's budget (ours 1024, released 2048 with
 reasoning); a run whose decoding differs from the released one logs a warning naming the keys.
-The released protocol's frame settings are ``model.evaluation`` keys whose defaults are the
+The released protocol's prompt and frame settings are ``model.evaluation.released`` keys whose defaults are the
 released values (``configs/demo.yaml`` shrinks them for the CPU).
 
 - ``grasp``: our recipes' prompts (:mod:`grasp_lightning.data.prompts`), clips sampled at
@@ -283,11 +283,13 @@ class ReleasedProtocol(GraspProtocol):
                  frame_max_tokens: int = 256, frame_spatial_patch: int | None = None,
                  timestamps: str = "released") -> None:
         if model_type not in ("qwen3_vl", "qwen3_5"):
-            raise GraspConfigError(f"model.evaluation.model_type must be qwen3_vl or qwen3_5, got {model_type!r}")
+            raise GraspConfigError(f"model.evaluation.released.model_type must be qwen3_vl or qwen3_5, "
+                                   f"got {model_type!r}")
         if timestamps not in ("released", "real"):
-            raise GraspConfigError(f"model.evaluation.timestamps must be released or real, got {timestamps!r}")
+            raise GraspConfigError(f"model.evaluation.released.timestamps must be released or real, got {timestamps!r}")
         if max_frames < 1 or frame_max_tokens < 1 or (frame_spatial_patch is not None and frame_spatial_patch < 1):
-            raise GraspConfigError("model.evaluation: max_frames, frame_max_tokens and frame_spatial_patch must be >= 1")
+            raise GraspConfigError("model.evaluation.released: max_frames, frame_max_tokens and frame_spatial_patch "
+                                   "must be >= 1")
         self.settings = dict(reasoning=reasoning, model_type=model_type, max_frames=max_frames,
                              frame_max_tokens=frame_max_tokens, timestamps=timestamps)
         self.frame_spatial_patch = frame_spatial_patch
@@ -304,8 +306,8 @@ class ReleasedProtocol(GraspProtocol):
         unit = int(video.patch_size) * int(video.merge_size)
         patch = self.frame_spatial_patch or unit
         if patch % unit:
-            raise GraspConfigError(f"model.evaluation.frame_spatial_patch={patch} is not a multiple of the processor's "
-                                   f"patch_size x merge_size = {unit}")
+            raise GraspConfigError(f"model.evaluation.released.frame_spatial_patch={patch} is not a multiple of the "
+                                   f"processor's patch_size x merge_size = {unit}")
         return ReleasedBenchEncoder(spatial_patch=patch, **self.settings)
 
     def score(self, completion: str, item: GraspItem) -> dict[str, Any]:

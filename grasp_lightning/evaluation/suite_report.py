@@ -7,8 +7,6 @@ writes, so readers of GRASP-only results see no change)::
      "metrics": {GRASP-Bench metrics}, "items": [GRASP-Bench records],      # when GRASP-Bench ran
      "suites": {"mmsi": {"title", "metrics", "items", "table"}, ...}}       # the other suites
 
-Files written before the key was named ``"suites"`` hold the same sections under ``"benchmarks"``;
-:func:`read_sections` reads either.
 Without other suites the file is exactly :func:`~grasp_lightning.evaluation.reports.write_results_json`'s.
 Each suite's :meth:`~grasp_lightning.evaluation.base.EvalSuite.report` says where its section goes
 (:attr:`~grasp_lightning.evaluation.base.SuiteReport.top_level`) and which files it writes
@@ -32,8 +30,6 @@ log = logging.getLogger(__name__)
 
 #: Key of the sections of the suites other than the top-level one.
 SECTIONS_KEY = "suites"
-#: The same key in results.json files written before it was renamed (read only).
-OLD_SECTIONS_KEY = "benchmarks"
 
 
 def write_results(path: str | os.PathLike, meta: dict[str, Any], reports: list[SuiteReport]) -> Path:
@@ -64,13 +60,13 @@ def write_results(path: str | os.PathLike, meta: dict[str, Any], reports: list[S
 
 def read_sections(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """name -> section of a ``results.json`` (GRASP-Bench, if present, as ``"grasp_bench"``; the other suites
-    from ``"suites"``, or ``"benchmarks"`` in older files); ``null`` metric values come back as NaN."""
+    from ``"suites"``); ``null`` metric values come back as NaN."""
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     out = {}
     if "metrics" in data:
         out["grasp_bench"] = {"metrics": data["metrics"], "items": data.get("items", [])}
-    out.update(data.get(SECTIONS_KEY, data.get(OLD_SECTIONS_KEY, {})))  # old files: "benchmarks"
+    out.update(data.get(SECTIONS_KEY, {}))
     for section in out.values():
         section["metrics"] = {k: math.nan if v is None else v for k, v in section["metrics"].items()}
     return out

@@ -1,6 +1,6 @@
-"""``GRPOTask``'s settings in groups by purpose: ``model.task.init_args.{reward,advantage,loss,batching,compute}``.
+"""``GRPOTask``'s settings in setting groups by purpose: ``model.task.init_args.{reward,advantage,loss,batching,compute}``.
 
-Each group is a small dataclass whose ``Attributes:`` jsonargparse reads as the help of its keys
+Each setting group is a small dataclass whose ``Attributes:`` jsonargparse reads as the help of its keys
 (``--model.task.init_args.loss.epsilon``), checked when it is built: a bad value stops the run at
 start-up with a :class:`~grasp_lightning.errors.GraspConfigError` naming its key. Names follow TRL 1.16
 ``GRPOConfig`` and the DAPO paper where they have one.
@@ -291,10 +291,7 @@ class BatchingConfig:
         dynamic_sampling: off; drop: the tokens of groups whose rewards are all equal are masked out of the loss's
             numerator (their rows stay in a per-sequence normaliser, as TRL defines it); refill (DAPO dynamic
             sampling): drop them and draw further prompts until the rollout batch has as many groups with distinct
-            rewards as the window has prompts, then trim it to that size. null: drop if drop_zero_variance_groups,
-            else off.
-        drop_zero_variance_groups: the older key for dynamic_sampling: drop (true: drop); null leaves the choice to
-            dynamic_sampling.
+            rewards as the window has prompts, then trim it to that size.
         max_resample: refill draws at most this many further windows of prompts per rollout batch; each one
             shortens the epoch by one window (logged at the epoch's end).
         rollout_batch_prompts: prompts per generation call, in whole micro-batches (at least one); null: the whole
@@ -308,8 +305,7 @@ class BatchingConfig:
             Face Trainer's max_steps from len(dataloader)), about 1/K of the data.
     """
 
-    dynamic_sampling: str | None = None
-    drop_zero_variance_groups: bool | None = None
+    dynamic_sampling: str = "off"
     max_resample: int = 4
     rollout_batch_prompts: int | None = None
     micro_batch: str = "group"
@@ -317,24 +313,12 @@ class BatchingConfig:
     def __post_init__(self) -> None:
         k = KEY + "batching."
         require(self.micro_batch in MICRO_BATCHES, k + "micro_batch", f"one of {MICRO_BATCHES}", self.micro_batch)
-        require(self.dynamic_sampling is None or self.dynamic_sampling in DYNAMIC_SAMPLING, k + "dynamic_sampling",
-                f"one of {DYNAMIC_SAMPLING}", self.dynamic_sampling)
-        drop = self.drop_zero_variance_groups
-        if drop is not None and drop != (self.mode != "off"):
-            raise GraspConfigError(f"{k}drop_zero_variance_groups={drop} contradicts {k}dynamic_sampling="
-                                   f"{self.mode!r}; set only dynamic_sampling")
+        require(self.dynamic_sampling in DYNAMIC_SAMPLING, k + "dynamic_sampling", f"one of {DYNAMIC_SAMPLING}",
+                self.dynamic_sampling)
         require(is_number(self.max_resample) and float(self.max_resample).is_integer() and self.max_resample >= 0,
                 k + "max_resample", ">= 0", self.max_resample)
         require(is_count(self.rollout_batch_prompts, optional=True), k + "rollout_batch_prompts",
                 ">= 1 or null", self.rollout_batch_prompts)
-
-    @property
-    def mode(self) -> str:
-        """The dynamic sampling in effect: ``dynamic_sampling``, or for ``None`` ``drop`` when
-        ``drop_zero_variance_groups`` is true, else ``off``."""
-        if self.dynamic_sampling is not None:
-            return self.dynamic_sampling
-        return "drop" if self.drop_zero_variance_groups else "off"
 
 
 @dataclass

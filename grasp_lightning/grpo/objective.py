@@ -663,7 +663,7 @@ def grpo_loss(
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
     beta: float = 0.0,
-    loss_type: str = "dapo",
+    loss_type: str = "grpo",
     max_completion_length: int | None = None,
     num_items_in_batch: float | Tensor | None = None,
     token_weights: Tensor | None = None,

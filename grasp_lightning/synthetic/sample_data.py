@@ -5,8 +5,7 @@ Usage::
     python -m grasp_lightning.synthetic.sample_data OUT_DIR [--seed 0] [--real-clip PATH]
 
 The generator itself is the package :mod:`grasp_lightning.synthetic.sample` (drawing, questions,
-entries, writer); this module keeps the command and re-exports :func:`generate_sample`,
-:class:`SampleSummary` and :func:`~grasp_lightning.synthetic.mp4.encode_mp4` for older imports.
+entries, writer; :func:`~grasp_lightning.synthetic.sample.writer.generate_sample`); this module is its command.
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from grasp_lightning.synthetic.mp4 import encode_mp4
-from grasp_lightning.synthetic.sample.writer import SampleSummary, generate_sample
-
-__all__ = ["SampleSummary", "encode_mp4", "generate_sample", "main"]
+from grasp_lightning.synthetic.sample.writer import generate_sample
 
 
 def main(argv: Sequence[str] | None = None) -> None:

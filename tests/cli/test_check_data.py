@@ -205,7 +205,7 @@ def test_datamodule_numbers(group, kwargs, message):
     ("OptimConfig", {"lr": -1.0}, "model.optim.lr must be a number > 0, got -1.0"),
     ("OptimConfig", {"warmup_steps": -3}, "model.optim.warmup_steps must be an integer >= 0, got -3"),
     ("EvalConfig", {"max_new_tokens": 0}, "model.evaluation.max_new_tokens must be an integer >= 1 or null, got 0"),
-    ("EvalConfig", {"max_frames": -1}, "model.evaluation.max_frames must be an integer >= 1, got -1"),
+    ("ReleasedEvalConfig", {"max_frames": -1}, "model.evaluation.released.max_frames must be an integer >= 1, got -1"),
 ])
 def test_module_config_numbers(cls, kwargs, message):
     import grasp_lightning.module as m

@@ -48,11 +48,11 @@ def test_the_nullable_keys_are_found_from_the_dataclasses() -> None:
     """The enumeration sees the keys the docs name (so a new nullable field is covered by itself)."""
     task = {key for key, _, _ in TASK_KEYS}
     assert {"model.task.init_args.compute.logprob_chunk_size", "model.task.init_args.reward.weights",
-            "model.task.init_args.batching.dynamic_sampling", "model.task.init_args.advantage.clip",
+            "model.task.init_args.batching.rollout_batch_prompts", "model.task.init_args.advantage.clip",
             "model.task.init_args.loss.kl_clamp"} <= task
-    assert len(task) == 11, sorted(task)
+    assert len(task) == 9, sorted(task)
     data = {key for key, _, _ in DATA_KEYS}
-    assert {"data.source.bench", "data.video.frame_max_tokens", "data.loader.mode"} <= data and len(data) == 9
+    assert {"data.source.bench", "data.video.frame_max_tokens", "data.loader.data_mode"} <= data and len(data) == 9
     assert set(inspect.signature(GRPOTask.__init__).parameters) >= {group for _, group, _ in TASK_KEYS}
 
 

@@ -55,7 +55,7 @@ def test_validate_with_the_released_protocol_runs_on_the_tiny_model(in_repo, tmp
                        "--data.source.val_limit=2", "--model.evaluation.max_new_tokens=8",
                        "--trainer.callbacks+=tests.helpers.PromptRecorder"], tmp_path)
     module = cli.model
-    assert module.eval_cfg.protocol == "released" and module.eval_cfg.max_frames == 8
+    assert module.eval_cfg.protocol == "released" and module.eval_cfg.released.max_frames == 8
     recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PromptRecorder))
     item, clip = first_bench_item()
     assert recorder.uids == [item.uid, "158_1_004_qa0001"]

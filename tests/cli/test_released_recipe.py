@@ -126,19 +126,23 @@ def test_the_released_resolution_rule_sizes_training_frames(processor) -> None:
     """``data.video.frame_max_tokens: 256`` on the 360 x 640 sample clip with the tiny model's 16-pixel tokens
     (patch 8 x merge 2): rows 22, cols 40; h = 12, w = floor(12 * 640 / 360) = 21 gives 252 <= 256 tokens
     (w = 22 would be 264; h = 13 needs w >= 23, 299 tokens) -> frames 192 x 336, grid 24 x 42 patches."""
+    from dataclasses import replace
+
+    from grasp_lightning.data.datamodule_config import ErrorConfig, PromptConfig, VideoConfig
     from grasp_lightning.data.formats import read_sft
     from grasp_lightning.data.qa import store_for
     from grasp_lightning.datamodule import GraspDataset
 
     item = next(i for i in read_sft(SAMPLE / "train" / "data_sft.jsonl") if i.clip.src_resolution == (360, 640))
     store = store_for([item], SAMPLE / "train" / "videos")
-    common = dict(with_target=True, fps=2.0, max_frames=8, max_pixels=4096, max_prompt_tokens=None,
-                  max_target_tokens=None, system_prompt="", skip_bad=False)
-    released = GraspDataset([item], store, processor, frame_max_tokens=256, **common).encode(item)
+    prompt = PromptConfig(system_prompt="", max_prompt_tokens=None, max_target_tokens=None)
+    video = VideoConfig(fps=2.0, max_frames=8, max_pixels=4096, frame_max_tokens=256)
+    released = GraspDataset([item], store, processor, video, prompt, ErrorConfig(), with_target=True).encode(item)
     t, h, w = released.video_grid_thw[0].tolist()
     assert (h, w) == (24, 42) and h * w // 4 == 252
     # the paper recipe's rule on the same clip: max_pixels (4096 here) caps the decoded frame instead
-    ours = GraspDataset([item], store, processor, **common).encode(item)
+    ours = GraspDataset([item], store, processor, replace(video, frame_max_tokens=None), prompt, ErrorConfig(),
+                        with_target=True).encode(item)
     assert math.prod(ours.video_grid_thw[0].tolist()[1:]) * 4096 < h * w * 4096 and ours.video_grid_thw[0, 0] == t
 
 

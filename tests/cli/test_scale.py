@@ -267,7 +267,7 @@ def _rl_batch():
 
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(TINY)),
-                         loader=LoaderConfig(mode="rl", batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=2, num_workers=0))
     dm.setup("fit")
     return next(iter(dm.train_dataloader()))
 

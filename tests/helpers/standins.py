@@ -101,7 +101,7 @@ def first_batch(root: Path, model: Path, train_file: str = "train/data_sft.jsonl
 
     dm = GraspDataModule(source=SourceConfig(root=str(root), train_file=train_file, bench=None),
                          video=VideoConfig(max_frames=4, max_pixels=8192), prompt=PromptConfig(processor=str(model), **prompt),
-                         loader=LoaderConfig(mode=mode, batch_size=2, num_workers=0))
+                         loader=LoaderConfig(data_mode=mode, batch_size=2, num_workers=0))
     dm.setup("fit")
     return dm.processor, next(iter(dm.train_dataloader()))
 

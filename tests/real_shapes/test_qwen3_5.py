@@ -133,7 +133,7 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     assert {n for n, p in policy.named_parameters() if p.requires_grad} == \
         {n for n, _ in policy.named_parameters() if ".lora_" in n}
 
-    dm.connect(mode=module.task.data_mode)  # as GraspModule.setup does before fit (window 1, one iteration)
+    dm.connect(data_mode=module.task.data_mode)  # as GraspModule.setup does before fit (window 1, one iteration)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     start = time.perf_counter()

@@ -16,13 +16,13 @@ def test_data_mode_comes_from_the_task_and_a_contradicting_one_is_an_error():
     from grasp_lightning.datamodule import GraspDataModule
 
     dm = GraspDataModule(source=SourceConfig(bench=None))
-    assert dm.mode == "sft"  # stand-alone: no task connected
-    dm.connect(mode="rl")
-    assert dm.mode == "rl"
-    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="rl"))
-    agreeing.connect(mode="rl")  # an explicit, agreeing value is fine
-    with pytest.raises(GraspConfigError, match=r"data.loader.mode='sft' contradicts the task, which consumes 'rl'"):
-        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(mode="sft")).connect(mode="rl")
+    assert dm.data_mode == "sft"  # stand-alone: no task connected
+    dm.connect(data_mode="rl")
+    assert dm.data_mode == "rl"
+    agreeing = GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="rl"))
+    agreeing.connect(data_mode="rl")  # an explicit, agreeing value is fine
+    with pytest.raises(GraspConfigError, match=r"data.loader.data_mode='sft' contradicts the task, which consumes 'rl'"):
+        GraspDataModule(source=SourceConfig(bench=None), loader=LoaderConfig(data_mode="sft")).connect(data_mode="rl")
 
 
 def _curriculum_dm(root):
@@ -87,7 +87,7 @@ def test_connect_refuses_empty_windows_and_an_unknown_mode():
     with pytest.raises(GraspConfigError, match="window and repeat must be >= 1, got 0, 1"):
         dm.connect(window=0)
     with pytest.raises(GraspConfigError, match="data_mode must be 'sft' or 'rl', got 'ppo'"):
-        dm.connect(mode="ppo")
+        dm.connect(data_mode="ppo")
 
 
 def test_connected_windows_yield_each_window_repeat_times_with_the_window_set():

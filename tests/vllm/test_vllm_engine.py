@@ -68,7 +68,7 @@ def prompts(tiny32):
 
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=str(tiny32)),
-                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
+                         loader=LoaderConfig(data_mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     return {k: v for k, v in batch.inputs.items() if k != "labels"}, dm.processor.tokenizer
@@ -166,7 +166,7 @@ def test_vllm_on_a_mixed_image_and_video_batch_matches_generate(engine, tiny32, 
     dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file="qa.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=2048),
                          prompt=PromptConfig(processor=str(tiny32)),
-                         loader=LoaderConfig(mode="rl", batch_size=4, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=4, num_workers=0))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert [i.media for i in batch.items] == [("image",), ("video",), ("image", "video"), ("image",)]
@@ -222,7 +222,7 @@ def test_qwen3_5_in_bfloat16_matches_generate_after_weight_and_lora_updates(vllm
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096),
                          prompt=PromptConfig(processor=str(tiny_qwen35)),
-                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=2, seed=0))
+                         loader=LoaderConfig(data_mode="rl", num_workers=0, batch_size=2, seed=0))
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer

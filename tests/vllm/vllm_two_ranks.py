@@ -35,7 +35,7 @@ def main(model: str, out: str, sync_dir: str) -> None:
     rank = dist.get_rank()
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096), prompt=PromptConfig(processor=model),
-                         loader=LoaderConfig(mode="rl", num_workers=0, batch_size=1, seed=0))
+                         loader=LoaderConfig(data_mode="rl", num_workers=0, batch_size=1, seed=0))
     dm.setup("fit")
     prompt = {k: v for k, v in next(iter(dm.train_dataloader())).inputs.items() if k != "labels"}
     tokenizer = dm.processor.tokenizer

@@ -90,8 +90,8 @@ def test_planned_visual_tokens_are_the_processors(run_name: str, family: str, cl
         dataset = datamodule.dataset([item], datamodule_store(item), with_target=False)
         encoded = dataset.encode(item)
         actual = int((encoded.input_ids == pad).sum())
-        template = len(processor.tokenizer(render_texts(processor, item, None, dataset.system_prompt,
-                                                        dataset.instruction)[0])["input_ids"])
+        template = len(processor.tokenizer(render_texts(processor, item, None, dataset.prompt.system_prompt,
+                                                        dataset.prompt.instruction)[0])["input_ids"])
         planned = plan_memory(replace(spec, model=model, video_seconds=SECONDS, frame_size=size,
                                       source_fps=float(SOURCE_FPS), text_tokens=template))
         assert planned.visual_tokens == actual, (run_name, family, size)

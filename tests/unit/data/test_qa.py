@@ -51,7 +51,7 @@ def _datamodule(folder: Path, mode: str, model: Path = TINY, train_file: str = "
 
     dm = GraspDataModule(source=SourceConfig(root=str(folder), train_file=train_file, bench=None),
                          video=VideoConfig(max_frames=8, max_pixels=4096, max_image_pixels=max_image_pixels),
-                         prompt=PromptConfig(processor=str(model)), loader=LoaderConfig(mode=mode, batch_size=4, num_workers=0),
+                         prompt=PromptConfig(processor=str(model)), loader=LoaderConfig(data_mode=mode, batch_size=4, num_workers=0),
                          errors=errors or ErrorConfig())
     dm.setup("fit")
     return dm

@@ -275,8 +275,8 @@ def test_evaluation_engine_follows_the_rollout_engine_unless_set_and_keys_predic
     hf_setup, vllm_setup = plain.prediction_setup({}), split.prediction_setup({})
     assert "engine" not in hf_setup.decoding and vllm_setup.decoding["engine"] == "vllm"
     assert hf_setup.key != vllm_setup.key
-    legacy = {**dataclasses.asdict(EvalConfig()), "max_new_tokens": plain.eval_max_new_tokens}
-    del legacy["engine"]  # the decoding written before the setting existed: generate's key is the same
-    assert hf_setup.decoding == legacy
+    hf_decoding = {**dataclasses.asdict(EvalConfig()), "max_new_tokens": plain.eval_max_new_tokens}
+    del hf_decoding["engine"]  # generate's decoding does not name its engine
+    assert hf_setup.decoding == hf_decoding
     split.teardown("predict")
     assert split._eval_engine is None

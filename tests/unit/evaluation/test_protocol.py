@@ -142,13 +142,18 @@ def test_report_is_the_released_metric_report():
 
 
 def test_protocol_settings_are_checked():
-    from grasp_lightning.module import EvalConfig
+    from grasp_lightning.module import EvalConfig, ReleasedEvalConfig
 
     assert EvalConfig().protocol == "grasp" and make_protocol("grasp").bench_encoder(None) is None
-    for bad in (dict(protocol="paper"), dict(protocol="released", timestamps="fake"),
-                dict(protocol="released", model_type="llava")):
-        with pytest.raises(GraspConfigError):
+    for bad, key in ((dict(protocol="paper"), "model.evaluation.protocol"),
+                     (dict(protocol="released", released=ReleasedEvalConfig(timestamps="fake")),
+                      "model.evaluation.released.timestamps"),
+                     (dict(protocol="released", released={"model_type": "llava"}), "model.evaluation.released.model_type")):
+        with pytest.raises(GraspConfigError, match=key):
             EvalConfig(**bad).make_protocol()
+    released_cfg = EvalConfig(protocol="released", released=ReleasedEvalConfig(reasoning=False, max_frames=8))
+    assert released_cfg.make_protocol().settings == dict(reasoning=False, model_type="qwen3_vl", max_frames=8,
+                                                         frame_max_tokens=256, timestamps="released")
     released = make_protocol("released")
     assert released.decoding_deviations(2048, False, True) == []
     assert released.decoding_deviations(24, True, True) == ["max_new_tokens=24 (released: 2048)",

@@ -145,6 +145,7 @@ def test_tvqa_reader_answer_idx_ts_and_subtitles(tmp_path):
 def test_tvqa_decodes_only_the_ts_window(processor, monkeypatch):
     """Through the DataModule's dataset: the frames handed to the processor are those of ``ts`` only."""
     import grasp_lightning.datamodule as dm
+    from grasp_lightning.data.datamodule_config import ErrorConfig, PromptConfig, VideoConfig
     from grasp_lightning.datamodule import GraspDataset
 
     bench = TVQAPlus(str(ASSETS / "tvqa_plus" / "tvqa_plus_val.json"))
@@ -156,9 +157,9 @@ def test_tvqa_decodes_only_the_ts_window(processor, monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(dm, "decode_clip", spy)
-    dataset = GraspDataset(bench.items, bench.store(), processor, with_target=False, fps=2.0, max_frames=16,
-                           max_pixels=4096, max_prompt_tokens=None, max_target_tokens=None,
-                           system_prompt=bench.system_prompt, skip_bad=False)
+    dataset = GraspDataset(bench.items, bench.store(), processor, VideoConfig(fps=2.0, max_frames=16, max_pixels=4096),
+                           PromptConfig(system_prompt=bench.system_prompt, max_prompt_tokens=None, max_target_tokens=None),
+                           ErrorConfig(), with_target=False)
     for index, frames in ((0, 7), (4, 8)):  # ts [5.5, 9.0] and [8.0, 12.0] at 2 fps
         assert dataset[index].example is not None
         item, clip = bench.items[index], seen[-1]
@@ -326,13 +327,12 @@ def test_grasp_bench_suite_reuses_bench_and_reports(tmp_path):
     assert other.report(metrics, []).section["table"] == "table_grasp_copy.md"
 
 
-def test_read_sections_also_reads_the_old_benchmarks_key(tmp_path):
-    """results.json files written before the key was named "suites" keep their sections under "benchmarks"."""
+def test_read_sections_reads_the_suites_key_and_no_other(tmp_path):
+    """The other suites' sections are read from "suites" only: a "benchmarks" key is not a section."""
     mmsi = {"title": "MMSI", "metrics": {"acc/overall": None, "n/overall": 0.0}, "items": [], "table": "t.md"}
-    old, new = tmp_path / "old.json", tmp_path / "new.json"
-    old.write_text(json.dumps({"meta": {}, "metrics": {"acc/overall": 0.5}, "items": [], "benchmarks": {"mmsi": mmsi}}))
+    other, new = tmp_path / "other.json", tmp_path / "new.json"
+    other.write_text(json.dumps({"meta": {}, "metrics": {"acc/overall": 0.5}, "items": [], "benchmarks": {"mmsi": mmsi}}))
     new.write_text(json.dumps({"meta": {}, "suites": {"mmsi": mmsi}}))
-    for path in (old, new):
-        sections = read_sections(path)
-        assert sections["mmsi"]["title"] == "MMSI" and math.isnan(sections["mmsi"]["metrics"]["acc/overall"])
-    assert list(read_sections(old)) == ["grasp_bench", "mmsi"] and list(read_sections(new)) == ["mmsi"]
+    sections = read_sections(new)
+    assert sections["mmsi"]["title"] == "MMSI" and math.isnan(sections["mmsi"]["metrics"]["acc/overall"])
+    assert list(read_sections(other)) == ["grasp_bench"] and list(sections) == ["mmsi"]

@@ -87,7 +87,7 @@ def world():
     reference = copy.deepcopy(policy).eval()
     dm = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None, train_limit=12),
                          video=VideoConfig(max_frames=4, max_pixels=4096), prompt=PromptConfig(processor=str(TINY)),
-                         loader=LoaderConfig(mode="rl", batch_size=1, num_workers=0))
+                         loader=LoaderConfig(data_mode="rl", batch_size=1, num_workers=0))
     dm.setup("fit")
     return policy, reference, dm
 
@@ -158,11 +158,11 @@ def test_one_generation_call_per_rollout_batch_same_losses_and_gradients(world, 
 def test_config_errors_name_the_keys():
     with pytest.raises(GraspConfigError, match="dynamic_sampling"):
         grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling="resample"))
-    with pytest.raises(GraspConfigError, match="drop_zero_variance_groups=True contradicts"):
-        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(drop_zero_variance_groups=True, dynamic_sampling="off"))
+    with pytest.raises(GraspConfigError, match=r"dynamic_sampling must be one of \('off', 'drop', 'refill'\), got None"):
+        grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling=None))
     with pytest.raises(GraspConfigError, match="rollout_batch_prompts"):
         grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(rollout_batch_prompts=0))
-    assert grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(drop_zero_variance_groups=True)).dynamic_sampling == "drop"
+    assert grpo_task.GRPOTask(batching=grpo_task.BatchingConfig(dynamic_sampling="drop")).dynamic_sampling == "drop"
     assert grpo_task.GRPOTask().dynamic_sampling == "off"
 
 

@@ -90,7 +90,7 @@ def test_check_settings_refuses_by_key():
 
 
 def test_a_flat_setting_in_place_of_a_group_is_refused_naming_its_keys():
-    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a group of settings \(kind, "):
+    with pytest.raises(GraspConfigError, match=r"model.task.init_args.advantage is a setting group \(kind, "):
         GRPOTask(advantage="group")
 
 

@@ -16,6 +16,7 @@ the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ from grasp_lightning.monitoring.loggers import log_image, log_text, run_dir
 log = logging.getLogger(__name__)
 
 
-class GraspBenchReport(L.Callback):
+class EvalReports(L.Callback):
     """Evaluation reports of every suite, written into ``<run folder>/bench/step_<N>/`` and ``.../latest/``
     (``N``: the optimizer step; of the checkpoint for ``validate``/``test --ckpt_path``, named in the meta).
 
@@ -73,7 +74,7 @@ class GraspBenchReport(L.Callback):
         checkpoint, step = evaluated_checkpoint(trainer, pl_module)
         meta = {"step": step, "model": pl_module.policy_cfg.name_or_path, "checkpoint": checkpoint,
                 "stage": str(trainer.state.stage),
-                "decoding": {**vars(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
+                "decoding": {**dataclasses.asdict(pl_module.eval_cfg), "max_new_tokens": pl_module.eval_max_new_tokens}}
         images: dict = {}
         for sub in (f"step_{step}", "latest"):
             out = os.path.join(root, sub)

@@ -76,6 +76,11 @@ def _trainer(steps: int, callbacks: list) -> L.Trainer:
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 
+#: Settings a loss type needs beyond ``type`` (docs/training.md, "The objective family"): cispo caps its weight
+#: at ``epsilon_high`` (ScaleRL's 5.0); luspo takes the sequence-level ratio, as its paper does.
+TYPE_SETTINGS: dict[str, dict] = {"cispo": {"epsilon_high": 5.0}, "luspo": {"ratio_level": "sequence"}}
+
+
 def loss_type_run(loss_type: str, seed: int, args) -> tuple[list[float], float]:
     """``args.steps`` GRPO steps of ``loss_type`` from the tiny model, rewarded by :func:`vowel_share`: the mean
     reward of each step and the seconds the fit took."""
@@ -84,7 +89,8 @@ def loss_type_run(loss_type: str, seed: int, args) -> tuple[list[float], float]:
     L.seed_everything(seed)
     trace = RewardTrace()
     task = GRPOTask(reward=RewardConfig(terms=[vowel_share], weights=[1.0]),
-                    loss=LossConfig(beta=0.0, type=loss_type, num_iterations=args.num_iterations))
+                    loss=LossConfig(beta=0.0, type=loss_type, num_iterations=args.num_iterations,
+                                    **TYPE_SETTINGS.get(loss_type, {})))
     module = GraspModule(task, policy=PolicyConfig(name_or_path=str(REPO / "grasp_lightning/assets/tiny-qwen3vl"),
                                                    dtype="float32"),
                          optim=OptimConfig(lr=args.lr, warmup_steps=0),

@@ -49,8 +49,10 @@ def test_the_nullable_keys_are_found_from_the_dataclasses() -> None:
     task = {key for key, _, _ in TASK_KEYS}
     assert {"model.task.init_args.compute.logprob_chunk_size", "model.task.init_args.reward.weights",
             "model.task.init_args.batching.rollout_batch_prompts", "model.task.init_args.advantage.clip",
-            "model.task.init_args.loss.kl_clamp"} <= task
-    assert len(task) == 9, sorted(task)
+            "model.task.init_args.loss.kl_clamp", "model.task.init_args.loss.delta",
+            "model.task.init_args.loss.importance_sampling_floor", "model.task.init_args.loss.off_policy_mask_threshold",
+            "model.task.init_args.loss.reference_sync_steps"} <= task
+    assert len(task) == 13, sorted(task)
     data = {key for key, _, _ in DATA_KEYS}
     assert {"data.source.bench", "data.video.frame_max_tokens", "data.loader.data_mode"} <= data and len(data) == 9
     assert set(inspect.signature(GRPOTask.__init__).parameters) >= {group for _, group, _ in TASK_KEYS}

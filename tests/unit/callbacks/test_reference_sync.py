@@ -60,7 +60,7 @@ class Probe(L.Callback):
 def _fit(module: GraspModule, steps: int, callbacks: list) -> L.Trainer:
     data = GraspDataModule(source=SourceConfig(root=str(SAMPLE), train_file="train/data_rl.jsonl", bench=None),
                            video=VideoConfig(max_frames=4, max_pixels=4096),
-                           loader=LoaderConfig(mode="rl", batch_size=1, num_workers=0, seed=0))
+                           loader=LoaderConfig(data_mode="rl", batch_size=1, num_workers=0, seed=0))
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, max_epochs=-1, logger=False, callbacks=callbacks,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, data)

@@ -681,8 +681,8 @@ def test_mask_truncated_leaves_truncated_completions_out_of_the_loss_and_its_nor
         micro = [next(it), next(it)]
         task.prepare(module, micro[0])
         out = task.training_step(module, micro[0])
-        ros = task._window_rollouts
-        results[masked] = (float(task._window_tokens), out, ros)
+        ros = task.cache.rollouts
+        results[masked] = (float(task.cache.tokens), out, ros)
     plain_tokens, _, ros = results[False]
     tokens, out, masked_ros = results[True]
     truncated_tokens = sum(float(ro.completions.mask[ro.completions.truncated].sum()) for ro in ros)

@@ -315,6 +315,6 @@ def test_rows_as_written_leaves_training_rows_alone_and_keeps_the_evaluation_ins
     released = load_run(config_args([*SGR, "configs/demo.yaml"])).datamodule
     paper = load_run(config_args(["configs/sgr.yaml", "configs/demo.yaml"])).datamodule
     train, val = released.dataset([item], None, False, training=True), released.dataset([item], None, False)
-    assert user_text(item, train.instruction) == "Who points?\nA) P0\nB) P1"  # the row as written
-    assert val.instruction == INSTRUCTION and paper.dataset([item], None, False, training=True).instruction == INSTRUCTION
+    assert user_text(item, train.prompt.instruction) == "Who points?\nA) P0\nB) P1"  # the row as written
+    assert val.prompt.instruction == INSTRUCTION and paper.dataset([item], None, False, training=True).prompt.instruction == INSTRUCTION
     assert user_text(item, INSTRUCTION).endswith(INSTRUCTION)

@@ -138,7 +138,7 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     batch = next(iter(dm.train_dataloader()))
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING), torch.no_grad():
-        module.task.prepare(module, batch)
+        sampled = module.task.prepare(module, batch)  # the window's sampling figures (the module adds them)
         out = module.task.training_step(module, batch)
     TIMES[f"Qwen3.5 SGR step without backward (K={K35}, {BUDGET35} new tokens)"] = time.perf_counter() - start
     assert not [r for r in caplog.records if "falling back to repeated prompt rows" in r.getMessage()]
@@ -149,8 +149,10 @@ def test_qwen3_5_sgr_step_on_the_shared_path_with_lora_on_both_attention_kinds(s
     assert int(ro.completions.ids.max()) < 248_320 and ro.ref_logp is not None and ro.old_logp is None
     assert torch.isfinite(out.loss) and float(out.metrics["kl"]) == 0.0 and float(out.metrics["ratio/mean"]) == 1.0
     b, lp = batch.inputs["input_ids"].shape
-    # generation (the prompt but its last token once, then one token per row), reference and policy scoring
-    assert out.metrics["tokens/prompt_forwarded"] == b * (lp - 1) + K35 * b + 2 * b * lp
+    # generation (the prompt but its last token once, then one token per row) and reference scoring at sampling,
+    # the policy's scoring at the step
+    forwarded = float(sampled["tokens/prompt_forwarded"]) + float(out.metrics["tokens/prompt_forwarded"])
+    assert forwarded == b * (lp - 1) + K35 * b + 2 * b * lp
     rollouts.clear()
     del run, module, policy, out, ro
     gc.collect()

@@ -190,6 +190,13 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int | None, p
     return -penalty * ((lengths.float() - start) / buffer).clamp(0, 1)
 
 
+def _check_terms(term_rewards: Tensor, weights: Tensor) -> None:
+    """``term_rewards`` ``(N, T)`` and ``weights`` ``(T,)``, else ``ValueError`` naming both shapes."""
+    if term_rewards.dim() != 2 or weights.shape != (term_rewards.shape[1],):
+        raise ValueError(f"term_rewards (N, T) and weights (T,) expected, got {tuple(term_rewards.shape)} "
+                         f"and {tuple(weights.shape)}")
+
+
 def released_advantages(term_rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
     """Released GRASP advantage: each reward term mean-centred within its group, then weighted and summed.
 
@@ -209,9 +216,7 @@ def released_advantages(term_rewards: Tensor, weights: Tensor, group_size: int) 
         ValueError: shapes do not match or ``N`` not divisible by ``group_size``.
         GraspConfigError: ``group_size < 1``.
     """
-    if term_rewards.dim() != 2 or weights.shape != (term_rewards.shape[1],):
-        raise ValueError(f"term_rewards (N, T) and weights (T,) expected, got {tuple(term_rewards.shape)} "
-                         f"and {tuple(weights.shape)}")
+    _check_terms(term_rewards, weights)
     grouped = _grouped(term_rewards, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
@@ -256,9 +261,7 @@ def term_normalised_sum(term_rewards: Tensor, weights: Tensor, group_size: int, 
         ValueError: shapes do not match or ``N`` not divisible by ``group_size``.
         GraspConfigError: ``group_size < 1``.
     """
-    if term_rewards.dim() != 2 or weights.shape != (term_rewards.shape[1],):
-        raise ValueError(f"term_rewards (N, T) and weights (T,) expected, got {tuple(term_rewards.shape)} "
-                         f"and {tuple(weights.shape)}")
+    _check_terms(term_rewards, weights)
     grouped = _grouped(term_rewards, group_size)
     mean = grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)

@@ -51,6 +51,8 @@ from tests.helpers.models import (
     assert_grad_close,
     generate_with_logits,
     load_model,
+    load_tiny_policy,
+    perturb_weights,
     random_completions,
     sample_rl_datamodule,
 )
@@ -94,7 +96,7 @@ from tests.helpers.standins import (
     standin_args,
     write_dataset,
 )
-from tests.helpers.vllm_tier import SERVER_ENV, SHIM, load_tiny_policy, perturb_weights, vllm_cfg
+from tests.helpers.vllm_tier import SERVER_ENV, SHIM, vllm_cfg
 
 __all__ = [
     "BENCH_OPTIONS", "BENCH_QUESTION", "RELEASED_INSTRUCTION", "RELEASED_SYSTEM", "SAMPLE_BENCH", "first_bench_item",

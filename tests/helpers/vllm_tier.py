@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from tests.helpers.paths import REPO
 
 SHIM = REPO / "tests" / "vllm" / "vllm_cpu"
@@ -20,19 +18,3 @@ def vllm_cfg(python: str, **over):
               env=dict(SERVER_ENV), engine_kwargs={"enforce_eager": True}, startup_timeout_s=600)
     kw.update(over)
     return VLLMConfig(**kw)
-
-
-def load_tiny_policy(path):
-    """The tiny Qwen3-VL at ``path`` as a float32 policy in eval mode."""
-    from transformers import Qwen3VLForConditionalGeneration
-
-    return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def perturb_weights(model, seed, scale=0.05):
-    """Add seeded Gaussian noise (std ``scale``) to every language-model weight in place (the vision tower unchanged)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "visual" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * scale)

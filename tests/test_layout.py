@@ -31,6 +31,7 @@ RANKS: dict[str, int] = {
     "grasp_lightning.plugins": 1,  # objects named by import path (rewards of one's own)
     "grasp_lightning.data.records": 1,
     "grasp_lightning.data": 2,  # formats, shards, video, prompts, collate, sampler, windows
+    "grasp_lightning.sequence_parallel": 2,  # Ulysses: the decoder's forwards split over a group of ranks
     "grasp_lightning.grpo.config": 2,  # the GRPO task's setting groups
     "grasp_lightning.evaluation": 3,  # evaluation suites, their metrics, protocols and reports
     "grasp_lightning.grpo.rewards": 3,  # the reward terms (GRASP-Bench's scoring reads them too)

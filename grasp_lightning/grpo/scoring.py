@@ -60,6 +60,7 @@ from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo import objective
 from grasp_lightning.grpo.logprobs import chunked_logps_and_entropy, hidden_states_as_logits
 from grasp_lightning.grpo.vision import VisionFeatures, inner_module, reuse_vision
+from grasp_lightning.sequence_parallel import SequenceParallel
 
 #: Prompt-level text inputs (one row per prompt, repeated K times for the naive path).
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -278,13 +279,14 @@ def expand_cache(cache: Cache, k: int) -> None:
             layer.batch_repeat_interleave(k)
 
 
-def _prompt_forward(model, prompt: dict[str, torch.Tensor], cache: Cache, *, drop_last: bool = False):
-    """Forward the ``B`` prompts once (vision encoder included) into ``cache``; logits of the last position."""
+def _prompt_forward(model, prompt: dict[str, torch.Tensor], cache: Cache, *, drop_last: bool = False, keep: int = 1):
+    """Forward the ``B`` prompts once (vision encoder included) into ``cache``; logits of the last ``keep``
+    positions (``0``: all, what a split forward needs)."""
     args = {name: (prompt[name][:, :-1] if drop_last else prompt[name]) for name in TEXT_KEYS if name in prompt}
     for pixels, grid in VISION_KEYS:
         if grid in prompt:
             args[pixels], args[grid] = prompt[pixels], prompt[grid]
-    return model(**args, cache=cache, use_cache=isinstance(cache, DynamicCache), logits_to_keep=1)
+    return model(**args, cache=cache, use_cache=isinstance(cache, DynamicCache), logits_to_keep=keep)
 
 
 # ---------------------------------------------------------------------------------------- sampling
@@ -448,17 +450,25 @@ def logps_and_entropy(logits: torch.Tensor, completion_ids: torch.Tensor,
 
 def completion_logps(model, inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                      temperature: float, chunk_size: int | None = None,
-                     entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     entropy_grad: bool = False, sp: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive scoring: one forward over full sequences whose last ``Lc`` tokens are ``completion_ids`` ``(N, Lc)``.
 
     ``chunk_size``: ``None`` takes the model's ``(N, Lc, V)`` logits (:func:`logps_and_entropy`); an
     integer takes its final hidden states and applies the LM head over that many tokens at a time
     (:func:`grasp_lightning.grpo.logprobs.chunked_logps_and_entropy`), so no ``(N, Lc, V)`` tensor exists.
+    ``sp``: a sequence-parallel group of more than one rank splits the forward (:func:`_split_logps`); every
+    rank of it returns the same values.
 
     Returns:
         ``(logp, entropy)``, both ``(N, Lc)`` float32 (see :func:`logps_and_entropy`).
     """
     lc = completion_ids.shape[1]
+    if sp is not None and sp.size > 1:
+        with sp.splitting(), hidden_states_as_logits(model) as head:
+            hidden = model(**inputs, use_cache=False, logits_to_keep=0).logits  # (N, S/N, D): this rank's chunk
+        layout = sp.layout()
+        return _split_logps(sp, [(hidden, layout, layout.length - lc - 1, 0)], head, completion_ids, temperature,
+                            chunk_size, entropy_grad)
     with _scoring_head(model, chunk_size) as head:
         out = model(**inputs, use_cache=False, logits_to_keep=lc + 1).logits[:, :-1]
     return _logps(out, head, completion_ids, temperature, chunk_size, entropy_grad)
@@ -482,11 +492,48 @@ def _logps(out: torch.Tensor, head, completion_ids: torch.Tensor, temperature: f
     return chunked_logps_and_entropy(out, head, completion_ids, temperature, chunk_size, entropy_grad)
 
 
+def _split_logps(sp: SequenceParallel, pieces: list, head, completion_ids: torch.Tensor, temperature: float,
+                 chunk_size: int | None, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies ``(N, Lc)`` of completions scored by split forwards, the same on every rank.
+
+    ``pieces``: ``(hidden, layout, start, column)`` per split forward: its chunk of final hidden states
+    ``(N, S/N, D)``, its :class:`~grasp_lightning.sequence_parallel.SplitLayout`, the position ``start``
+    that predicts completion column ``column``; each following position predicts the next column, up to
+    the forward's end or ``Lc``. Each rank applies the LM head (in chunks of ``chunk_size`` tokens, or
+    whole) to the positions of its chunk only, and the group's sum places every column.
+    """
+    n, lc = completion_ids.shape
+    logps = completion_ids.new_zeros((n, lc), dtype=torch.float32)
+    entropies = torch.zeros_like(logps)
+    for hidden, layout, start, column in pieces:
+        if hidden.requires_grad:  # a rank whose chunk predicts no completion token still takes part in the
+            logps = logps + 0.0 * hidden.sum()  # backward: its keys/values reached the other ranks' positions
+        stop = start + min(lc - column, layout.length - start)
+        first, last = layout.local_span(start, stop)
+        if last == first:
+            continue
+        rows = hidden[:, first - layout.lo:last - layout.lo]
+        ids = completion_ids[:, column + first - start:column + last - start]
+        if rows.shape[0] != n:
+            rows = rows.repeat_interleave(n // rows.shape[0], 0)
+        size = chunk_size if chunk_size is not None else rows.shape[0] * rows.shape[1]
+        lp, ent = chunked_logps_and_entropy(rows, head, ids, temperature, max(size, 1), entropy_grad)
+        cols = (column + first - start, column + last - start)
+        logps = logps + sp_place(lp, cols, lc)
+        entropies = entropies + sp_place(ent, cols, lc)
+    return sp.sum_disjoint(logps), sp.sum_disjoint(entropies)
+
+
+def sp_place(values: torch.Tensor, cols: tuple[int, int], width: int) -> torch.Tensor:
+    """``values`` ``(N, last - first)`` at columns ``cols = (first, last)`` of an ``(N, width)`` zero tensor."""
+    return torch.nn.functional.pad(values, (cols[0], width - cols[1]))
+
+
 # ---------------------------------------------------------------------------------------- shared scoring
 def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                             completion_mask: torch.Tensor, k: int, temperature: float,
-                            chunk_size: int | None = None,
-                            entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                            chunk_size: int | None = None, entropy_grad: bool = False,
+                            sp: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-shared scoring: the B prompts run once, the ``B*K`` completions attend to their shared cache.
 
     Differentiable when grad is enabled (policy loss); also used under ``no_grad`` for the
@@ -501,6 +548,7 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
         temperature: sampling temperature (logits are divided by it).
         chunk_size: ``None``: full logits; an integer: the LM head over that many tokens at a time
             (see :func:`completion_logps`).
+        sp: a sequence-parallel group of more than one rank splits both forwards (:func:`_split_shared_logps`).
 
     Returns:
         ``(logp, entropy)``, both ``(B*K, Lc)`` float32, equal to :func:`completion_logps` on
@@ -513,6 +561,9 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
     n, lc = completion_ids.shape
     if n != batch * k:
         raise ValueError(f"{n} completion rows for {batch} prompts x K={k}")
+    if sp is not None and sp.size > 1:
+        return _split_shared_logps(model, prompt, completion_ids, completion_mask, k, temperature, chunk_size,
+                                   entropy_grad, sp)
     with _cache_through_checkpointing(model), _scoring_head(model, chunk_size) as head:
         cache = SharedPrefixCache.for_model(model)
         logits = _prompt_forward(model, prompt, cache).logits[:, -1:].repeat_interleave(k, 0)
@@ -528,24 +579,59 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
     return _logps(logits, head, completion_ids, temperature, chunk_size, entropy_grad)  # the head's forward is back
 
 
+def _completion_positions(model, prompt: dict[str, torch.Tensor], completion_mask: torch.Tensor, k: int,
+                          lc: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE positions ``(3, B*K, Lc-1)`` and attention mask ``(B*K, Lp+Lc-1)`` of the completion forward
+    that reads the shared prompt cache (after the prompt forward set ``rope_deltas``)."""
+    prompt_mask = prompt["attention_mask"]
+    start = (prompt_mask.sum(1, keepdim=True) + _rope_deltas(model, prompt_mask.shape[0])).repeat_interleave(k, 0)
+    positions = (start + torch.arange(lc - 1, device=start.device))[None].expand(3, -1, -1)
+    mask = torch.cat([prompt_mask.repeat_interleave(k, 0), completion_mask[:, :-1].to(prompt_mask.dtype)], 1)
+    return positions, mask
+
+
+def _split_shared_logps(model, prompt, completion_ids, completion_mask, k, temperature, chunk_size, entropy_grad,
+                        sp: SequenceParallel) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`shared_completion_logps` with both forwards split over ``sp``'s ranks.
+
+    The prompt forward writes the rank's heads' whole-sequence keys/values and linear-attention states
+    into the :class:`SharedPrefixCache`; the completion forward (also split) reads them. Position
+    ``Lp - 1`` of the prompt predicts completion column 0, position ``j`` of the completion forward
+    column ``j + 1`` (:func:`_split_logps`).
+    """
+    lc = completion_ids.shape[1]
+    with _cache_through_checkpointing(model), sp.splitting(), hidden_states_as_logits(model) as head:
+        cache = SharedPrefixCache.for_model(model)
+        hidden = _prompt_forward(model, prompt, cache, keep=0).logits
+        prompt_layout = sp.layout()
+        pieces = [(hidden, prompt_layout, prompt_layout.length - 1, 0)]
+        if lc > 1:
+            positions, mask = _completion_positions(model, prompt, completion_mask, k, lc)
+            out = model(input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
+                        cache=cache.expanded(k), use_cache=False, logits_to_keep=0)
+            pieces.append((out.logits, sp.layout(), 0, 1))
+    return _split_logps(sp, pieces, head, completion_ids, temperature, chunk_size, entropy_grad)
+
+
 def score_completions(model, prompt: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                       completion_mask: torch.Tensor, k: int, temperature: float,
                       share: bool, chunk_size: int | None = None,
                       vision: VisionFeatures | None = None,
-                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      entropy_grad: bool = False, sp: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies ``(B*K, Lc)`` of the completions: group-shared or naive (repeated rows).
 
     ``chunk_size``: the LM head over that many completion tokens at a time (``None``: full logits;
     :func:`completion_logps`). ``vision``: the rollout's vision features, fed to the model instead of
     running its (frozen) vision tower again (:func:`grasp_lightning.grpo.vision.reuse_vision`).
     ``entropy_grad``: the entropies differentiable too (``loss.entropy_coef``'s bonus), else without grad.
+    ``sp``: the sequence-parallel group splitting the forwards (:mod:`grasp_lightning.sequence_parallel`).
     """
     with reuse_vision(model, vision):
         if share:
             return shared_completion_logps(model, prompt, completion_ids, completion_mask, k, temperature,
-                                           chunk_size, entropy_grad)
+                                           chunk_size, entropy_grad, sp)
         return completion_logps(model, full_sequences(prompt, completion_ids, completion_mask, k), completion_ids,
-                                temperature, chunk_size, entropy_grad)
+                                temperature, chunk_size, entropy_grad, sp)
 
 
 def prompt_tokens_forwarded(prompt: dict[str, torch.Tensor], k: int, share: bool, *, generation: bool = False) -> int:

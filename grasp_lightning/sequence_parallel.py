@@ -244,13 +244,18 @@ def text_model(model) -> torch.nn.Module:
 
 
 def unsupported_reason(model, size: int) -> str | None:
-    """Why the decoder of ``model`` cannot be split over ``size`` ranks, or ``None`` when it can.
+    """Why the decoder of ``model`` cannot be split over ``size`` ranks, or ``None`` when it can
+    (:func:`config_unsupported_reason` of its text config)."""
+    return config_unsupported_reason(text_model(model).config, size)
+
+
+def config_unsupported_reason(cfg, size: int) -> str | None:
+    """Why a decoder of the ``transformers`` text config ``cfg`` cannot be split over ``size`` ranks, or ``None``.
 
     Attention heads (query and key/value: one divides the other) and the Gated DeltaNet key and value
-    heads must divide evenly over the ranks; only full and linear attention layers are covered.
+    heads must divide evenly over the ranks; only full and linear attention layers are covered (not
+    sliding-window ones). The memory planner applies the same rule to the published shapes.
     """
-    text = text_model(model)
-    cfg = text.config
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     if heads % size:
         return f"{heads} attention heads do not split over {size} ranks"

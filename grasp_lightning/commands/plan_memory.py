@@ -2,9 +2,10 @@
 
 ``python -m grasp_lightning plan-memory --config configs/sgr.yaml [--config configs/lora.yaml] --gpu-memory-gib 140``
 prints the bytes of every component per GPU and whether the run fits. Overrides take ``fit``'s syntax
-(``--trainer.devices 4``, ``--model.lora.enabled=true``). With ``--gpu-memory-gib``, a run that does not
-fit exits with status 1 and names the first single change of its config that would make it fit
-(:func:`suggest_fit`). ``--table`` prints the memory table of docs/scaling.md (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
+(``--trainer.devices 4``, ``--model.lora.enabled=true``, ``--model.sequence_parallel 8``). With
+``--gpu-memory-gib``, a run that does not fit exits with status 1 and names the first single change of its
+config that would make it fit (:func:`suggest_fit`), Ulysses sequence parallelism over 2, 4 or 8 of its GPUs
+among them. ``--table`` prints the memory table of docs/scaling.md (Qwen3-VL 2B/4B/8B and Qwen3.5-9B; full fine-tune on 8 x H200, LoRA on one
 24 GB GPU, and for Qwen3.5-9B on one 48 GB GPU too; QLoRA, ``configs/qlora.yaml``, on one 24 GB GPU for
 Qwen3-VL-4B/8B and Qwen3.5-9B). ``--model`` takes a local checkpoint or a name
 of :func:`~grasp_lightning.planning.architectures.known_model_names` (or its Hub id).
@@ -27,11 +28,12 @@ from typing import Any
 
 from grasp_lightning.commands.config import cli_value, config_args, load_run, override_args
 from grasp_lightning.errors import GraspConfigError
-from grasp_lightning.planning.architectures import known_model_names
+from grasp_lightning.planning.architectures import architecture_config, known_model_names
 from grasp_lightning.planning.estimate import Fit, MemoryPlan, fits, format_plan, plan_memory
 from grasp_lightning.planning.spec import RunSpec, bundled_or_local, spec_from_run
 from grasp_lightning.planning.tables import TABLE_ROWS, Setup, scaling_table
 from grasp_lightning.planning.tokens import DEFAULT_SOURCE_FPS
+from grasp_lightning.sequence_parallel import config_unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +85,31 @@ def plan_from_config(config_paths: Sequence[str | Path], overrides: dict[str, An
 
 #: Exit status of ``plan-memory --gpu-memory-gib G`` when the run does not fit (argparse errors exit 2).
 EXIT_DOES_NOT_FIT = 1
+#: The ``model.sequence_parallel`` group sizes :func:`candidate_changes` tries (one node's GPUs at most).
+SEQUENCE_PARALLEL_SIZES = (2, 4, 8)
 
 
 def candidate_changes(spec: RunSpec) -> list[dict[str, Any]]:
     """Single changes of a run's config that lower its per-GPU memory, least invasive first.
 
     Each is a dict of dotted keys to values, as ``fit``'s ``--key value`` overrides: gradient
-    checkpointing (if off); more GPUs with DeepSpeed ZeRO-2 (full fine-tune only: it shards gradients and
-    optimizer states, which LoRA hardly has); LoRA adapters; a 4-bit base (QLoRA, no DeepSpeed); half the
+    checkpointing (if off); Ulysses sequence parallelism over 2, 4 or 8 of the run's GPUs
+    (``model.sequence_parallel``, above the run's own, where it divides the GPUs and the model's heads
+    allow it: :func:`~grasp_lightning.sequence_parallel.config_unsupported_reason`; it splits the
+    training forwards' sequence, not the weights, and leaves ``world / N`` data-parallel groups); more GPUs
+    with DeepSpeed ZeRO-2 (full fine-tune only: it shards gradients and optimizer states, which LoRA hardly
+    has); LoRA adapters; a 4-bit base (QLoRA, no DeepSpeed); half the
     rollout's K (down to 2) and completion budget (down to 128 tokens); half the clip's frames
     (``data.video.max_frames``, down to 8). Which of them fits is for :func:`suggest_fit` to plan.
     """
     changes: list[dict[str, Any]] = []
     if not spec.gradient_checkpointing:
         changes.append({"model.policy.gradient_checkpointing": True})
+    text = architecture_config(spec.model)
+    text = getattr(text, "text_config", text)
+    for n in SEQUENCE_PARALLEL_SIZES:
+        if n > spec.sequence_parallel and not spec.world_size % n and config_unsupported_reason(text, n) is None:
+            changes.append({"model.sequence_parallel": n})
     if not spec.lora.enabled:
         for devices in (2, 4, 8, 16, 32, 64):
             if devices > spec.world_size or (devices == spec.world_size and spec.zero_stage < 2):

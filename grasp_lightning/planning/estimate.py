@@ -51,6 +51,21 @@ trainable and ``N`` data-parallel ranks:
   own linear-attention state) is reported beside it; HF's ``cache.batch_repeat_interleave(K)`` copies
   the prompt's cache K times, so there it only saves the prefill, not the cache.
 
+- sequence parallelism (``model.sequence_parallel: N``, Ulysses, :mod:`grasp_lightning.sequence_parallel`):
+  every rank of a group holds the whole sample, so the vision tower's activations (or a frozen one's
+  transient), the DeepStack visual embeddings and the input embeddings are whole; from the first decoder
+  layer on each rank keeps ``ceil(L / N)`` positions of every forward of ``L`` tokens (the shared prompt's,
+  each completion's, or each whole sequence's), with the layers' per-token bytes unchanged (attention and
+  Gated DeltaNet hold ``H/N`` heads over the whole sequence, as many bytes as the chunk's ``H`` heads), plus
+  one layer's all-to-all send and receive buffers (:func:`~grasp_lightning.planning.layers.all_to_all_bytes`);
+  the shared prompt's cache holds the rank's heads only (``/ N``). The logits are those of the scored
+  positions in the rank's chunk, the worst rank's: a shared-prompt completion is split, but the target of a
+  whole sequence (SFT, or GRPO without ``share_prompt``) lies at its end, where the last rank may hold all of
+  it. Weights, gradients and optimizer states are not split by SP (ZeRO-2 still partitions over all ranks),
+  and generation is not split: the rollout is unchanged. ``N`` must divide the attention heads, the key/value
+  heads or be a multiple of them, the Gated DeltaNet heads (the rule of
+  :func:`~grasp_lightning.sequence_parallel.config_unsupported_reason`) and the run's GPUs.
+
 Peak = weights + gradients + optimizer states + reference + buffers + max(training pass, rollout):
 the rollout runs without gradients before the training forward, so the two never coexist.
 """
@@ -74,6 +89,7 @@ from grasp_lightning.planning.architectures import (
 )
 from grasp_lightning.planning.layers import (
     TextShapes,
+    all_to_all_bytes,
     decoder_layer_bytes,
     decoder_stack_bytes,
     kv_bytes_per_token,
@@ -87,6 +103,7 @@ from grasp_lightning.planning.layers import (
 from grasp_lightning.planning.quantized import quantized_base
 from grasp_lightning.planning.spec import RunSpec
 from grasp_lightning.planning.tokens import VideoTokens, processor_video_settings, video_tokens
+from grasp_lightning.sequence_parallel import config_unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +141,8 @@ class MemoryPlan:
     full-attention layers' keys/values of the ``B x K`` sequences, ``linear_states`` their
     linear-attention states (0 without such layers); ``kv_cache_shared_prefix`` is both with the
     prompt's keys/values held once per group. ``deepspeed_model_states`` is DeepSpeed's own
-    estimate (``None`` without ZeRO), which assumes every parameter is trainable.
+    estimate (``None`` without ZeRO), which assumes every parameter is trainable. ``decoder_tokens``:
+    tokens one GPU's decoder layers hold in the training forward (with sequence parallelism, its chunks).
     """
 
     spec: RunSpec
@@ -149,6 +167,7 @@ class MemoryPlan:
     kv_cache_shared_prefix: int
     rollout: int
     deepspeed_model_states: int | None
+    decoder_tokens: int = 0
     how: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -297,11 +316,15 @@ def _shared_prompt_bytes(spec: RunSpec, s: TextShapes, prompts: int, prompt: int
     """What GRPO's shared-prompt scoring keeps beyond the layers' own sets: the prompts' cache (keys/values
     and linear-attention states, with their graph) kept for the backward pass under checkpointing,
     and the cache repeated K times inside each layer (one layer's under checkpointing, every layer's
-    without): a full-attention layer's K-fold keys/values, a linear-attention layer's K-fold states."""
-    ckpt = spec.gradient_checkpointing
-    per_full = kv_bytes_per_token(s) // s.full_layers if s.full_layers else 0
-    per_linear = linear_state_bytes(s) // s.linear_layers if s.linear_layers else 0
-    cache = prompts * (prompt * kv_bytes_per_token(s) + linear_state_bytes(s)) if ckpt else 0
+    without): a full-attention layer's K-fold keys/values, a linear-attention layer's K-fold states.
+    Under sequence parallelism over ``N`` ranks each rank's cache holds its heads only: ``g / N``
+    key/value heads (one repeated head when ``g < N``) and ``1 / N`` of the linear-attention states."""
+    ckpt, n = spec.gradient_checkpointing, spec.sequence_parallel
+    kv_token = kv_bytes_per_token(s) * max(s.kv_heads // n, 1) // s.kv_heads if n > 1 else kv_bytes_per_token(s)
+    state = linear_state_bytes(s) // n
+    per_full = kv_token // s.full_layers if s.full_layers else 0
+    per_linear = state // s.linear_layers if s.linear_layers else 0
+    cache = prompts * (prompt * kv_token + state) if ckpt else 0
     repeated_full = sequences * prompt * per_full * (1 if ckpt else s.full_layers)
     repeated_linear = sequences * per_linear * (1 if ckpt else s.linear_layers)
     return cache + (max(repeated_full, repeated_linear) if ckpt else repeated_full + repeated_linear)
@@ -309,25 +332,33 @@ def _shared_prompt_bytes(spec: RunSpec, s: TextShapes, prompts: int, prompt: int
 
 def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoTokens, prompt: int, completion: int,
                  sequences: int, how: dict) -> dict[str, int]:
-    """Activations kept for backward, logits, and a frozen vision tower's transient, bytes per GPU.
+    """Activations kept for backward, logits, a frozen vision tower's transient, and the tokens the decoder
+    holds, bytes (tokens) per GPU.
 
     A task that shares prompts (GRPO's ``share_prompt``) runs the ``B`` prompts once (clip included)
-    and the ``B x K`` completions against their cache (:func:`_shared_prompt_bytes`).
+    and the ``B x K`` completions against their cache (:func:`_shared_prompt_bytes`). Under sequence
+    parallelism the decoder holds each forward's ``ceil(L / N)`` chunk (module docstring).
     """
     s = text_shapes(text)
-    h, layers = s.hidden, len(s.kinds)
+    h, layers, n = s.hidden, len(s.kinds), spec.sequence_parallel
     shared = spec.samples_rollouts and spec.shares_prompt
     prompts = spec.micro_batch_size if shared else sequences  # prompt copies run through the model
     tokens = prompts * prompt + sequences * completion
+    if shared:  # the prompt forward and the completion forward, each split
+        local = prompts * -(-prompt // n) + sequences * -(-completion // n)
+    else:  # each whole sequence, split
+        local = sequences * -(-(prompt + completion) // n)
     flash = spec.attn_implementation != "eager"
-    per_kind = decoder_layer_bytes(s, prompt + completion, flash=flash)
+    per_kind = decoder_layer_bytes(s, prompt + completion, flash=flash, sequence_parallel=n)
     dropout = 0
     if spec.lora.enabled and spec.lora.dropout > 0:  # nn.Dropout on each wrapped Linear's input: 2 B + 1 B mask
         dropout = 3 * sum(i for _, i, _ in lora_targets(counts, spec.lora.target_modules)) // layers
-    activations = decoder_stack_bytes(tokens, s, per_kind, extra_per_layer=dropout,
+    activations = decoder_stack_bytes(local, s, per_kind, extra_per_layer=dropout,
                                       checkpointing=spec.gradient_checkpointing)
-    # the input embeddings (2 h) and the final norm (its float32 copies, rsqrt, 16-bit output)
-    activations += tokens * (2 * h + rms_norm_bytes(h, zero_centred=s.zero_centred_norm) + 2 * h)
+    # the input embeddings (2 h, whole: every rank embeds the whole sample, and its chunk is a view of them),
+    # the final norm (its float32 copies, rsqrt, 16-bit output) and one layer's all-to-all buffers, per chunk
+    activations += tokens * 2 * h + local * (rms_norm_bytes(h, zero_centred=s.zero_centred_norm) + 2 * h
+                                             + all_to_all_bytes(s, n))
     if not spec.zero_stage and not spec.lora.enabled and spec.precision.endswith("-mixed"):
         trainable = counts.language + (0 if spec.freeze_vision else counts.vision)
         activations += 2 * trainable  # autocast's bf16 copies of the float32 master weights
@@ -346,17 +377,22 @@ def _activations(spec: RunSpec, text, vision, counts: ParamCounts, vt: VideoToke
                                                   checkpointing=spec.gradient_checkpointing)
         else:
             transient = patches * per_patch  # no graph is kept: one block's tensors at a time
-    scored = sequences * (completion + 1)  # logits only from the last prompt position on (both tasks)
+    # logits only from the last prompt position on (both tasks); under SP the worst rank's positions
+    per_row = -(-completion // n) + 1 if shared else min(completion + 1, -(-(prompt + completion) // n))
+    scored = sequences * min(completion + 1, per_row)
     logit_bytes = GRPO_LOGIT_BYTES if spec.samples_rollouts else SFT_LOGIT_BYTES
     chunked = spec.samples_rollouts and spec.logprob_chunk_size is not None
     if chunked:  # one chunk of the LM head at a time, recomputed in the backward
         scored, logit_bytes = min(scored, spec.logprob_chunk_size), CHUNK_LOGIT_BYTES
     per_layer = ", ".join(f"{kind.split('_')[0]} {b:,} B/token" for kind, b in per_kind.items())
-    how["activations"] = (f"{tokens} tokens x {_layers_label(s)}{' checkpointed' if spec.gradient_checkpointing else ''}"
+    split = f" of {tokens} (SP {n}: ceil(L/{n}) per forward)" if n > 1 else ""
+    how["activations"] = (f"{local} tokens{split} x {_layers_label(s)}"
+                          f"{' checkpointed' if spec.gradient_checkpointing else ''}"
                           f" ({per_layer}){' + vision tower' if trained else ''}{' (shared prompts)' if shared else ''}")
     how["logits"] = (f"{scored} positions x {text.vocab_size} x {logit_bytes} B"
                      f"{' (one chunk of the LM head)' if chunked else ''}")
-    return dict(activations=activations, logits=scored * text.vocab_size * logit_bytes, vision_transient=transient)
+    return dict(activations=activations, logits=scored * text.vocab_size * logit_bytes, vision_transient=transient,
+                decoder_tokens=local)
 
 
 def _rollout(spec: RunSpec, text, prompt: int, completion: int, sequences: int, how: dict) -> dict[str, int]:
@@ -402,7 +438,8 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
         config: the model's ``transformers`` config (default: ``architecture_config(spec.model)``).
 
     Raises:
-        GraspConfigError: unknown dtype or ZeRO stage; QLoRA under DeepSpeed.
+        GraspConfigError: unknown dtype or ZeRO stage; QLoRA under DeepSpeed; a ``model.sequence_parallel``
+            the model's heads or the run's GPUs do not allow (:func:`_check_sequence_parallel`).
     """
     if spec.zero_stage not in (0, 1, 2):
         raise GraspConfigError(f"ZeRO stage {spec.zero_stage} is not modelled (0, 1 or 2)")
@@ -414,6 +451,7 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
         raise GraspConfigError(f"model.policy.dtype {spec.dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
     config = config if config is not None else architecture_config(spec.model)
     text, vision = getattr(config, "text_config", config), getattr(config, "vision_config", None)
+    _check_sequence_parallel(spec, text)
     counts = count_parameters(config)
     n_lora = lora_parameters(counts, spec.lora.r, spec.lora.target_modules) if spec.lora.enabled else 0
     trainable = n_lora if spec.lora.enabled else counts.language + (0 if spec.freeze_vision else counts.vision)
@@ -424,6 +462,9 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
     how["tokens"] = (f"{vt.frames} frames of {vt.frame_size[0]} x {vt.frame_size[1]} ({rule}) -> {vt.groups} groups x "
                      f"{vt.tokens_per_group}")
     notes = []
+    if spec.sequence_parallel > 1 and spec.samples_rollouts and spec.rollout_engine == "hf":
+        notes.append(f"sequence parallelism splits the training forwards, not generation: the rollout's cache is "
+                     f"the whole sequences' on every rank of the SP {spec.sequence_parallel} group")
     if spec.max_prompt_tokens is not None and prompt > spec.max_prompt_tokens:
         notes.append(f"the prompt ({prompt} tokens) is over data.prompt.max_prompt_tokens={spec.max_prompt_tokens}: "
                      "such items are skipped (TokenBudgetError)")
@@ -434,6 +475,27 @@ def plan_memory(spec: RunSpec, config=None) -> MemoryPlan:
                       **_model_states(spec, counts, n_lora, trainable, how),
                       **_activations(spec, text, vision, counts, vt, prompt, completion, sequences, how),
                       **_rollout(spec, text, prompt, completion, sequences, how), how=how, notes=notes)
+
+
+def _check_sequence_parallel(spec: RunSpec, text) -> None:
+    """Refuse a ``model.sequence_parallel`` the decoder's heads do not allow
+    (:func:`~grasp_lightning.sequence_parallel.config_unsupported_reason`, the rule ``fit`` applies) or that
+    does not divide the run's GPUs (``trainer.devices x trainer.num_nodes``).
+
+    Raises:
+        GraspConfigError: naming ``model.sequence_parallel`` and why.
+    """
+    n = spec.sequence_parallel
+    if n == 1:
+        return
+    if n < 1:
+        raise GraspConfigError(f"model.sequence_parallel must be >= 1, got {n}")
+    reason = config_unsupported_reason(text, n)
+    if reason:
+        raise GraspConfigError(f"model.sequence_parallel: {n}: {reason}")
+    if spec.world_size % n:
+        raise GraspConfigError(f"model.sequence_parallel: {n} does not divide the {spec.world_size} GPUs of this run "
+                               "(trainer.devices x trainer.num_nodes): the groups are ranks g*N .. g*N+N-1")
 
 
 @dataclass(frozen=True)
@@ -470,7 +532,9 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float | None = None) -> str:
     shared = ", prompts shared" if s.shares_prompt else ""
     frames = f"{plan.how['tokens']} = " if "tokens" in plan.how else ""
     task = f"{s.task} (K={s.num_generations}, {s.max_new_tokens} new tokens{shared})" if s.samples_rollouts else s.task
-    lines = [f"Memory plan: {plan.name}, {task}, {mode}, {_strategy_label(s)}, "
+    sp = (f", sequence parallel {s.sequence_parallel} ({s.world_size // s.sequence_parallel} data-parallel group(s))"
+          if s.sequence_parallel > 1 else "")
+    lines = [f"Memory plan: {plan.name}, {task}, {mode}, {_strategy_label(s)}{sp}, "
              f"gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}",
              f"Parameters: {format_count(plan.params_total)} (vision {format_count(plan.params_vision)}), "
              f"{format_count(plan.params_trainable)} trainable",

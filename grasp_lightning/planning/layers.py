@@ -141,7 +141,7 @@ def rms_norm_bytes(width: int, rows: int = 1, *, zero_centred: bool = False) -> 
     return 4 * width + (4 if zero_centred else 2) * width + 4 * rows
 
 
-def full_attention_layer_bytes(s: TextShapes, seq_len: int, *, flash: bool = True) -> int:
+def full_attention_layer_bytes(s: TextShapes, seq_len: int, *, flash: bool = True, sequence_parallel: int = 1) -> int:
     """Bytes a full-attention decoder layer keeps for backward, per token (16-bit activations).
 
     Input and post-attention norms (:func:`rms_norm_bytes`) and their 16-bit outputs, which the
@@ -151,11 +151,18 @@ def full_attention_layer_bytes(s: TextShapes, seq_len: int, *, flash: bool = Tru
     the gated product and a contiguous copy of the output, ``3 x 2 a d``; the SwiGLU MLP keeps gate,
     up, SiLU(gate) and their product, ``2 x 4i``. With ``eager`` attention the scores are stored too:
     Korthikanti et al. 2022's ``5 a s`` bytes (Sec. 4.1, Eq. 1), ``s = seq_len``.
+
+    Per token of a rank's chunk under Ulysses sequence parallelism over ``N = sequence_parallel`` ranks
+    (:mod:`grasp_lightning.sequence_parallel`): attention keeps q, k, v for the whole sequence and
+    ``a/N`` heads, as many bytes as the chunk's for all heads, except that with fewer key/value heads
+    than ranks (``g < N``) each rank holds one repeated key/value head, ``max(g, N)`` in place of ``g``.
+    Eager scores, ``a/N`` heads x ``s^2`` per rank, are the same ``5 a s`` per chunk token.
     """
     h, a, g, d = s.hidden, s.heads, s.kv_heads, s.head_dim
     norms = 2 * (rms_norm_bytes(h, zero_centred=s.zero_centred_norm) + 2 * h)
     qk_norm = rms_norm_bytes((a + g) * d, a + g, zero_centred=s.zero_centred_norm)
-    attention = 2 * (a + 2 * g) * d + 2 * a * d + 4 * a + (6 * a * d if s.output_gate else 0)
+    held_kv = max(g, sequence_parallel) if sequence_parallel > 1 else g
+    attention = 2 * (a + 2 * held_kv) * d + 2 * a * d + 4 * a + (6 * a * d if s.output_gate else 0)
     return norms + qk_norm + attention + 8 * s.intermediate + (0 if flash else 5 * a * seq_len)
 
 
@@ -188,14 +195,34 @@ def linear_attention_layer_bytes(s: TextShapes) -> int:
     return norms + 2 * 2 * s.conv_dim + 34 * hv + rule + states + gated_norm + 8 * s.intermediate
 
 
-def decoder_layer_bytes(s: TextShapes, seq_len: int, *, flash: bool = True) -> dict[str, int]:
-    """Bytes per token each kind of decoder layer in ``s`` keeps for backward, by kind."""
+def decoder_layer_bytes(s: TextShapes, seq_len: int, *, flash: bool = True, sequence_parallel: int = 1) -> dict[str, int]:
+    """Bytes per token each kind of decoder layer in ``s`` keeps for backward, by kind (per token of a
+    rank's chunk under sequence parallelism: a Gated DeltaNet layer's ``H/N`` heads over the whole
+    sequence keep what the chunk's ``H`` heads would, :func:`full_attention_layer_bytes` for attention)."""
     kinds: dict[str, int] = {}
     if s.full_layers:
-        kinds[FULL] = full_attention_layer_bytes(s, seq_len, flash=flash)
+        kinds[FULL] = full_attention_layer_bytes(s, seq_len, flash=flash, sequence_parallel=sequence_parallel)
     if s.linear_layers:
         kinds[LINEAR] = linear_attention_layer_bytes(s)
     return kinds
+
+
+def all_to_all_bytes(s: TextShapes, sequence_parallel: int) -> int:
+    """Bytes per token of a rank's chunk of the Ulysses all-to-all buffers, one layer at a time (0 for ``N = 1``).
+
+    The exchange (``grasp_lightning.sequence_parallel._all_to_all``) stacks the chunk's blocks into a send
+    buffer and receives into a second one of the same size, both 16-bit: for attention q, k and v
+    (``a + 2 max(g, N)`` heads of ``d``), for Gated DeltaNet the convolution's ``conv_dim`` channels and the
+    ``a``, ``b`` gates (``2 H_v``); the larger kind's, ``2 x 2 B`` per element.
+    """
+    if sequence_parallel <= 1:
+        return 0
+    exchanged = 0
+    if s.full_layers:
+        exchanged = (s.heads + 2 * max(s.kv_heads, sequence_parallel)) * s.head_dim
+    if s.linear_layers:
+        exchanged = max(exchanged, s.conv_dim + 2 * s.v_heads)
+    return 2 * 2 * exchanged
 
 
 def decoder_stack_bytes(tokens: int, s: TextShapes, per_kind: dict[str, int], *, extra_per_layer: int = 0,

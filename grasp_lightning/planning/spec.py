@@ -2,7 +2,7 @@
 
 The objects are the run's own (``grasp_lightning.commands.config.load_run`` instantiates the
 ``--config`` files through the training CLI): the :class:`~grasp_lightning.module.GraspModule`
-(``policy_cfg``, ``reference_cfg``, ``lora_cfg``, ``rollout_cfg``), its task (``needs_reference``,
+(``policy_cfg``, ``reference_cfg``, ``lora_cfg``, ``rollout_cfg``, ``sequence_parallel``), its task (``needs_reference``,
 ``samples_rollouts``, ``shares_prompt``), the DataModule's settings (``loader``, ``video``, ``prompt``)
 and the trainer's settings (``precision``, ``strategy``, ``devices``, ``num_nodes``). A key a config leaves out therefore has
 the value the run has; no default of the code is copied here.
@@ -68,6 +68,8 @@ class RunSpec:
         rollout_engine: ``model.rollout.engine``; with ``vllm`` the trainer keeps no rollout KV cache.
         engine_memory_fraction: share of each GPU a colocated vLLM engine takes
             (``model.rollout.vllm.gpu_memory_utilization``; 0 for ``hf`` or a server at an address).
+        sequence_parallel: ``model.sequence_parallel``, the ranks ``N`` of a Ulysses group that split each
+            sample's sequence (1: no split; :mod:`grasp_lightning.sequence_parallel`).
 
     The last five are what the plan asks about (a clip, a prompt); they are not part of a config.
     """
@@ -108,6 +110,7 @@ class RunSpec:
     logprob_chunk_size: int | None = None
     frame_max_tokens: int | None = None
     sampling: str = "rate"
+    sequence_parallel: int = 1
 
     @property
     def world_size(self) -> int:
@@ -233,7 +236,8 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         frame_max_tokens=data.video.frame_max_tokens, sampling=str(data.video.sampling),
         max_target_tokens=data.prompt.max_target_tokens,
         max_prompt_tokens=data.prompt.max_prompt_tokens, **strategy_settings(trainer.strategy),
-        logprob_chunk_size=getattr(task, "logprob_chunk_size", None))
+        logprob_chunk_size=getattr(task, "logprob_chunk_size", None),
+        sequence_parallel=sequence_parallel_of(getattr(module, "sequence_parallel", 1)))
     rollout = module.rollout_cfg
     if task.samples_rollouts and rollout.engine == "vllm":
         colocated = rollout.vllm.address is None
@@ -241,6 +245,19 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
                       engine_memory_fraction=float(rollout.vllm.gpu_memory_utilization) if colocated else 0.0)
     values.update(extra)
     return RunSpec(**values), notes
+
+
+def sequence_parallel_of(value: Any) -> int:
+    """``model.sequence_parallel`` as an int (``None``: 1, no split).
+
+    Raises:
+        GraspConfigError: not a whole number >= 1.
+    """
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GraspConfigError(f"model.sequence_parallel must be a whole number >= 1 (ranks per group), got {value!r}")
+    return value
 
 
 def bundled_or_local(name: str) -> bool:

@@ -1,10 +1,12 @@
 """Tests of grasp_lightning.planning and the plan-memory command: hand-computed bytes on a tiny Qwen3-VL, the
 decoder layers' bytes against autograd and a real cache (Qwen3-VL and the hybrid Qwen3.5), the published sizes,
-configs, CLI, and the table of docs/scaling.md."""
+configs, CLI, the table of docs/scaling.md, and Ulysses sequence parallelism (``model.sequence_parallel``: what
+the split divides and what it leaves whole, its refusals and recommendation, docs/scaling.md's section)."""
 
 from __future__ import annotations
 
 import copy
+import re
 import runpy
 import sys
 from dataclasses import replace
@@ -15,7 +17,7 @@ from transformers import Qwen3VLConfig
 
 from grasp_lightning.commands import plan_memory as command
 from grasp_lightning.commands.config import config_args, load_run
-from grasp_lightning.commands.plan_memory import load_spec, plan_from_config
+from grasp_lightning.commands.plan_memory import SEQUENCE_PARALLEL_SIZES, candidate_changes, load_spec, plan_from_config
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.planning import layers, tokens
 from grasp_lightning.planning.architectures import (
@@ -26,10 +28,11 @@ from grasp_lightning.planning.architectures import (
     lora_targets,
 )
 from grasp_lightning.planning.estimate import GIB, fits, format_plan, plan_memory
-from grasp_lightning.planning.spec import RunSpec, strategy_settings
+from grasp_lightning.planning.spec import RunSpec, spec_from_run, strategy_settings
 from grasp_lightning.planning.tokens import video_tokens
 from grasp_lightning.policy import LoraConfig
-from tests.helpers import REPO
+from tests.helpers import REPO, blocks, section
+from tests.helpers import command as doc_command
 
 CONFIGS = REPO / "configs"
 TINY35 = REPO / "grasp_lightning" / "assets" / "tiny-qwen3_5"
@@ -666,3 +669,175 @@ def test_cli_refuses_an_unknown_model(capsys) -> None:
     assert "Memory plan: Qwen3.5-9B" in out and "24 linear-attention + 8 full-attention" in out
     assert "linear-attention states 8 x 51,904,512 B" in out
     assert "peak                   72.56" in out and "fits: yes" in out  # the table's SGR row (chunked log-probs)
+
+
+# ------------------------------------------------------------------ sequence parallelism (model.sequence_parallel)
+#: The released 8B GRPO recipe; a 512-frame clip (256 s at its 2 fps: 65,536 visual tokens), issue 52's case.
+RECIPE = [CONFIGS / "sgr.yaml", CONFIGS / "released" / "sgr.yaml"]
+MODEL = {"model.policy.name_or_path": "Qwen3-VL-8B-Instruct"}
+CLIP = {"video_seconds": 256.0}
+H200 = 140.4
+
+
+def gib(n: int) -> float:
+    return round(n / GIB, 2)
+
+
+def sp_plan(n: int, *args: str, configs=RECIPE):
+    return plan_from_config(configs, MODEL, args=["--model.sequence_parallel", str(n), *args], **CLIP)
+
+
+def test_sequence_parallel_splits_the_sequence_terms_not_the_model_states() -> None:
+    """SP = 8 on the released 8B GRPO recipe at 512 frames, with a colocated vLLM engine: the decoder holds
+    ceil(68,239 / 8) prompt + 8 x ceil(1,024 / 8) completion tokens (9,554 of 76,431), the activations fall from
+    52.19 to 8.57 GiB (the whole-clip DeepStack embeddings and input embeddings stay), weights, gradients,
+    optimizer states, reference and the frozen vision tower's transient stay: the peak falls from 103.19 GiB
+    (over an H200's 82.2 usable beside vLLM's 0.3) to 59.57 GiB, which fits."""
+    one, eight = sp_plan(1, "--model.rollout.engine", "vllm"), sp_plan(8, "--model.rollout.engine", "vllm")
+    assert (one.spec.sequence_parallel, eight.spec.sequence_parallel) == (1, 8)
+    assert (one.prompt_tokens, one.visual_tokens) == (eight.prompt_tokens, eight.visual_tokens) == (68239, 65536)
+    assert (one.decoder_tokens, eight.decoder_tokens) == (68239 + 8 * 1024, 8530 + 8 * 128) == (76431, 9554)
+    assert (gib(one.activations), gib(eight.activations)) == (52.19, 8.57)
+    for name in ("weights", "gradients", "optimizer_states", "reference_model", "zero_buffers", "vision_transient",
+                 "logits", "rollout"):
+        assert getattr(one, name) == getattr(eight, name), name
+    assert (gib(one.weights), gib(one.gradients), gib(one.optimizer_states)) == (16.33, 5.72, 11.44)
+    assert gib(one.logits) == 0.43  # one 256-token chunk of the LM head, with and without the split
+    assert (gib(one.peak), gib(eight.peak)) == (103.19, 59.57)
+    assert not fits(one, H200).fits and fits(eight, H200).fits
+    # the decoder's share divides by 8 (up to the chunks' rounding) once the whole-clip terms every rank holds and
+    # one layer's all-to-all buffers (send + receive of q, k, v: 2 x 2 B x (32 + 2 x 8) heads x 128) are set apart
+    deepstack = 65536 * 3 * 4096 * 2  # the 3 DeepStack levels of the whole clip, bf16
+    embeddings = 76431 * 2 * 4096  # the whole sample's input embeddings (a rank's chunk is a view of them)
+    exchange = layers.all_to_all_bytes(layers.text_shapes(architecture_config("Qwen3-VL-8B-Instruct").text_config), 8)
+    assert exchange == 2 * 2 * (32 + 2 * 8) * 128 == 24576
+    assert (one.activations - deepstack - embeddings) / (eight.activations - deepstack - embeddings
+                                                         - 9554 * exchange) == pytest.approx(8, rel=0.001)
+
+
+def test_sequence_parallel_leaves_generation_whole() -> None:
+    """With the recipe's own engine (hf) the rollout's KV cache, 8 copies of the 69,263-token sequence
+    (76.09 GiB; 84.34 GiB prefill peak), sets the peak at SP = 1 and SP = 8 alike: 134.91 GiB, over an H200's
+    124.4 usable; SP = 8 lowers only the training pass (52.62 -> 9.00 GiB) and says why."""
+    one, eight = sp_plan(1), sp_plan(8)
+    assert (gib(one.training), gib(eight.training)) == (52.62, 9.0)
+    assert gib(one.rollout) == gib(eight.rollout) == 84.34 and gib(one.kv_cache) == 76.09
+    assert gib(one.peak) == gib(eight.peak) == 134.91
+    assert not fits(eight, H200).fits
+    assert any("splits the training forwards, not generation" in note for note in eight.notes)
+
+
+def test_sequence_parallel_leaves_the_sft_target_on_the_last_rank() -> None:
+    """SFT (released 8B recipe, 512 frames): the 2,048-token target is the end of the 70,287-token sequence, all
+    of it in the last rank's chunk of 8,786, so the logits (2.90 GiB) are not divided; the activations are
+    (37.58 -> 6.68 GiB), the peak falls from 74.72 to 43.82 GiB."""
+    sft = [CONFIGS / "sft.yaml", CONFIGS / "released" / "sft.yaml"]
+    one, eight = sp_plan(1, configs=sft), sp_plan(8, configs=sft)
+    assert (one.decoder_tokens, eight.decoder_tokens) == (70287, 8786)
+    assert gib(one.logits) == gib(eight.logits) == 2.9
+    assert (gib(one.activations), gib(eight.activations)) == (37.58, 6.68)
+    assert (gib(one.peak), gib(eight.peak)) == (74.72, 43.82)
+
+
+def test_sequence_parallel_read_from_yaml_and_overrides(tmp_path, capsys) -> None:
+    """``model.sequence_parallel`` from a --config YAML, from fit's ``--model.sequence_parallel 8`` and from the
+    deprecated ``--set``: the same plan, named in the header."""
+    overlay = tmp_path / "sp.yaml"
+    overlay.write_text("model:\n  sequence_parallel: 8\n")
+    base = ["--config", str(RECIPE[0]), "--config", str(RECIPE[1]), "--model", "Qwen3-VL-8B-Instruct",
+            "--video-seconds", "256"]
+    outs = []
+    for extra in (["--config", str(overlay)], ["--model.sequence_parallel", "8"], ["--set", "model.sequence_parallel=8"]):
+        assert command.main([*base, *extra]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2]
+    assert "sequence parallel 8 (1 data-parallel group(s))" in outs[0]
+    assert "9554 tokens of 76431 (SP 8: ceil(L/8) per forward)" in outs[0]
+    run = load_run(["--config", str(RECIPE[0]), "--config", str(overlay)])
+    assert spec_from_run(run.module, run.datamodule, run.trainer)[0].sequence_parallel == 8
+    run.module.sequence_parallel = 0
+    with pytest.raises(GraspConfigError, match="model.sequence_parallel must be a whole number >= 1"):
+        spec_from_run(run.module, run.datamodule, run.trainer)
+
+
+def test_sequence_parallel_refused_by_name() -> None:
+    """An SP size the heads do not allow (the rule of ``sequence_parallel.config_unsupported_reason``), or that
+    does not divide the run's GPUs, is refused naming ``model.sequence_parallel``."""
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 3: 32 attention heads do not split over 3"):
+        sp_plan(3, "--trainer.devices", "6")
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 16 does not divide the 8 GPUs"):
+        sp_plan(16)  # 32 heads and 8 key/value heads allow 16; the recipe's 8 GPUs do not
+    spec, _ = load_spec(["--config", str(RECIPE[0]), "--model.policy.name_or_path=Qwen3.5-9B"])
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 32: 16 attention heads do not split"):
+        plan_memory(replace(spec, sequence_parallel=32, devices=32))
+    config = architecture_config("Qwen3.5-9B")
+    config.text_config.linear_num_key_heads = 12  # 16 heads, 4 key/value heads allow 8; 12 Gated DeltaNet heads not
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 8: 12 Gated DeltaNet heads"):
+        plan_memory(replace(spec, sequence_parallel=8), config)
+    config = architecture_config("Qwen3-VL-8B-Instruct")
+    config.text_config.layer_types = ["sliding_attention"] * config.text_config.num_hidden_layers
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 8: decoder layer types \['sliding_attention'\]"):
+        plan_memory(replace(spec, model="Qwen3-VL-8B-Instruct", sequence_parallel=8), config)
+    # Qwen3.5-9B's 4 key/value heads and 8 ranks: one repeated key/value head per rank, kept for the whole sequence
+    nine = plan_memory(replace(spec, sequence_parallel=8))
+    assert nine.decoder_tokens == -(-nine.prompt_tokens // 8) + 8 * 128
+
+
+def test_recommends_sequence_parallel(capsys) -> None:
+    """A run that does not fit names SP among its candidate changes (2, 4, 8 where the GPUs and heads allow) and
+    the first that fits: the released recipe at 512 frames beside a colocated vLLM engine fits with SP = 2
+    (79.0 GiB of 82.2 usable)."""
+    spec, _ = load_spec(["--config", str(RECIPE[0]), "--config", str(RECIPE[1]), *[f"--{k}={v}" for k, v in MODEL.items()]],
+                        **CLIP)
+    changes = candidate_changes(spec)
+    assert [c for c in changes if "model.sequence_parallel" in c] == [{"model.sequence_parallel": n}
+                                                                      for n in SEQUENCE_PARALLEL_SIZES]
+    assert changes.index({"model.sequence_parallel": 2}) < changes.index({"trainer.devices": 16,
+                                                                          "trainer.strategy": "deepspeed_stage_2"})
+    assert [c for c in candidate_changes(replace(spec, devices=4, sequence_parallel=2))
+            if "model.sequence_parallel" in c] == [{"model.sequence_parallel": 4}]
+    assert not [c for c in candidate_changes(replace(spec, devices=1)) if "model.sequence_parallel" in c]
+    args = ["--config", str(RECIPE[0]), "--config", str(RECIPE[1]), "--model", "Qwen3-VL-8B-Instruct",
+            "--video-seconds", "256", "--model.rollout.engine", "vllm", "--gpu-memory-gib", "140.4"]
+    assert command.main(args) == command.EXIT_DOES_NOT_FIT
+    out = capsys.readouterr().out
+    assert "the first change that fits: --model.sequence_parallel 2 (peak 79.0 GiB of 82.2 usable)" in out
+
+
+def test_docs_sequence_parallel_section(capsys) -> None:
+    """docs/scaling.md "Sequence parallelism (long clips)": its plan-memory commands print the figures the page
+    quotes (beside a colocated vLLM engine SP = 1 does not fit and names SP = 2, SP = 8 fits; with hf rollouts SP = 8
+    does not fit; LoRA with DDP), and its fit commands parse to an SP = 8 run on 8 GPUs with ZeRO-2 and with DDP."""
+    text = section("### Sequence parallelism (long clips)", "docs/scaling.md")
+    commands = [doc_command(part) for block in blocks(text, "bash")
+                for part in re.split(r"\n(?=python -m grasp_lightning)", block.strip())]
+    plans = [c for c in commands if c[0] == "plan-memory"]
+    fit = [c for c in commands if c[0] == "fit"]
+    assert len(plans) == 4 and len(fit) == 2
+    outs = []
+    for words in plans:
+        code = command.main([str(REPO / w) if w.startswith("configs/") else w for w in words[1:]])
+        outs.append((code, capsys.readouterr().out))
+    (code1, out1), (code8, out8), (code_hf, out_hf), (code_lora, out_lora) = outs
+    assert (code1, code8, code_hf, code_lora) == (command.EXIT_DOES_NOT_FIT, 0, command.EXIT_DOES_NOT_FIT, 0)
+    rows = {"activations": ("52.19", "8.57"), "peak": ("103.19", "59.57")}
+    for name, (one, eight) in rows.items():
+        assert re.search(rf"^{name} +{one} ", out1, re.M) and re.search(rf"^{name} +{eight} ", out8, re.M)
+        assert f"| {one} | {eight} |" in text or f"{one} (76,431) | {eight} (9,554)" in text
+    for name in ("weights", "gradients", "optimizer states", "reference model"):
+        assert re.search(rf"^{name} +(\S+) ", out1, re.M)[1] == re.search(rf"^{name} +(\S+) ", out8, re.M)[1]
+    assert "fits: no (headroom -21.0 GiB)" in out1 and "(−21.0)" in text
+    assert "fits: yes (headroom +22.7 GiB)" in out8 and "(+22.7 GiB)" in text
+    assert "the first change that fits: --model.sequence_parallel 2 (peak 79.0 GiB" in out1 and "(79.0 GiB)" in text
+    assert "note" not in out1  # the prompt budget covers the 68,239-token prompt
+    assert re.search(r"^peak +134\.91 +static 50\.57 \+ max\(training 9\.00, rollout 84\.34\)", out_hf, re.M)
+    assert "KV cache 8 x 69263 tokens x 147456 B = 76.09 GiB" in out_hf
+    assert all(f in text for f in ("134.91", "76.09", "84.34", "52.62", "9.00"))
+    assert re.search(r"^peak +27\.13 ", out_lora, re.M) and "DDP on 8 GPU(s)" in out_lora and "27.13" in text
+    for words, strategy in zip(fit, ("GraspDeepSpeedStrategy", "ddp"), strict=True):
+        args = [str(REPO / w) if w.startswith("configs/") else w for w in words[1:]]
+        run = load_run(args)
+        assert run.module.sequence_parallel == 8 and str(run.trainer.devices) == "8"
+        assert strategy in str(run.trainer.strategy)
+        assert run.config.trainer.accumulate_grad_batches == 32  # 1 data-parallel group: the global batch of 32 kept
+        assert run.module.rollout_cfg.engine == "vllm" and run.datamodule.prompt.max_prompt_tokens == 69632

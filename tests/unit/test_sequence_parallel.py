@@ -20,13 +20,15 @@ from grasp_lightning.grpo.scoring import full_sequences, score_completions
 from grasp_lightning.grpo.vision import VisionFeatures, VisionForwardCounter
 from grasp_lightning.sequence_parallel import SequenceParallel, SplitLayout, install, new_groups, unsupported_reason
 from grasp_lightning.tasks.sft import response_cross_entropy, split_response_cross_entropy
-from tests.helpers import LOGP_TOLS, K, assert_grad_close, load_model, random_completions, spawn_two_ranks
+from tests.helpers import LOGP_TOLS, TINY_MODELS, K, assert_grad_close, load_model, random_completions, spawn_two_ranks
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-#: (name, share the prompt, logprob chunk size, gradient checkpointing, LoRA, vision features once)
+#: (name, share the prompt, logprob chunk size, gradient checkpointing, LoRA, vision features once); a
+#: ``one-kv-head`` case has one key/value head for 2 ranks (each rank gets a copy of it)
 CASES = [
     ("naive", False, None, False, False, False),
+    ("shared-one-kv-head", True, None, False, False, False),
     ("naive-chunked", False, 5, False, False, False),
     ("shared", True, None, False, False, False),
     ("shared-chunked-checkpointing", True, 4, True, False, False),
@@ -41,8 +43,16 @@ def _completion_length(share: bool) -> int:
     return 9 if share else 10
 
 
-def _model(family: str, lora: bool, checkpointing: bool):
-    model = load_model(family, train=True, noise=0.1)
+def _model(family: str, lora: bool, checkpointing: bool, one_kv_head: bool = False):
+    if one_kv_head:  # the tiny model's config with 1 key/value head, seeded random weights
+        from transformers import AutoConfig, AutoModelForImageTextToText
+
+        config = AutoConfig.from_pretrained(str(TINY_MODELS[family]))
+        config.text_config.num_key_value_heads = 1
+        torch.manual_seed(0)
+        model = AutoModelForImageTextToText.from_config(config).train()
+    else:
+        model = load_model(family, train=True, noise=0.1)
     model.model.visual.requires_grad_(False)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -75,7 +85,7 @@ def _rank(rank: int, family: str, inputs: dict, pad_id: int, out_path: str) -> N
     assert (sp.size, sp.rank) == (2, rank)
     results, lengths = {}, []
     for name, share, chunk, checkpointing, lora, vision_once in CASES:
-        model = _model(family, lora, checkpointing)
+        model = _model(family, lora, checkpointing, one_kv_head=name.endswith("one-kv-head"))
         ids, mask = random_completions(type("T", (), {"pad_token_id": pad_id}), 2 * K, lc=_completion_length(share))
         reference = _score(model, inputs, ids, mask, share, chunk, vision_once, None)
         install(model, sp)
@@ -159,10 +169,8 @@ def test_split_layout_pads_the_tail_and_places_spans():
         layout.shard(torch.zeros(1, 6))
 
 
-def test_models_whose_heads_do_not_split_are_refused(family):
-    if family != "qwen3_5":
-        pytest.skip("the hybrid model has both kinds of heads")
-    model = load_model("qwen3_5")
+def test_models_whose_heads_do_not_split_are_refused():
+    model = load_model("qwen3_5")  # the hybrid: attention and Gated DeltaNet heads
     assert unsupported_reason(model, 2) is None
     assert "4 attention heads do not split over 3 ranks" in unsupported_reason(model, 3)
     assert "2 Gated DeltaNet heads (linear_num_key_heads) do not split over 4 ranks" in unsupported_reason(model, 4)

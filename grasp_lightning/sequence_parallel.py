@@ -33,6 +33,14 @@ by ``N`` before the backward (:attr:`SequenceParallel.loss_scale`) and the avera
 one of ``W / N`` data-parallel replicas.
 
 Generation is not split (the rollout engines decode with the whole prompt on each rank).
+
+DeepSpeed 0.19's ``UlyssesSPAttentionHF`` (``deepspeed.runtime.sequence_parallel.ulysses_sp``) makes the
+same exchange around transformers' attention function, but cannot serve these models as it stands: it
+drops the attention mask (left-padded prompts and a completion forward reading a cached prompt need
+it), it exchanges after the cache update (a cache would hold sequence chunks, not whole sequences), it
+gathers ``position_ids`` along dimension 1 (M-RoPE's are ``(3, B, S)``), and Gated DeltaNet layers do
+not go through the attention function at all. The exchange here is the same all-to-all, placed
+before the cache update, in forwards of the two mixer kinds.
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ DeepSpeed 0.19's ``UlyssesSPAttentionHF`` (``deepspeed.runtime.sequence_parallel
 same exchange around transformers' attention function, but cannot serve these models as it stands: it
 drops the attention mask (left-padded prompts and a completion forward reading a cached prompt need
 it), it exchanges after the cache update (a cache would hold sequence chunks, not whole sequences), it
-gathers ``position_ids`` along dimension 1 (M-RoPE's are ``(3, B, S)``), and Gated DeltaNet layers do
-not go through the attention function at all. The exchange here is the same all-to-all, placed
+all-gathers the ``position_ids`` the attention receives, which Qwen3-VL's decoder layers get as ``None``
+(the M-RoPE positions ``(3, B, S)`` become rotary embeddings before the layers), and Gated DeltaNet
+layers do not go through the attention function at all. The exchange here is the same all-to-all, placed
 before the cache update, in forwards of the two mixer kinds.
 """
 

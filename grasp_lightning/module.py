@@ -294,15 +294,15 @@ class GraspModule(L.LightningModule):
         self.task.setup(self)
 
     def _split_sequences(self) -> None:
-        """With ``model.sequence_parallel: N > 1`` and a fitting trainer: make the SP groups (collective), sum the
+        """With ``model.sequence_parallel: N > 1`` and a trainer that fits: make the SP groups (collective), sum the
         tasks' cross-rank values per sample (:class:`CrossRank` over the data group) and install the split
         forwards on the policy (:func:`~grasp_lightning.sequence_parallel.install`).
 
         Raises:
             GraspConfigError: no distributed run, ``N`` not dividing the ranks, or a model whose heads do not split.
         """
-        if self.sequence_parallel_size == 1 or (self._trainer is not None and self.trainer.state.fn != "fit"):
-            return
+        if self.sequence_parallel_size == 1 or self._trainer is None or self.trainer.state.fn != "fit":
+            return  # evaluation, predict and chat generate with the whole sequence on every rank
         self.sequence_parallel = new_groups(self.sequence_parallel_size)
         self.cross_rank = CrossRank(self.sequence_parallel.data_group)
         install(self.policy, self.sequence_parallel)

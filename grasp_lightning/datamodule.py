@@ -383,7 +383,7 @@ class GraspDataModule(L.LightningDataModule):
         return GraspDataset(items, store, self.processor, self.video, prompt, self.errors, with_target=with_target)
 
     def connect(self, window: int = 1, repeat: int = 1, draws: bool = False, data_mode: str | None = None,
-                lookahead: bool = False, split_groups: bool = False) -> None:
+                lookahead: bool = False, split_groups: bool = False, sequence_parallel: int = 1) -> None:
         """Receive what the module and trainer decide, once, before the first train loader is built.
 
         Called by :meth:`GraspModule.setup <grasp_lightning.module.GraspModule.setup>` (LitGPT's
@@ -404,6 +404,8 @@ class GraspDataModule(L.LightningDataModule):
                 ``batching.micro_batch: rollout``): the epoch ends after as many micro-batches as this rank has
                 micro-batches of prompts, as the released run's Hugging Face Trainer computed ``max_steps`` from
                 ``len(dataloader)`` (docs/released-recipe.md, "What the released run did").
+            sequence_parallel: ranks ``N`` sharing each sample (``model.sequence_parallel``): rank ``r`` reads the
+                batches of data-parallel rank ``r // N`` of ``W / N``.
 
         Raises:
             GraspConfigError: ``window``/``repeat`` < 1, an unknown ``data_mode``, or a ``data.loader.data_mode`` set
@@ -421,11 +423,17 @@ class GraspDataModule(L.LightningDataModule):
             self._data_mode = data_mode
         self._window, self._repeat, self._draws, self._lookahead = window, repeat, draws, lookahead
         self._split = split_groups
+        self._sequence_parallel = sequence_parallel
 
-    def _rank(self) -> tuple[int, int]:
+    def _rank(self, train: bool = False) -> tuple[int, int]:
+        """``(rank, ranks)`` a loader splits its items by: the training loader's per sample (the ranks of a
+        sequence-parallel group read the same batches), evaluation and predict per process (not split)."""
         trainer = self._trainer if hasattr(self, "_trainer") else None
         trainer = trainer or getattr(self, "trainer", None)
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if trainer is None:
+            return 0, 1
+        share = getattr(self, "_sequence_parallel", 1) if train else 1  # ranks g*N .. g*N+N-1: the same batches
+        return trainer.global_rank // share, trainer.world_size // share
 
     def _loader(self, dataset: GraspDataset, batches: ResumableBatchSampler, padding_side: str,
                 windowed: bool = False):
@@ -449,7 +457,7 @@ class GraspDataModule(L.LightningDataModule):
         """
         if self.data_mode == "rl":
             self._check_rl_answers()
-        rank, world = self._rank()
+        rank, world = self._rank(train=True)
         sampler = ResumableSampler(len(self.train_items), shuffle=True, seed=self.loader.seed, rank=rank,
                                    world_size=world, pad="wrap", groups=self._curriculum_groups())
         windowed = self._window > 1 or self._repeat > 1 or self._draws or self._lookahead or self._split

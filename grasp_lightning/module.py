@@ -71,6 +71,7 @@ from grasp_lightning.predictions import (
     setup_settings,
 )
 from grasp_lightning.quantization import check_strategy
+from grasp_lightning.sequence_parallel import SequenceParallel, install, new_groups
 from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
@@ -222,15 +223,20 @@ class GraspModule(L.LightningModule):
         optim: optimizer and learning-rate schedule.
         rollout: sampling of training rollouts (used by tasks that sample, e.g. GRPO).
         evaluation: decoding for the evaluation suites and GRASP-Bench's protocol.
+        sequence_parallel: ranks ``N`` that split each sample's sequence in the training forwards (Ulysses,
+            :mod:`grasp_lightning.sequence_parallel`; docs/scaling.md); 1: none. Ranks ``g*N .. g*N+N-1`` share
+            one sample.
     """
 
     def __init__(self, task: Task, policy: PolicyConfig = PolicyConfig(),  # noqa: B008 (copied below)
                  reference: ReferenceConfig = ReferenceConfig(), lora: LoraConfig = LoraConfig(),  # noqa: B008
                  optim: OptimConfig = OptimConfig(), rollout: RolloutConfig = RolloutConfig(),  # noqa: B008
-                 evaluation: EvalConfig = EvalConfig()) -> None:  # noqa: B008
+                 evaluation: EvalConfig = EvalConfig(), sequence_parallel: int = 1) -> None:  # noqa: B008
         super().__init__()
         self.task = task
         task.check_settings(rollout)  # refused at build time: fit, check-data and plan-memory alike
+        require(is_count(sequence_parallel), "model.sequence_parallel", "an integer >= 1", sequence_parallel)
+        task.check_sequence_parallel(sequence_parallel, rollout)
         self.policy_cfg = dataclasses.replace(policy)
         self.reference_cfg = dataclasses.replace(reference)
         self.lora_cfg = dataclasses.replace(lora)
@@ -243,7 +249,9 @@ class GraspModule(L.LightningModule):
             **{name: dataclasses.asdict(cfg) for name, cfg in (
                 ("policy", self.policy_cfg), ("reference", self.reference_cfg), ("lora", self.lora_cfg),
                 ("optim", self.optim_cfg), ("rollout", self.rollout_cfg), ("evaluation", self.eval_cfg))},
+            "sequence_parallel": sequence_parallel,
         })
+        self.sequence_parallel_size = sequence_parallel
         self.policy: torch.nn.Module | None = None
         self.reference_model: torch.nn.Module | None = None
         self.processor = None
@@ -252,7 +260,8 @@ class GraspModule(L.LightningModule):
         self.nonfinite_losses = 0  # micro-batches skipped for a NaN/Inf loss (this process)
         self.step_metrics = StepMetrics()  # this rank's parts of the current optimizer step's metrics
         self.last_step_metrics: dict[str, float] = {}  # the last step's metrics over all ranks, as logged
-        self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks)
+        self.cross_rank = CrossRank()  # the tasks' only cross-rank operation (sum over ranks; per sample under SP)
+        self.sequence_parallel = SequenceParallel()  # the SP group, made at configure_model (a collective)
         self._rollout_engine: RolloutEngine | None = None
         self._eval_engine: RolloutEngine | None = None  # only when model.evaluation.engine differs from rollouts'
 
@@ -280,8 +289,23 @@ class GraspModule(L.LightningModule):
         self.policy = load_policy(self.policy_cfg, self.lora_cfg, float32_masters=self._needs_float32_masters())
         if self.trainable_only_checkpoints:  # they lack the frozen base; load_state_dict checks what they hold
             self.strict_loading = False
+        self._split_sequences()
         self._load_reference()
         self.task.setup(self)
+
+    def _split_sequences(self) -> None:
+        """With ``model.sequence_parallel: N > 1`` and a trainer that fits: make the SP groups (collective), sum the
+        tasks' cross-rank values per sample (:class:`CrossRank` over the data group) and install the split
+        forwards on the policy (:func:`~grasp_lightning.sequence_parallel.install`).
+
+        Raises:
+            GraspConfigError: no distributed run, ``N`` not dividing the ranks, or a model whose heads do not split.
+        """
+        if self.sequence_parallel_size == 1 or self._trainer is None or self.trainer.state.fn != "fit":
+            return  # evaluation, predict and chat generate with the whole sequence on every rank
+        self.sequence_parallel = new_groups(self.sequence_parallel_size)
+        self.cross_rank = CrossRank(self.sequence_parallel.data_group)
+        install(self.policy, self.sequence_parallel)
 
     #: Set by a caller that drives the module without a trainer only to answer (``chat``): no reference model.
     answers_only: bool = False
@@ -303,6 +327,7 @@ class GraspModule(L.LightningModule):
         if self.builds_reference and self.reference_model is None:
             # Kept out of the module's children so it is never handed to the optimizer nor saved.
             object.__setattr__(self, "reference_model", load_reference(self.policy_cfg, self.reference_cfg))
+            install(self.reference_model, self.sequence_parallel)
 
     def _needs_float32_masters(self) -> bool:
         """True for ``fit`` outside DeepSpeed: the optimizer must update float32 copies of the weights.
@@ -464,6 +489,8 @@ class GraspModule(L.LightningModule):
             connection["lookahead"] = True  # the next window is sampled while this one trains (Window.peek)
         if self.task.splits_groups:
             connection["split_groups"] = True  # the released run's loop: the epoch ends after len(prompt loader) batches
+        if self.sequence_parallel_size > 1:
+            connection["sequence_parallel"] = self.sequence_parallel_size  # the group's ranks read the same batches
         connect(**connection)
 
     def _check_validation_in_steps(self) -> None:
@@ -528,6 +555,8 @@ class GraspModule(L.LightningModule):
             return self._skip_nonfinite_loss(out.loss, batch)
         if out.loss is not None:
             self.step_metrics.add({"train/loss": Mean(out.loss.detach(), 1)})
+            if self.sequence_parallel.size > 1:  # DDP/DeepSpeed average over all W ranks, N of which share a sample
+                return out.loss * self.sequence_parallel.loss_scale
         return out.loss
 
     def _ends_step(self, batch: Batch) -> bool:
@@ -792,7 +821,7 @@ class GraspModule(L.LightningModule):
         (:meth:`configure_optimizers`), so its state is the adapters' too. DeepSpeed writes the weights itself
         and ignores this ``state_dict``: :meth:`grasp_lightning.strategies.GraspDeepSpeedStrategy.save_checkpoint`."""
         checkpoint[RNG_KEY] = rng_states_all_ranks()
-        checkpoint[TASK_STATE_KEY] = self.cross_rank.gather(self.task.state_dict())
+        checkpoint[TASK_STATE_KEY] = CrossRank().gather(self.task.state_dict())  # every rank's, by global rank
         if self.trainable_only_checkpoints and "state_dict" in checkpoint:
             checkpoint["state_dict"] = trainable_state(checkpoint["state_dict"], self)
 

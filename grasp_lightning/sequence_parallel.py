@@ -33,6 +33,15 @@ by ``N`` before the backward (:attr:`SequenceParallel.loss_scale`) and the avera
 one of ``W / N`` data-parallel replicas.
 
 Generation is not split (the rollout engines decode with the whole prompt on each rank).
+
+DeepSpeed 0.19's ``UlyssesSPAttentionHF`` (``deepspeed.runtime.sequence_parallel.ulysses_sp``) makes the
+same exchange around transformers' attention function, but cannot serve these models as it stands: it
+drops the attention mask (left-padded prompts and a completion forward reading a cached prompt need
+it), it exchanges after the cache update (a cache would hold sequence chunks, not whole sequences), it
+all-gathers the ``position_ids`` the attention receives, which Qwen3-VL's decoder layers get as ``None``
+(the M-RoPE positions ``(3, B, S)`` become rotary embeddings before the layers), and Gated DeltaNet
+layers do not go through the attention function at all. The exchange here is the same all-to-all, placed
+before the cache update, in forwards of the two mixer kinds.
 """
 
 from __future__ import annotations
@@ -148,6 +157,8 @@ class SequenceParallel:
         size: ranks per group ``N`` (1: no split).
         rank: this rank's index in its group, ``0 .. N-1``.
         group: the ``torch.distributed`` process group of the ``N`` ranks (``None`` when ``size == 1``).
+        data_group: the process group of the ranks holding the same position of their groups: one rank per
+            sample, the data-parallel replicas (``None`` when ``size == 1``: the default group).
         active: forwards started now are split (set by :meth:`splitting`).
         last_length: the sequence length ``S`` of the last split forward (read by callers after it).
     """
@@ -155,6 +166,7 @@ class SequenceParallel:
     size: int = 1
     rank: int = 0
     group: Any = None
+    data_group: Any = None
     active: bool = False
     last_length: int = 0
 
@@ -184,21 +196,21 @@ class SequenceParallel:
         """:class:`_AllToAll` over the group."""
         return _AllToAll.apply(x, self.group, scatter_dim, gather_dim)
 
-    def place(self, values: torch.Tensor, span: tuple[int, int], start: int, width: int) -> torch.Tensor:
-        """Per-position ``values`` ``(B, last - first, ...)`` of this rank's ``span`` placed at columns
-        ``first - start ..`` of a ``(B, width, ...)`` tensor that is zero elsewhere, then summed over the
-        group (:meth:`sum_disjoint`): every rank gets the whole ``(B, width, ...)``."""
-        first, last = span
-        full = values.new_zeros((values.shape[0], width, *values.shape[2:]))
-        full = torch.cat([full[:, :first - start], values, full[:, last - start:]], 1)
-        return self.sum_disjoint(full)
+    def broadcast(self, obj: Any) -> Any:
+        """The group's rank 0's ``obj`` on every rank of the group (``broadcast_object_list``); collective."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, group_src=0, group=self.group)
+        return box[0]
 
 
 def new_groups(size: int) -> SequenceParallel:
     """Split the initialised world into groups of ``size`` consecutive ranks; this rank's group.
 
     Every rank must call it (``torch.distributed.new_group`` is collective). Ranks ``g*N .. g*N+N-1``
-    form group ``g``; the data-parallel rank of a process is ``rank // N`` (:func:`data_parallel_rank`).
+    form group ``g``; the data-parallel rank of a process is ``rank // N`` (:func:`data_parallel_rank`), and the
+    ranks ``p, p+N, p+2N, ..`` form the data group of position ``p`` (one rank per sample).
 
     Raises:
         GraspConfigError: ``size < 1``, or ``size > 1`` without an initialised process group, or a
@@ -214,12 +226,16 @@ def new_groups(size: int) -> SequenceParallel:
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % size:
         raise GraspConfigError(f"model.sequence_parallel: {size} does not divide the {world} ranks of this run")
-    mine = None
+    mine = data = None
     for first in range(0, world, size):
         group = dist.new_group(list(range(first, first + size)))
         if first <= rank < first + size:
             mine = group
-    return SequenceParallel(size=size, rank=rank % size, group=mine)
+    for position in range(size):
+        group = dist.new_group(list(range(position, world, size)))
+        if rank % size == position:
+            data = group
+    return SequenceParallel(size=size, rank=rank % size, group=mine, data_group=data)
 
 
 def data_parallel_rank(rank: int, world: int, size: int) -> tuple[int, int]:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from grasp_lightning.data.collate import Batch
     from grasp_lightning.data.records import GraspItem
     from grasp_lightning.engines.base import RolloutEngine
+    from grasp_lightning.sequence_parallel import SequenceParallel
 
 
 @dataclass
@@ -80,33 +81,42 @@ class TaskOutput:
 
 
 class CrossRank:
-    """The one cross-rank operation tasks may use: a sum over all ranks (the default process group).
+    """The one cross-rank operation tasks may use: a sum over the data-parallel ranks.
 
     Every rank must call :meth:`sum` the same number of times in the same order; the module calls
     :meth:`Task.prepare` on every micro-batch of every rank (empty ones included) for that reason.
     On one process it returns its input. Under DDP and DeepSpeed, Lightning initialises
     ``torch.distributed`` (gloo on CPU, NCCL on GPU: pass tensors on the module's device).
+
+    Args:
+        group: the process group to reduce over: ``None``, every rank (the default group); with sequence
+            parallelism the data group of this rank's position (one rank per sample,
+            :attr:`grasp_lightning.sequence_parallel.SequenceParallel.data_group`), so a sample the ``N``
+            ranks of its group share counts once.
     """
+
+    def __init__(self, group=None) -> None:
+        self.group = group
 
     @property
     def world_size(self) -> int:
-        """Number of ranks ``W`` (1 without ``torch.distributed``)."""
+        """Number of ranks reduced over (``W``, or ``W / N`` with sequence parallelism; 1 without ``torch.distributed``)."""
         dist = torch.distributed
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Elementwise sum of ``values`` over all ranks (a new tensor; shape and dtype kept)."""
+        """Elementwise sum of ``values`` over the ranks (a new tensor; shape and dtype kept)."""
         out = values.detach().clone()
         if self.world_size > 1:
-            torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+            torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM, group=self.group)
         return out
 
     def gather(self, obj: object) -> list:
-        """``obj`` of every rank, index = global rank (``all_gather_object``; ``[obj]`` on one process).
-        Collective: every rank must call it."""
+        """``obj`` of every rank reduced over, index = rank in the group (``all_gather_object``; ``[obj]`` on one
+        process). Collective: every rank must call it."""
         if self.world_size > 1:
             out: list = [None] * self.world_size
-            torch.distributed.all_gather_object(out, obj)
+            torch.distributed.all_gather_object(out, obj, group=self.group)
             return out
         return [obj]
 
@@ -125,6 +135,8 @@ class TaskContext(Protocol):
         policy_version: optimizer steps taken so far (an engine holding its own copy of the weights
             updates it when its copy is older).
         cross_rank: the cross-rank sum (:class:`CrossRank`).
+        sequence_parallel: the sequence-parallel group splitting the task's training forwards
+            (:class:`~grasp_lightning.sequence_parallel.SequenceParallel`; ``size`` 1: none).
     """
 
     policy: torch.nn.Module
@@ -133,6 +145,7 @@ class TaskContext(Protocol):
     rollout_engine: RolloutEngine
     policy_version: int
     cross_rank: CrossRank
+    sequence_parallel: SequenceParallel
 
     @property
     def device(self) -> torch.device:
@@ -197,6 +210,16 @@ class Task:
 
         Raises:
             GraspConfigError: a setting the task cannot run with, naming its key.
+        """
+
+    def check_sequence_parallel(self, size: int, rollout_cfg: RolloutConfig) -> None:
+        """Refuse ``model.sequence_parallel: size`` with settings of this task that need a sample's whole sequence,
+        or a sample's own process, on one rank (checked when the module is built). Default: none refused;
+        a task whose training forwards do not split (:mod:`grasp_lightning.sequence_parallel`) still runs,
+        every rank of a group computing the whole sample.
+
+        Raises:
+            GraspConfigError: a setting that cannot run split, naming its key and ``model.sequence_parallel``.
         """
 
     def setup(self, ctx: TaskContext) -> None:

@@ -181,6 +181,25 @@ class GRPOTask(Task):
                                    f"buffer with it)")
 
     @override
+    def check_sequence_parallel(self, size: int, rollout_cfg: RolloutConfig) -> None:
+        """GRPO splits its scoring and update forwards; the group's rank 0 samples the rollouts the group trains on.
+
+        Raises:
+            GraspConfigError: ``model.sequence_parallel > 1`` with ``model.rollout.overlap: 1`` (the next window is
+                sampled in a background thread, whose broadcast to the group would race the training step's
+                exchanges) or ``dynamic_sampling: refill`` (refills draw prompts rank by rank).
+        """
+        if size == 1:
+            return
+        if rollout_cfg.overlap:
+            raise GraspConfigError(f"model.sequence_parallel: {size} with model.rollout.overlap: 1 is refused: the "
+                                   "rollouts of a sequence-parallel group are broadcast from its first rank, which a "
+                                   "background sampling thread would do while the step's exchanges run; set overlap: 0")
+        if self.dynamic_sampling == "refill":
+            raise GraspConfigError(f"model.sequence_parallel: {size} with {KEY}batching.dynamic_sampling: refill is refused: "
+                                   "refills draw further prompts rank by rank; use dynamic_sampling: filter or off")
+
+    @override
     def callbacks(self) -> list:
         """:class:`~grasp_lightning.callbacks.reference_sync.ReferenceSync` when ``loss.reference_sync_steps`` is set."""
         if self.loss.reference_sync_steps is None:
@@ -244,7 +263,7 @@ class GRPOTask(Task):
         bonus = {"entropy_grad": True} if self.entropy_control.enabled else {}  # the entropy bonus's gradient
         logp, entropy = score_completions(ctx.policy, ro.prompt, ro.completions.ids, ro.completions.mask,
                                           k, cfg.temperature, ro.shared, self.compute.logprob_chunk_size, ro.vision,
-                                          **bonus)
+                                          sp=ctx.sequence_parallel, **bonus)
         # 5. loss: clipped ratio, k3 KL, the loss type's normaliser -> scalar; lm: its parts; sampler: metrics
         loss, lm, sampler = self._loss(ctx, batch, ro, logp, entropy)
         entropy = entropy.detach()
@@ -331,6 +350,7 @@ class GRPOTask(Task):
         with reuse_vision(policy, vision):  # the sampling prefill encodes the clips into ``vision``
             completions = engine.sample(policy, ctx.tokenizer, prompt, ctx.rollout_cfg, share_prompt=share,
                                         policy_version=ctx.policy_version)
+        completions = ctx.sequence_parallel.broadcast(completions)  # a split group trains on its rank 0's samples
         policy.train(was_training)
         return self.score_rollout(ctx, batch, prompt, share, vision, completions, t0=t0,
                                   generation_seconds=time.perf_counter() - t0,
@@ -386,13 +406,14 @@ class GRPOTask(Task):
         old_logp = None
         if self.loss.num_iterations > 1 or (self.loss.sampler_correction and completions.sampled_logp is not None):
             old_logp, _ = score_completions(policy, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                            share, self.compute.logprob_chunk_size, vision)
+                                            share, self.compute.logprob_chunk_size, vision, sp=ctx.sequence_parallel)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         ref_logp = None
         if self.loss.beta != 0.0:
             with ctx.reference() as ref:
                 ref_logp, _ = score_completions(ref, prompt, completions.ids, completions.mask, k, cfg.temperature,
-                                                share, self.compute.logprob_chunk_size, vision)
+                                                share, self.compute.logprob_chunk_size, vision,
+                                                sp=ctx.sequence_parallel)
             prompt_tokens += prompt_tokens_forwarded(prompt, k, share)
         stats = SamplingStats(rollout_s=time.perf_counter() - t0, generation_s=generation_seconds, rewards_s=t2 - t1,
                               logp_s=time.perf_counter() - t2, weight_sync_s=weight_sync_seconds, generation_calls=1.0,

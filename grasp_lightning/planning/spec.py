@@ -2,7 +2,7 @@
 
 The objects are the run's own (``grasp_lightning.commands.config.load_run`` instantiates the
 ``--config`` files through the training CLI): the :class:`~grasp_lightning.module.GraspModule`
-(``policy_cfg``, ``reference_cfg``, ``lora_cfg``, ``rollout_cfg``, ``sequence_parallel``), its task (``needs_reference``,
+(``policy_cfg``, ``reference_cfg``, ``lora_cfg``, ``rollout_cfg``, ``sequence_parallel_size``), its task (``needs_reference``,
 ``samples_rollouts``, ``shares_prompt``), the DataModule's settings (``loader``, ``video``, ``prompt``)
 and the trainer's settings (``precision``, ``strategy``, ``devices``, ``num_nodes``). A key a config leaves out therefore has
 the value the run has; no default of the code is copied here.
@@ -237,7 +237,7 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
         max_target_tokens=data.prompt.max_target_tokens,
         max_prompt_tokens=data.prompt.max_prompt_tokens, **strategy_settings(trainer.strategy),
         logprob_chunk_size=getattr(task, "logprob_chunk_size", None),
-        sequence_parallel=sequence_parallel_of(getattr(module, "sequence_parallel", 1)))
+        sequence_parallel=int(module.sequence_parallel_size))
     rollout = module.rollout_cfg
     if task.samples_rollouts and rollout.engine == "vllm":
         colocated = rollout.vllm.address is None
@@ -245,19 +245,6 @@ def spec_from_run(module: GraspModule, datamodule: GraspDataModule, trainer: Any
                       engine_memory_fraction=float(rollout.vllm.gpu_memory_utilization) if colocated else 0.0)
     values.update(extra)
     return RunSpec(**values), notes
-
-
-def sequence_parallel_of(value: Any) -> int:
-    """``model.sequence_parallel`` as an int (``None``: 1, no split).
-
-    Raises:
-        GraspConfigError: not a whole number >= 1.
-    """
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GraspConfigError(f"model.sequence_parallel must be a whole number >= 1 (ranks per group), got {value!r}")
-    return value
 
 
 def bundled_or_local(name: str) -> bool:

@@ -61,7 +61,7 @@ STRATEGIES = {"ddp": "ddp", "zero2": ZERO2}
 TIMES: dict[str, float] = {}
 
 
-def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int) -> dict:
+def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int, sp: int = 1) -> dict:
     trainer = {"devices": devices, "strategy": strategy, "accumulate_grad_batches": accumulate, "max_steps": STEPS,
                "max_epochs": 1, "limit_val_batches": 0, "enable_progress_bar": False, "enable_model_summary": False,
                "logger": False, "enable_checkpointing": False, "default_root_dir": str(run),
@@ -74,13 +74,15 @@ def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int) ->
                                  "weights": [1.0, 0.1, 0.05, 0.2, 0.01]},
                      "batching": {"rollout_batch_prompts": 1}}},
                  "rollout": {"num_generations": 4, "max_new_tokens": 16}}
+    if sp > 1:
+        model["sequence_parallel"] = sp
     return {"trainer": trainer, "model": model, "data": {"loader": {"batch_size": 1, "num_workers": 0}}}
 
 
-def _run(root: Path, name: str, task: str, devices: int, strategy, accumulate: int) -> Path:
+def _run(root: Path, name: str, task: str, devices: int, strategy, accumulate: int, sp: int = 1) -> Path:
     run = root / name
     run.mkdir()
-    (run / "run.yaml").write_text(yaml.safe_dump(_overrides(run, task, devices, strategy, accumulate)))
+    (run / "run.yaml").write_text(yaml.safe_dump(_overrides(run, task, devices, strategy, accumulate, sp)))
     t0 = time.monotonic()
     procs = launch_ranks(["fit", *TASKS[task], "--config", str(run / "run.yaml")], run / "log", world=devices)
     wait_ranks(procs, run / "log", RUN_TIMEOUT)
@@ -93,11 +95,13 @@ def tier(tmp_path_factory):
     root = tmp_path_factory.mktemp("strategies")
     cache: dict[str, Path] = {}
 
-    def get(task: str, strategy: str | None) -> Path:
-        name = f"{task}-{strategy or 'single'}"
+    def get(task: str, strategy: str | None, sp: int = 1) -> Path:
+        name = f"{task}-{strategy or 'single'}" + (f"-sp{sp}" if sp > 1 else "")
         if name not in cache:
             if strategy is None:
                 cache[name] = _run(root, name, task, 1, "auto", 2 * ACCUMULATE)
+            elif sp > 1:  # the group of 2 ranks holds one sample: each rank sees all 4 micro-batches of a step
+                cache[name] = _run(root, name, task, 2, STRATEGIES[strategy], 2 * ACCUMULATE, sp)
             else:
                 cache[name] = _run(root, name, task, 2, STRATEGIES[strategy], ACCUMULATE)
         return cache[name]
@@ -118,18 +122,22 @@ def _assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
         assert diff <= bound, f"{what}: {k} differs by {diff:.3g} (bound {bound:.3g})"
 
 
-def _compare(single: Path, ranks: Path) -> dict[str, float]:
+def _compare(single: Path, ranks: Path, sp: int = 1) -> dict[str, float]:
+    """Rank ``r``'s micro-batch ``m`` of step ``s`` against the one-process run's: without sequence parallelism
+    position ``4s + 2m + r`` (Lightning divided the one-process loss by 4, the rank's by 2); with a group of 2
+    ranks holding each sample, position ``4s + m`` on both ranks (both divide by 4; the rank's loss is scaled by
+    2, the group's share of the gradient average)."""
     one = read_losses(single)
     two = [read_losses(ranks, r) for r in (0, 1)]
     per_step = 2 * ACCUMULATE
-    assert len(one) == per_step * STEPS and all(len(rows) == ACCUMULATE * STEPS for rows in two)
+    per_rank = per_step if sp > 1 else ACCUMULATE
+    assert len(one) == per_step * STEPS and all(len(rows) == per_rank * STEPS for rows in two)
     loss_diff = 0.0
     for r in (0, 1):
         for i, a in enumerate(two[r]):
-            s, m = divmod(i, ACCUMULATE)
-            b = one[per_step * s + 2 * m + r]  # rank r's micro-batch m of step s: position 4s + 2m + r
+            s, m = divmod(i, per_rank)
+            b = one[per_step * s + m] if sp > 1 else one[per_step * s + 2 * m + r]
             assert a["indices"] == b["indices"] and a["global_step"] == b["global_step"] == s, (a, b)
-            # Lightning divided the one-process loss by 4, the rank's by 2
             torch.testing.assert_close(torch.tensor(a["loss"]), torch.tensor(2 * b["loss"]), rtol=LOSS_RTOL,
                                        atol=LOSS_ATOL)
             loss_diff = max(loss_diff, abs(a["loss"] - 2 * b["loss"]))
@@ -151,6 +159,14 @@ def _compare(single: Path, ranks: Path) -> dict[str, float]:
 @pytest.mark.parametrize("task", list(TASKS))
 def test_two_ranks_equal_one_process(tier, task, strategy):
     _compare(tier(task, None), tier(task, strategy))
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("task", list(TASKS))
+def test_two_ranks_splitting_each_sample_equal_one_process(tier, task, strategy):
+    """``model.sequence_parallel: 2``: the 2 ranks split every sample's sequence (Ulysses) and equal the one-process
+    run in every micro-batch's loss, every step's gradient and the final weights, under DDP and ZeRO-2."""
+    _compare(tier(task, None), tier(task, strategy, sp=2), sp=2)
 
 
 def test_wait_ranks_kills_a_hang_and_fails_with_the_logs(tmp_path):

@@ -755,9 +755,8 @@ def test_sequence_parallel_read_from_yaml_and_overrides(tmp_path, capsys) -> Non
     assert "9554 tokens of 76431 (SP 8: ceil(L/8) per forward)" in outs[0]
     run = load_run(["--config", str(RECIPE[0]), "--config", str(overlay)])
     assert spec_from_run(run.module, run.datamodule, run.trainer)[0].sequence_parallel == 8
-    run.module.sequence_parallel = 0
-    with pytest.raises(GraspConfigError, match="model.sequence_parallel must be a whole number >= 1"):
-        spec_from_run(run.module, run.datamodule, run.trainer)
+    with pytest.raises(GraspConfigError, match="model.sequence_parallel"):
+        sp_plan(0)
 
 
 def test_sequence_parallel_refused_by_name() -> None:
@@ -837,7 +836,7 @@ def test_docs_sequence_parallel_section(capsys) -> None:
     for words, strategy in zip(fit, ("GraspDeepSpeedStrategy", "ddp"), strict=True):
         args = [str(REPO / w) if w.startswith("configs/") else w for w in words[1:]]
         run = load_run(args)
-        assert run.module.sequence_parallel == 8 and str(run.trainer.devices) == "8"
+        assert run.module.sequence_parallel_size == 8 and str(run.trainer.devices) == "8"
         assert strategy in str(run.trainer.strategy)
         assert run.config.trainer.accumulate_grad_batches == 32  # 1 data-parallel group: the global batch of 32 kept
         assert run.module.rollout_cfg.engine == "vllm" and run.datamodule.prompt.max_prompt_tokens == 69632

@@ -226,3 +226,19 @@ def test_the_overlay_docs_training_shows_builds() -> None:
     task = GRPOTask(advantage=AdvantageConfig(**groups["advantage"]), loss=LossConfig(**groups["loss"]))
     task.check_settings(RolloutConfig(num_generations=2, engine="vllm"))
     assert task.loss.sampler_correction and [type(c).__name__ for c in task.callbacks()] == ["ReferenceSync"]
+
+
+def test_sequence_parallel_refuses_background_sampling_and_refills_by_key():
+    from grasp_lightning.module import GraspModule
+
+    task = GRPOTask()
+    task.check_sequence_parallel(1, RolloutConfig(engine="vllm", overlap=1))  # no split: nothing refused
+    task.check_sequence_parallel(2, RolloutConfig())
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 2 with model.rollout.overlap: 1 is refused"):
+        GraspModule(task=GRPOTask(), rollout=RolloutConfig(engine="vllm", overlap=1), sequence_parallel=2)
+    refill = GRPOTask(batching=BatchingConfig(dynamic_sampling="refill"))
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel: 4 with model.task.init_args.batching.dynamic_sampling: refill is refused"):
+        refill.check_sequence_parallel(4, RolloutConfig())
+    with pytest.raises(GraspConfigError, match=r"model.sequence_parallel must be an integer >= 1"):
+        GraspModule(task=GRPOTask(), sequence_parallel=0)
+    assert GraspModule(task=GRPOTask(), sequence_parallel=2).hparams["sequence_parallel"] == 2

@@ -1,15 +1,16 @@
 """Peak memory per rank of a GRPO update's forward and backward with sequence parallelism: SP = 1 against SP = 2.
 
-    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py   # 2B-width stand-in, long clip (minutes, ~7 GiB a process)
+    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py   # 2B-width stand-in, 40 s clip (~6 min; peaks ~9.5 GiB)
     python benchmarks/sequence_parallel.py --smoke              # the tiny Qwen3-VL, seconds (tests/benchmarks/)
 
 The model is a stand-in of Qwen3-VL-2B (:func:`grasp_lightning.synthetic.standin.build_standin`:
 the published widths, hidden 2,048, 16 query and 8 key/value heads, the real 151,936-logit
 vocabulary with tied embeddings, random weights) with ``--text-layers`` 2 decoder layers and
 ``--vision-layers`` 2 vision blocks, loaded in float32 on the CPU, the vision tower frozen (the
-recipes' ``freeze_vision``), the language model trained whole (embedding and LM head included), no
-gradient checkpointing. The prompt is one RL item of the bundled sample pointing at a synthetic
-``--clip-seconds`` clip at 2 fps of ``--clip-size`` pixels square (the data module's real processing:
+recipes' ``freeze_vision``), the language model trained whole (embedding and LM head included; ``--lora``:
+the rank-16, alpha-32 adapters of ``configs/lora.yaml`` instead, dropout 0 so that no run draws
+different masks), no gradient checkpointing. The prompt is one RL item of the bundled sample pointing
+at a synthetic ``--clip-seconds`` clip at 2 fps of ``--clip-size`` pixels square (the data module's real processing:
 chat template, timestamps, visual tokens); when its length is even one left-padding column is added,
 so the split sequence (``ceil(S / 2)`` positions a rank) is padded, as it is for the completion
 forward of ``Lc - 1`` positions (``--completion-tokens`` even).
@@ -33,10 +34,10 @@ parameter gradients (``gradient_gib``, the same on every rank: SP does not split
 gradients). ``step_ratio`` = the larger SP = 2 rank's ``step_gib`` / SP = 1's (the figure the
 issue's target of 0.65 applies to); ``peak_ratio`` the same for ``peak_gib``. Losses: every SP = 2
 rank computes the whole loss from the gathered log-probs; ``loss_sp1`` and ``loss_sp2`` (rank 0's)
-agree to float rounding, and ``grad_probe_*`` is the norm of the last decoder layer's ``o_proj``
-gradient (SP = 2: summed over the group), which agree too.
+agree to float rounding, and ``grad_probe_*`` is the norm of the last decoder layer's parameter
+gradients (SP = 2: summed over the group), which agree too.
 
-``planner_gib`` is ``null``: ``grasp_lightning.planning`` does not take a sequence-parallel degree yet.
+``planner_gib`` is ``null``: :mod:`grasp_lightning.planning` takes no sequence-parallel degree.
 
 Prints one JSON line.
 """

@@ -186,3 +186,27 @@ def test_decode_speed_prints_eager_and_compiled_tokens_per_second_with_the_same_
         assert set(rows) == {"eager", "aot_eager"}
         assert rows["aot_eager"]["same_tokens_as_eager"] is True and rows["aot_eager"]["tokens"] == rows["eager"]["tokens"]
         assert all(r["tokens_per_s"] > 0 and r["best_s"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["language-model", "lora"])
+def test_sequence_parallel_prints_the_peak_per_rank_at_sp1_and_sp2_with_equal_losses(run_script, lora: bool) -> None:
+    """``benchmarks/sequence_parallel.py --smoke``: the tiny Qwen3-VL's GRPO update on 1 process and on 2 gloo ranks;
+    the split run's loss and summed gradient equal the one-rank run's, and the ratios are the printed peaks'."""
+    out = run_script(["benchmarks/sequence_parallel.py", "--smoke", *(["--lora"] if lora else [])], timeout=600)
+    assert out["benchmark"] == "sequence_parallel" and out["mode"] == "smoke"
+    assert out["trained"] == ("LoRA r16" if lora else "language model")
+    assert out["prompt_tokens"] % 2 == 1 and out["completion_forward_tokens"] == out["k"] * (out["completion_tokens"] - 1)
+    assert (out["completion_tokens"] - 1) % 2 == 1  # both split forwards are padded to a multiple of 2
+    assert len(out["sp2"]) == 2 and out["planner_gib"] is None
+    for run in (out["sp1"], *out["sp2"]):
+        assert set(run) == {"baseline_gib", "peak_gib", "step_gib", "gradient_gib", "step_s", "loss", "grad_probe"}
+        assert run["peak_gib"] > run["baseline_gib"] > 0 and run["step_s"] > 0
+        assert run["step_gib"] == pytest.approx(run["peak_gib"] - run["baseline_gib"], abs=2e-4)
+    assert out["sp1"]["gradient_gib"] == out["sp2"][0]["gradient_gib"] > 0  # SP splits no gradient
+    assert out["loss_sp2"] == pytest.approx(out["loss_sp1"], rel=1e-5, abs=1e-6)
+    assert out["loss_sp2_ranks"][0] == out["loss_sp2_ranks"][1]  # every rank computes the whole loss
+    assert out["grad_probe_sp2"] == pytest.approx(out["grad_probe_sp1"], rel=1e-4)
+    assert out["grad_probe_sp1"] > 0
+    worst = max(r["step_gib"] for r in out["sp2"])
+    assert out["step_ratio"] == pytest.approx(worst / out["sp1"]["step_gib"], rel=0.02)  # the printed GiB are rounded
+    assert out["meets_target"] == (out["step_ratio"] <= 0.65)

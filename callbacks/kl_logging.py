@@ -35,9 +35,11 @@ def _cat(parts: list[torch.Tensor], device) -> torch.Tensor:
     return torch.cat(parts).to(device) if parts else torch.zeros(0, device=device)
 
 
-def gather_tokens(trainer, values: torch.Tensor) -> torch.Tensor:
+def gather_tokens(trainer, values: torch.Tensor, share: int = 1) -> torch.Tensor:
     """Every rank's ``values`` (``(M_r,)`` float32, lengths may differ), concatenated in rank order:
-    ``(sum_r M_r,)``. A collective: every rank must call it. One process: ``values`` itself."""
+    ``(sum_r M_r,)``. A collective: every rank must call it. One process: ``values`` itself.
+    ``share``: ranks holding each sample (``model.sequence_parallel``; their values are the same): only the
+    first rank of each group ``0, N, 2N, ..`` is kept, so a token counts once."""
     if trainer.world_size == 1:
         return values
     n = torch.tensor([values.numel()], device=values.device)
@@ -45,7 +47,7 @@ def gather_tokens(trainer, values: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(int(sizes.max()), dtype=values.dtype, device=values.device)
     padded[: values.numel()] = values
     gathered = trainer.strategy.all_gather(padded).reshape(len(sizes), -1)
-    return torch.cat([gathered[r, : int(sizes[r])] for r in range(len(sizes))])
+    return torch.cat([gathered[r, : int(sizes[r])] for r in range(0, len(sizes), share)])
 
 
 class KLLogging(L.Callback):
@@ -105,7 +107,8 @@ class KLLogging(L.Callback):
             seen = trainer.strategy.reduce(seen, reduce_op="sum")
         if not seen[0]:
             return  # no rollout on any rank in this window (an SFT task)
-        kl = gather_tokens(trainer, _cat(self._kl, device)) if seen[1] else None
+        sp = getattr(trainer.lightning_module, "sequence_parallel", None)
+        kl = gather_tokens(trainer, _cat(self._kl, device), sp.size if sp is not None else 1) if seen[1] else None
         self._reset()
         if kl is None or not kl.numel():
             return

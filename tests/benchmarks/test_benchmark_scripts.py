@@ -210,3 +210,17 @@ def test_sequence_parallel_prints_the_peak_per_rank_at_sp1_and_sp2_with_equal_lo
     worst = max(r["step_gib"] for r in out["sp2"])
     assert out["step_ratio"] == pytest.approx(worst / out["sp1"]["step_gib"], rel=0.02)  # the printed GiB are rounded
     assert out["meets_target"] == (out["step_ratio"] <= 0.65)
+
+
+def test_vision_split_measures_the_whole_clip_against_one_ranks_share_exactly(run_script) -> None:
+    """``benchmarks/vision_split.py --smoke``: the tiny Qwen3-VL's vision tower on the whole clip and on the first
+    half of its temporal patches; the share's features are the whole clip's rows (a frame split is exact)."""
+    out = run_script(["benchmarks/vision_split.py", "--smoke"], timeout=600)
+    assert out["benchmark"] == "vision_split" and out["mode"] == "smoke" and out["sequence_parallel"] == 2
+    t, h, w = out["grid_thw"]
+    assert out["share"]["temporal_patches"] == (t + 1) // 2 and out["patches"] == t * h * w
+    assert out["merged_tokens"] == out["patches"] // 4  # 2 x 2 spatial merge
+    assert out["exact_max_abs_diff"] == 0.0
+    assert out["whole"]["s"] > 0 and out["share"]["s"] > 0 and out["gather_mib"] > 0
+    assert out["vision_block_s"] == pytest.approx(out["whole"]["s"] / out["vision_layers"], abs=2e-3)
+    assert out["decoder_layer_s"] > 0 and out["real_depth"]["decoder_s"] == pytest.approx(28 * out["decoder_layer_s"], abs=0.1)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import sys
 from typing import Any
@@ -297,18 +296,14 @@ def _module_function(module: torch.nn.Module, name: str):
 LENGTH_KEY = "sequence_parallel_length"
 
 
-def _attention_forward(self, sp: SequenceParallel, original, hidden_states, position_embeddings=None,
+def _attention_forward(self, sp: SequenceParallel, hidden_states, position_embeddings=None,
                        attention_mask=None, cache=None, past_key_values=None, **kwargs):
     """Ulysses forward of a ``Qwen3VLTextAttention`` / ``Qwen3_5Attention`` on a chunk ``(B, S/N, D)``.
 
     The same computation as transformers' forward (Qwen3.5's output gate included), with the
-    sequence/head exchange around the attention and the cache update. Without :data:`LENGTH_KEY`
-    (a forward that is not split), transformers' own forward."""
-    length = kwargs.pop(LENGTH_KEY, None)
+    sequence/head exchange around the attention and the cache update."""
+    length = kwargs.pop(LENGTH_KEY)
     cache = cache if cache is not None else past_key_values
-    if length is None:
-        return original(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
-                        cache=cache, **kwargs)
     layout = sp.layout(length)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -347,18 +342,15 @@ def _attention_forward(self, sp: SequenceParallel, original, hidden_states, posi
     return self.o_proj(out), None
 
 
-def _gated_deltanet_forward(self, sp: SequenceParallel, original, hidden_states, cache=None, attention_mask=None,
+def _gated_deltanet_forward(self, sp: SequenceParallel, hidden_states, cache=None, attention_mask=None,
                             cache_params=None, **kwargs):
     """Ulysses forward of a ``Qwen3_5GatedDeltaNet`` on a chunk ``(B, S/N, D)``: heads split, whole sequence.
 
     The same computation as transformers' forward without its single-token decode branch (training
     forwards only): the padding mask, the causal convolution (with the cache's window), the chunked
-    gated delta rule (with the cache's recurrent state), the gated norm and the output projection.
-    Without :data:`LENGTH_KEY`, transformers' own forward."""
-    length = kwargs.pop(LENGTH_KEY, None)
+    gated delta rule (with the cache's recurrent state), the gated norm and the output projection."""
+    length = kwargs.pop(LENGTH_KEY)
     cache = cache if cache is not None else cache_params
-    if length is None:
-        return original(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
     layout = sp.layout(length)
     if attention_mask is not None:
         attention_mask = layout.shard(attention_mask)
@@ -449,10 +441,38 @@ def install(model, sp: SequenceParallel) -> None:
         for name, forward in (("self_attn", _attention_forward), ("linear_attn", _gated_deltanet_forward)):
             mixer = getattr(layer, name, None)
             if mixer is not None:
-                mixer.forward = functools.partial(forward, mixer, sp, mixer.forward)
+                mixer._grasp_sequence_parallel = sp
+                mixer.__class__ = _split_class(type(mixer), forward)
     if hasattr(text, "_deepstack_process"):
         text._deepstack_process = _deepstack_process(sp, text._deepstack_process)
     text._grasp_sequence_parallel = sp
+
+
+#: The split classes made so far: ``{transformers mixer class: its subclass}`` (:func:`_split_class`).
+_SPLIT_CLASSES: dict[type, type] = {}
+
+
+def _split_class(cls: type, forward) -> type:
+    """A subclass of the mixer class ``cls`` whose call runs ``forward`` (the Ulysses one) for a split forward.
+
+    The dispatch is in ``__call__``, looked up on the class, because transformers swaps a layer's
+    ``forward`` when it (re-)kernelizes the model (``PreTrainedModel.train``/``eval`` with Hub kernels:
+    ``kernels`` pops or replaces the instance's ``forward``); a call without :data:`LENGTH_KEY` is
+    ``nn.Module.__call__`` (hooks, then whatever ``forward`` the module has). The subclass keeps the
+    class's name and module, so ``apply_rotary_pos_emb`` and the other functions resolve as transformers'.
+    """
+    if cls in _SPLIT_CLASSES or cls in _SPLIT_CLASSES.values():
+        return _SPLIT_CLASSES.get(cls, cls)
+
+    def __call__(self, *args, **kwargs):
+        if kwargs.get(LENGTH_KEY) is None:
+            kwargs.pop(LENGTH_KEY, None)
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        return forward(self, self._grasp_sequence_parallel, *args, **kwargs)
+
+    _SPLIT_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                                      "__qualname__": cls.__qualname__})
+    return _SPLIT_CLASSES[cls]
 
 
 def _install_hooks(text: torch.nn.Module, sp: SequenceParallel) -> None:

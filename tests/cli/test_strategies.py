@@ -54,6 +54,8 @@ TASKS = {
     "sft": ["--config", "configs/sft.yaml", "--config", "configs/demo.yaml"],
     "sgr": ["--config", "configs/sgr.yaml", "--config", "configs/demo.yaml"],
 }
+#: The hybrid Qwen3.5 (Gated DeltaNet) in GRPO-SGR: the sequence-parallel runs only.
+HYBRID_SGR = [*TASKS["sgr"], "--model.policy.name_or_path", "grasp_lightning/assets/tiny-qwen3_5"]
 ZERO2 = {"class_path": "grasp_lightning.strategies.CPUDeepSpeedStrategy", "init_args": {
     "stage": 2, "overlap_comm": True, "contiguous_gradients": True, "allgather_bucket_size": 200000000,
     "reduce_bucket_size": 200000000}}
@@ -67,7 +69,7 @@ def _overrides(run: Path, task: str, devices: int, strategy, accumulate: int, sp
                "logger": False, "enable_checkpointing": False, "default_root_dir": str(run),
                "callbacks": [{"class_path": "tests.cli.strategy_probe.GradientProbe", "init_args": {"out_dir": str(run)}}]}
     model: dict = {}
-    if task == "sgr":
+    if task.startswith("sgr"):
         model = {"task": {"class_path": "tests.cli.strategy_probe.PromptSeededGRPOTask", "init_args": {
                      "reward": {"terms": ["accuracy", "format", "grounding_presence", "social_grounding",
                                            "tests.cli.strategy_probe:completion_length"],
@@ -84,7 +86,8 @@ def _run(root: Path, name: str, task: str, devices: int, strategy, accumulate: i
     run.mkdir()
     (run / "run.yaml").write_text(yaml.safe_dump(_overrides(run, task, devices, strategy, accumulate, sp)))
     t0 = time.monotonic()
-    procs = launch_ranks(["fit", *TASKS[task], "--config", str(run / "run.yaml")], run / "log", world=devices)
+    args = HYBRID_SGR if task == "sgr-qwen3_5" else TASKS[task]
+    procs = launch_ranks(["fit", *args, "--config", str(run / "run.yaml")], run / "log", world=devices)
     wait_ranks(procs, run / "log", RUN_TIMEOUT)
     TIMES[name] = time.monotonic() - t0
     return run
@@ -167,6 +170,12 @@ def test_two_ranks_splitting_each_sample_equal_one_process(tier, task, strategy)
     """``model.sequence_parallel: 2``: the 2 ranks split every sample's sequence (Ulysses) and equal the one-process
     run in every micro-batch's loss, every step's gradient and the final weights, under DDP and ZeRO-2."""
     _compare(tier(task, None), tier(task, strategy, sp=2), sp=2)
+
+
+def test_two_ranks_splitting_the_hybrid_models_samples_equal_one_process(tier):
+    """The same on the hybrid Qwen3.5 in GRPO-SGR under DDP: its Gated DeltaNet layers split by heads, the rollouts
+    generated in eval mode between the split forwards (transformers re-kernelizes the layers at ``train()``)."""
+    _compare(tier("sgr-qwen3_5", None), tier("sgr-qwen3_5", "ddp", sp=2), sp=2)
 
 
 def test_wait_ranks_kills_a_hang_and_fails_with_the_logs(tmp_path):

@@ -89,6 +89,8 @@ def _rank(rank: int, family: str, inputs: dict, pad_id: int, out_path: str) -> N
         ids, mask = random_completions(type("T", (), {"pad_token_id": pad_id}), 2 * K, lc=_completion_length(share))
         reference = _score(model, inputs, ids, mask, share, chunk, vision_once, None)
         install(model, sp)
+        model.eval()  # a rollout generates in eval mode; transformers re-kernelizes at train() (Qwen3.5's
+        model.train()  # Gated DeltaNet forward is swapped): the split must survive it
         split = _score(model, inputs, ids, mask, share, chunk, vision_once, sp)
         lengths.append(sp.last_length)
         grads = {}

@@ -71,7 +71,7 @@ from grasp_lightning.predictions import (
     setup_settings,
 )
 from grasp_lightning.quantization import check_strategy
-from grasp_lightning.sequence_parallel import SequenceParallel, install, new_groups
+from grasp_lightning.sequence_parallel import SequenceParallel, install, new_groups, unsupported_reason
 from grasp_lightning.step_metrics import Mean, StepMetrics, Sum, combine
 from grasp_lightning.task import CrossRank, Task, TaskOutput
 
@@ -303,6 +303,9 @@ class GraspModule(L.LightningModule):
         """
         if self.sequence_parallel_size == 1 or self._trainer is None or self.trainer.state.fn != "fit":
             return  # evaluation, predict and chat generate with the whole sequence on every rank
+        reason = unsupported_reason(self.policy, self.sequence_parallel_size)  # before the ranks: says what to change
+        if reason:
+            raise GraspConfigError(f"model.sequence_parallel: {self.sequence_parallel_size}: {reason}")
         self.sequence_parallel = new_groups(self.sequence_parallel_size)
         self.cross_rank = CrossRank(self.sequence_parallel.data_group)
         install(self.policy, self.sequence_parallel)

@@ -224,7 +224,9 @@ def new_groups(size: int) -> SequenceParallel:
                                "num_nodes giving a multiple of it); this run has one process")
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % size:
-        raise GraspConfigError(f"model.sequence_parallel: {size} does not divide the {world} ranks of this run")
+        raise GraspConfigError(f"model.sequence_parallel: {size} does not divide the {world} ranks of this run "
+                               "(trainer.devices x trainer.num_nodes): the groups are ranks g*N .. g*N+N-1; set it to "
+                               f"a divisor of {world} that the model's heads allow")
     mine = data = None
     for first in range(0, world, size):
         group = dist.new_group(list(range(first, first + size)))

@@ -194,7 +194,7 @@ class GRPOTask(Task):
         if rollout_cfg.overlap:
             raise GraspConfigError(f"model.sequence_parallel: {size} with model.rollout.overlap: 1 is refused: the "
                                    "rollouts of a sequence-parallel group are broadcast from its first rank, which a "
-                                   "background sampling thread would do while the step's exchanges run; set overlap: 0")
+                                   "background sampling thread would do while the step's exchanges run; set model.rollout.overlap: 0")
         if self.dynamic_sampling == "refill":
             raise GraspConfigError(f"model.sequence_parallel: {size} with {KEY}batching.dynamic_sampling: refill is refused: "
                                    "refills draw further prompts rank by rank; use dynamic_sampling: filter or off")

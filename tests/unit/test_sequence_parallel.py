@@ -81,6 +81,8 @@ def _score(model, inputs, ids, mask, share, chunk, vision_once, sp):
 
 def _rank(rank: int, family: str, inputs: dict, pad_id: int, out_path: str) -> None:
     torch.set_num_threads(1)
+    with pytest.raises(GraspConfigError, match=r"4 does not divide the 2 ranks of this run .*a divisor of 2"):
+        new_groups(4)
     sp = new_groups(2)
     assert (sp.size, sp.rank) == (2, rank)
     results, lengths = {}, []

@@ -1,7 +1,7 @@
 """Peak memory per rank of a GRPO update's forward and backward against clip length: SP = 1 against SP = 2.
 
-    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py              # LoRA r16, 16 s and 40 s clips (~15 min; peaks ~9.5 GiB)
-    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py --whole-lm --clip-seconds 40   # the language model trained whole
+    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py              # LoRA r16, 16 s and 40 s clips (~12 min; peaks ~10 GiB)
+    OMP_NUM_THREADS=2 python benchmarks/sequence_parallel.py --whole-lm --clip-seconds 40   # the LM trained whole (~6 min; ~13 GiB)
     python benchmarks/sequence_parallel.py --smoke                         # the tiny Qwen3-VL, 2 s and 4 s clips (tests/benchmarks/)
 
 The model is a stand-in of Qwen3-VL-2B (:func:`grasp_lightning.synthetic.standin.build_standin`:
@@ -264,6 +264,7 @@ def measure_length(tmp: Path, model_dir: Path, sizes: dict, seconds: float, lora
                    "completion_tokens_real": int(mask.sum())}
     del inputs
     sp1 = run_ranks(1, tmp, sizes["chunk"], lora, threads, timeout)
+    print(json.dumps({"clip_seconds": seconds, "sp1": sp1}), file=sys.stderr, flush=True)  # progress, on stderr
     sp2 = run_ranks(2, tmp, sizes["chunk"], lora, max(1, threads // 2), timeout)
     worst = max(sp2, key=lambda r: r["step_gib"])
     plans = {n: planner_terms(model_dir, sizes, seconds, prompt_tokens, lora, n) for n in (1, 2)}

@@ -188,27 +188,44 @@ def test_decode_speed_prints_eager_and_compiled_tokens_per_second_with_the_same_
         assert all(r["tokens_per_s"] > 0 and r["best_s"] > 0 for r in rows.values())
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["language-model", "lora"])
-def test_sequence_parallel_prints_the_peak_per_rank_at_sp1_and_sp2_with_equal_losses(run_script, lora: bool) -> None:
-    """``benchmarks/sequence_parallel.py --smoke``: the tiny Qwen3-VL's GRPO update on 1 process and on 2 gloo ranks;
-    the split run's loss and summed gradient equal the one-rank run's, and the ratios are the printed peaks'."""
-    out = run_script(["benchmarks/sequence_parallel.py", "--smoke", *(["--lora"] if lora else [])], timeout=600)
+@pytest.mark.parametrize("whole", [False, True], ids=["lora", "language-model"])
+def test_sequence_parallel_prints_the_peak_per_rank_at_sp1_and_sp2_with_equal_losses(run_script, whole: bool) -> None:
+    """``benchmarks/sequence_parallel.py --smoke``: the tiny Qwen3-VL's GRPO update on 1 process and on 2 gloo ranks
+    at two clip lengths; the split run's loss and summed gradient equal the one-rank run's, the ratios are the
+    printed peaks', the planner's figures stand beside them, and the top level repeats the longest clip's."""
+    out = run_script(["benchmarks/sequence_parallel.py", "--smoke", *(["--whole-lm"] if whole else [])], timeout=600)
     assert out["benchmark"] == "sequence_parallel" and out["mode"] == "smoke"
-    assert out["trained"] == ("LoRA r16" if lora else "language model")
-    assert out["prompt_tokens"] % 2 == 1 and out["completion_forward_tokens"] == out["k"] * (out["completion_tokens"] - 1)
-    assert (out["completion_tokens"] - 1) % 2 == 1  # both split forwards are padded to a multiple of 2
-    assert len(out["sp2"]) == 2 and out["planner_gib"] is None
-    for run in (out["sp1"], *out["sp2"]):
-        assert set(run) == {"baseline_gib", "peak_gib", "step_gib", "gradient_gib", "step_s", "loss", "grad_probe"}
-        assert run["peak_gib"] > run["baseline_gib"] > 0 and run["step_s"] > 0
-        assert run["step_gib"] == pytest.approx(run["peak_gib"] - run["baseline_gib"], abs=2e-4)
-    assert out["sp1"]["gradient_gib"] == out["sp2"][0]["gradient_gib"] > 0  # SP splits no gradient
-    assert out["loss_sp2"] == pytest.approx(out["loss_sp1"], rel=1e-5, abs=1e-6)
-    assert out["loss_sp2_ranks"][0] == out["loss_sp2_ranks"][1]  # every rank computes the whole loss
-    assert out["grad_probe_sp2"] == pytest.approx(out["grad_probe_sp1"], rel=1e-4)
-    assert out["grad_probe_sp1"] > 0
-    worst = max(r["step_gib"] for r in out["sp2"])
-    assert out["step_ratio"] == pytest.approx(worst / out["sp1"]["step_gib"], rel=0.02)  # the printed GiB are rounded
+    assert out["trained"] == ("language model" if whole else "LoRA r16")
+    assert out["clip_seconds"] == [2.0, 4.0] and [e["clip_seconds"] for e in out["lengths"]] == [2.0, 4.0]
+    first, last = out["lengths"]
+    assert first["prompt_tokens"] < last["prompt_tokens"] and first["visual_tokens"] < last["visual_tokens"]
+    for entry in out["lengths"]:
+        assert entry["prompt_tokens"] % 2 == 1
+        assert entry["completion_forward_tokens"] == out["k"] * (out["completion_tokens"] - 1)
+        assert len(entry["sp2"]) == 2
+        for run in (entry["sp1"], *entry["sp2"]):
+            assert set(run) == {"baseline_gib", "peak_gib", "step_gib", "gradient_gib", "step_s", "loss", "grad_probe"}
+            assert run["peak_gib"] > run["baseline_gib"] > 0 and run["step_s"] > 0
+            assert run["step_gib"] == pytest.approx(run["peak_gib"] - run["baseline_gib"], abs=2e-4)
+        assert entry["sp1"]["gradient_gib"] == entry["sp2"][0]["gradient_gib"] > 0  # SP splits no gradient
+        assert entry["loss_sp2"] == pytest.approx(entry["loss_sp1"], rel=1e-5, abs=1e-6)
+        assert entry["loss_sp2_ranks"][0] == entry["loss_sp2_ranks"][1]  # every rank computes the whole loss
+        assert entry["grad_probe_sp2"] == pytest.approx(entry["grad_probe_sp1"], rel=1e-4) and entry["grad_probe_sp1"] > 0
+        worst = max(r["step_gib"] for r in entry["sp2"])
+        assert entry["step_ratio"] == pytest.approx(worst / entry["sp1"]["step_gib"], rel=0.02)  # rounded GiB
+        # the planner's training term for the same shapes: its visual tokens are the measured ones, SP = 2 holds less
+        plan = entry["planner_terms"]
+        assert plan["sp1"]["visual_tokens"] == plan["sp2"]["visual_tokens"] == entry["visual_tokens"]
+        assert entry["planner_gib"] == {"sp1": plan["sp1"]["training_gib"], "sp2": plan["sp2"]["training_gib"]}
+        assert 0 < entry["planner_gib"]["sp2"] < entry["planner_gib"]["sp1"]
+        assert entry["planner_ratio"] == pytest.approx(entry["planner_gib"]["sp2"] / entry["planner_gib"]["sp1"],
+                                                       rel=1e-3)
+        assert plan["sp1"]["gradients_gib"] == plan["sp2"]["gradients_gib"] > 0
+    assert plan["sp1"]["gradients_gib"] == pytest.approx(last["sp1"]["gradient_gib"], abs=2e-4)  # P_t x 4 B both
+    for key in ("step_ratio", "peak_ratio", "planner_gib", "planner_ratio", "loss_sp1", "loss_sp2", "prompt_tokens"):
+        assert out[key] == last[key]
+    assert out["longest_clip_seconds"] == 4.0 and out["losses_equal"] is True
+    assert "marginal_step_ratio" in out and set(out["marginal_mib_per_token"]) == {"sp1", "sp2"}
     assert out["meets_target"] == (out["step_ratio"] <= 0.65)
 
 

@@ -208,7 +208,7 @@ def new_groups(size: int) -> SequenceParallel:
     """Split the initialised world into groups of ``size`` consecutive ranks; this rank's group.
 
     Every rank must call it (``torch.distributed.new_group`` is collective). Ranks ``g*N .. g*N+N-1``
-    form group ``g``; the data-parallel rank of a process is ``rank // N`` (:func:`data_parallel_rank`), and the
+    form group ``g`` and read the batches of data-parallel rank ``g`` (``GraspDataModule.connect``), and the
     ranks ``p, p+N, p+2N, ..`` form the data group of position ``p`` (one rank per sample).
 
     Raises:
@@ -237,11 +237,6 @@ def new_groups(size: int) -> SequenceParallel:
         if rank % size == position:
             data = group
     return SequenceParallel(size=size, rank=rank % size, group=mine, data_group=data)
-
-
-def data_parallel_rank(rank: int, world: int, size: int) -> tuple[int, int]:
-    """``(data-parallel rank, data-parallel world)`` of global ``rank`` with SP groups of ``size``."""
-    return rank // size, world // size
 
 
 # ---------------------------------------------------------------------------------------- the model

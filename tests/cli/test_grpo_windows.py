@@ -25,6 +25,7 @@ from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo import objective
 from grasp_lightning.grpo.config import AdvantageConfig, BatchingConfig, LossConfig, RewardConfig
+from grasp_lightning.sequence_parallel import SequenceParallel
 from grasp_lightning.task import CrossRank
 from grasp_lightning.tasks.grpo import GRPOTask, Rollout
 from tests.helpers import REPO, free_port, run_cli, scalars, spawn_two_ranks
@@ -78,7 +79,7 @@ BATCH_SCRIPT = {(0, 1): ([1.0, 0.0, 1.0, 1.0], [1, 1, 1, 1]), (2, 3): ([0.0, 0.0
 
 def _batch_std_rank(rank: int) -> None:
     task = _ScriptedTask(BATCH_SCRIPT, advantage=AdvantageConfig(kind="batch", eps=0.0))
-    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=CrossRank(), tokenizer=None,
+    module = SimpleNamespace(sequence_parallel=SequenceParallel(), device=torch.device("cpu"), cross_rank=CrossRank(), tokenizer=None,
                              rollout_cfg=RolloutConfig(num_generations=2))
     batch = _batch([0, 1] if rank == 0 else [2, 3])
     task.prepare(module, batch)
@@ -102,7 +103,7 @@ def _dapo_rank(rank: int, monkeypatch_score: bool = True) -> None:
     import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
-    def fake_score(policy, prompt, ids, mask, k, temperature, shared, chunk_size=None, vision=None):
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared, chunk_size=None, vision=None, **_):
         logp = torch.zeros(ids.shape, requires_grad=True)
         return logp, torch.zeros(ids.shape)
 
@@ -296,7 +297,7 @@ def test_step_warnings_for_all_truncated_and_all_zero_variance_steps(script, exp
     import grasp_lightning.tasks.grpo as grpo_task
     from grasp_lightning.module import GraspModule
 
-    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared, *_: (
+    monkeypatch.setattr(grpo_task, "score_completions", lambda policy, prompt, ids, mask, k, t, shared, *_, **__: (
         torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)))
     module = GraspModule(_TruncationTask(script), rollout=RolloutConfig(num_generations=2, max_new_tokens=3))
     batches = [_batch([0]), _batch([1])]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grasp_lightning.grpo.config import LossConfig
+from grasp_lightning.sequence_parallel import SequenceParallel
 from tests.helpers import TINY
 
 VIDEO = {"start": "<|vision_start|>", "pad": "<|video_pad|>", "end": "<|vision_end|>"}
@@ -127,7 +128,7 @@ def test_engine_settings_are_checked_with_the_key_named(monkeypatch):
     monkeypatch.delenv("GRASP_VLLM_PYTHON", raising=False)
     assert isinstance(make_engine(RolloutConfig()), HFEngine)
     # a context without an engine cannot sample: no silent fallback to an HF engine
-    bare = types.SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, rollout_cfg=RolloutConfig())
+    bare = types.SimpleNamespace(sequence_parallel=SequenceParallel(), policy=torch.nn.Linear(1, 1), tokenizer=None, rollout_cfg=RolloutConfig())
     prompt = Batch(inputs={"input_ids": torch.ones(1, 2, dtype=torch.long)}, items=[], indices=[0],
                    valid=torch.ones(1, dtype=torch.bool), prompt_lengths=torch.tensor([2]), padding_side="left")
     with pytest.raises(AttributeError, match="rollout_engine"):

@@ -17,6 +17,7 @@ from grasp_lightning.grpo.rewards import (
     grounding_precision_recall,
     temporal_grounding,
 )
+from grasp_lightning.sequence_parallel import SequenceParallel
 
 PAPER_TERMS = ["accuracy", "format", "grounding_presence", "social_grounding"]
 
@@ -419,7 +420,7 @@ def test_a_plugin_reward_reaches_the_rollout_terms_and_advantages(monkeypatch) -
                            truncated=torch.zeros(n, dtype=torch.bool), prompt_opened_think=[False] * n)
 
     monkeypatch.setattr(engines_hf, "sample_completions", sample)
-    ctx = SimpleNamespace(policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
+    ctx = SimpleNamespace(sequence_parallel=SequenceParallel(), policy=torch.nn.Linear(1, 1), tokenizer=None, device=torch.device("cpu"),
                           rollout_cfg=RolloutConfig(num_generations=2, max_new_tokens=8), cross_rank=CrossRank(),
                           reference=contextlib.nullcontext, rollout_engine=engines_hf.HFEngine(), policy_version=0)
     task = grpo_task.GRPOTask(reward=grpo_task.RewardConfig(terms=["accuracy", PLUGIN], weights=[1.0, 0.5]),

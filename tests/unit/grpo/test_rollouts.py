@@ -24,6 +24,7 @@ from grasp_lightning.data.windows import WindowCollate, WindowLoader, resume_pos
 from grasp_lightning.engines.decoding import Completions, RolloutConfig
 from grasp_lightning.errors import GraspConfigError
 from grasp_lightning.grpo.rollouts import even_split
+from grasp_lightning.sequence_parallel import SequenceParallel
 from grasp_lightning.task import CrossRank
 from tests.helpers import SAMPLE, TINY
 
@@ -97,7 +98,7 @@ def make_module(policy, reference, processor):
     def ref():
         yield reference
 
-    return SimpleNamespace(policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
+    return SimpleNamespace(sequence_parallel=SequenceParallel(), policy=policy, tokenizer=processor.tokenizer, device=torch.device("cpu"),
                            rollout_cfg=RolloutConfig(num_generations=K, max_new_tokens=6), cross_rank=CrossRank(),
                            reference=ref, rollout_engine=engines_hf.HFEngine(), policy_version=0)
 
@@ -304,6 +305,7 @@ class _IndexTask(grpo_task.GRPOTask):
 
 class _CountingCrossRank(CrossRank):
     def __init__(self):
+        super().__init__()
         self.calls = 0
 
     def sum(self, values):
@@ -339,7 +341,7 @@ def _refill_rank(rank: int) -> None:
     degenerate = {own[0], own[2], own[1 + 2 * 8]}
     task = _IndexTask(degenerate)
     cross = _CountingCrossRank()
-    module = SimpleNamespace(device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
+    module = SimpleNamespace(sequence_parallel=SequenceParallel(), device=torch.device("cpu"), cross_rank=cross, tokenizer=None,
                              rollout_cfg=RolloutConfig(num_generations=2))
     steps, yielded, trained, unused = [], [], [], 0
     for batch in loader:
@@ -423,7 +425,7 @@ def _refill_window(batches: list[Batch], draws: list[list[Batch]]) -> list[Batch
 
 
 def _index_context(cross_rank=None) -> SimpleNamespace:
-    return SimpleNamespace(device=torch.device("cpu"), cross_rank=cross_rank or CrossRank(), tokenizer=None,
+    return SimpleNamespace(sequence_parallel=SequenceParallel(), device=torch.device("cpu"), cross_rank=cross_rank or CrossRank(), tokenizer=None,
                            rollout_cfg=RolloutConfig(num_generations=2))
 
 
@@ -471,7 +473,7 @@ def _empty_window_rank(rank: int) -> None:
     import grasp_lightning.tasks.grpo as grpo_module
     from grasp_lightning.module import GraspModule
 
-    def fake_score(policy, prompt, ids, mask, k, temperature, shared, *_):
+    def fake_score(policy, prompt, ids, mask, k, temperature, shared, *_, **__):
         return torch.zeros(ids.shape, requires_grad=True), torch.zeros(ids.shape)
 
     grpo_module.score_completions = fake_score

@@ -212,7 +212,7 @@ def _our_steps(run, rank: int, world: int, prompts: int, monkeypatch) -> tuple[l
     dm.train_items = [GraspItem(uid=f"r{i}", origin=f"rl:{i}", clip=ClipRef(path="v.mp4"), question="Q <answer>",
                                 options=(), answer="B") for i in range(prompts)]
     monkeypatch.setattr(dm_module, "store_for", lambda *a, **kw: None)
-    monkeypatch.setattr(dm, "_rank", lambda: (rank, world))
+    monkeypatch.setattr(dm, "_rank", lambda train=False: (rank, world))
     monkeypatch.setattr(dm, "dataset", lambda items, *a, **kw: list(range(len(items))))
     monkeypatch.setattr(dm, "_loader", lambda data, batches, side, windowed: DataLoader(
         data, batch_sampler=batches, collate_fn=WindowCollate(_Prompts, dm.loader.batch_size)))

@@ -568,11 +568,7 @@ def shared_completion_logps(model, prompt: dict[str, torch.Tensor], completion_i
         cache = SharedPrefixCache.for_model(model)
         logits = _prompt_forward(model, prompt, cache).logits[:, -1:].repeat_interleave(k, 0)
         if lc > 1:
-            prompt_mask = prompt["attention_mask"]
-            deltas = _rope_deltas(model, batch)
-            start = (prompt_mask.sum(1, keepdim=True) + deltas).repeat_interleave(k, 0)  # (B*K, 1)
-            positions = (start + torch.arange(lc - 1, device=start.device))[None].expand(3, -1, -1)
-            mask = torch.cat([prompt_mask.repeat_interleave(k, 0), completion_mask[:, :-1].to(prompt_mask.dtype)], 1)
+            positions, mask = _completion_positions(model, prompt, completion_mask, k, lc)
             out = model(input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
                         cache=cache.expanded(k), use_cache=False)
             logits = torch.cat([logits, out.logits], 1)
